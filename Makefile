@@ -1,0 +1,38 @@
+# The two commands a newcomer needs:
+#   make demo   local control plane + operator + a sample ManagedWorkload reaching Running
+#   make test   formatting, lints, unit tests and integration tests on a local control plane
+.PHONY: demo demo-down test unit crds cluster-up cluster-down cluster-status build tools
+
+CP := hack/controlplane.sh
+
+demo:
+	bash hack/demo.sh
+
+demo-down:
+	bash hack/demo.sh down
+
+test:
+	bash hack/test.sh
+
+# Unit tests only: no control plane needed.
+unit:
+	cargo test --lib --bins
+
+build:
+	cargo build --locked --release
+
+# Regenerate crds/ from src/resource.rs (make test fails when it is stale).
+crds:
+	cargo run --quiet -- crd --out crds
+
+tools:
+	bash hack/ensure-tools.sh
+
+cluster-up:
+	bash $(CP) up
+
+cluster-down:
+	bash $(CP) down
+
+cluster-status:
+	bash $(CP) status

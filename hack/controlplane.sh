@@ -1,0 +1,365 @@
+#!/usr/bin/env bash
+# A real, local Kubernetes control plane for the demo, the integration tests and the
+# benchmarks: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
+# (simulated nodes), all on loopback, all built from the Go module proxy at pinned
+# versions and cached outside the repository.
+#
+#   hack/controlplane.sh build            build (or reuse) the pinned binaries
+#   hack/controlplane.sh up   [NAME]      start a control plane (idempotent)
+#   hack/controlplane.sh down [NAME]      stop it by PID and remove its files
+#   hack/controlplane.sh status [NAME]    print where it is and whether it is healthy
+#   hack/controlplane.sh kubeconfig [NAME]  print the admin kubeconfig path
+#   hack/controlplane.sh log-dir [NAME]   print where its components log
+#   hack/controlplane.sh bin-dir          print the directory holding the binaries
+#
+# NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
+set -euo pipefail
+
+# ---- pinned versions (changing one rebuilds; the cache key covers go.mod/go.sum too) ----
+K8S_VERSION=v1.36.3
+ETCD_VERSION=v3.6.8 # the etcd Kubernetes v1.36 pins in its go.mod
+KWOK_VERSION=v0.8.0
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+BUILD_MODULE="$HERE/controlplane"
+CACHE_ROOT="${MW_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/mw-operator}"
+RUN_ROOT="${MW_RUN_DIR:-${TMPDIR:-/tmp}/mw-operator}"
+LOG_ROOT="${MW_LOG_DIR:-$REPO/target/controlplane}"
+
+log() { printf '[controlplane] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+cache_key() {
+  {
+    echo "$K8S_VERSION $ETCD_VERSION $KWOK_VERSION"
+    cat "$BUILD_MODULE/go.mod" "$BUILD_MODULE/go.sum" "$BUILD_MODULE/cmd/etcd/main.go"
+  } | sha256sum | cut -c1-12
+}
+
+bin_dir() { echo "$CACHE_ROOT/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-$(cache_key)"; }
+
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
+
+ensure_tools() {
+  local missing=()
+  command -v go >/dev/null || die "Go is required to build the control plane (https://go.dev/dl)"
+  for t in openssl curl python3; do command -v "$t" >/dev/null || missing+=("$t"); done
+  if ((${#missing[@]})); then
+    log "installing ${missing[*]} from Debian's packages"
+    local pkgs=("${missing[@]/python3/python3-minimal}")
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
+    else
+      sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
+    fi
+  fi
+}
+
+cmd_build() {
+  ensure_tools
+  local dir; dir=$(bin_dir)
+  local ok=1
+  for b in "${BINARIES[@]}"; do [ -x "$dir/$b" ] || ok=0; done
+  if ((ok)); then echo "$dir"; return 0; fi
+
+  log "building Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION into $dir"
+  log "(a cold build takes a while on 2 cores; later runs reuse the cache)"
+  local tmp="$dir.partial.$$"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  local start=$SECONDS
+  # The same version stamps Kubernetes' own build (hack/lib/version.sh) writes, so
+  # `kubectl version` and clients see a real release rather than v0.0.0-master.
+  local ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1"
+    ldflags+=" -X $pkg.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) -X $pkg.gitTreeState=clean"
+  done
+  (
+    cd "$BUILD_MODULE"
+    export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false -trimpath"
+    for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+      log "go build $b"
+      go build -ldflags "$ldflags" -o "$tmp/$b" "k8s.io/kubernetes/cmd/$b"
+    done
+    log "go build etcd"
+    go build -ldflags "-s -w" -o "$tmp/etcd" ./cmd/etcd
+  )
+  log "go install kwok"
+  (
+    cd "$tmp"
+    CGO_ENABLED=0 GOFLAGS="-buildvcs=false -trimpath" GOBIN="$tmp" \
+      go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  )
+  rm -rf "$dir"; mv "$tmp" "$dir"
+  log "built in $((SECONDS - start))s"
+  echo "$dir"
+}
+
+# ---------------------------------------------------------------------------------------
+# Running a control plane. Everything one control plane owns lives in $RUN_ROOT/NAME (pids,
+# certificates, keys, kubeconfigs, etcd data); logs live in $LOG_ROOT/NAME so they outlive
+# teardown and a failed test can point at them.
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Stop what an earlier run of NAME started, by PID, checking that the PID still runs one of
+# our binaries (a PID reused by an unrelated process after a crash is left alone). Clients go
+# first, then kube-apiserver, then etcd: an apiserver whose etcd is gone hangs on shutdown.
+stop_recorded() {
+  local state=$1 wave
+  [ -d "$state/pids" ] || return 0
+  for wave in "operator kwok kube-scheduler kube-controller-manager" "kube-apiserver" "etcd"; do
+    stop_wave "$state" $wave
+  done
+  # Anything else recorded (nothing today) goes last.
+  stop_wave "$state" $(cd "$state/pids" && ls -- *.pid 2>/dev/null | sed 's/\.pid$//')
+}
+
+stop_wave() {
+  local state=$1; shift
+  local name pidfile pid exe pids=()
+  for name in "$@"; do
+    pidfile="$state/pids/$name.pid"
+    [ -e "$pidfile" ] || continue
+    pid=$(cat "$pidfile")
+    exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
+    case "$exe" in
+      "$CACHE_ROOT"/bin/*|"$REPO"/target/*) kill -TERM "$pid" 2>/dev/null && pids+=("$name:$pid") ;;
+    esac
+    rm -f "$pidfile"
+  done
+  local deadline=$((SECONDS + 20)) entry
+  for entry in "${pids[@]}"; do
+    pid=${entry#*:}
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "${entry%%:*} (pid $pid) did not stop on SIGTERM; killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done
+}
+
+gen_certs() {
+  local pki=$1
+  mkdir -p "$pki"
+  (
+    cd "$pki"
+    umask 077
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3 -subj "/CN=mw-operator-local-ca" \
+      -keyout ca.key -out ca.crt 2>/dev/null
+    # kube-apiserver serving certificate: loopback only, plus the in-cluster names.
+    cat >apiserver.ext <<EXT
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+extendedKeyUsage=serverAuth
+EXT
+    sign apiserver "/CN=kube-apiserver" apiserver.ext
+    printf 'extendedKeyUsage=clientAuth\n' >client.ext
+    # Client identities. kube-controller-manager and kwok act for many controllers, so they
+    # are cluster admins here; the scheduler gets its own bootstrap RBAC identity.
+    sign admin "/O=system:masters/CN=mw-admin" client.ext
+    sign controller-manager "/O=system:masters/CN=system:kube-controller-manager" client.ext
+    sign scheduler "/CN=system:kube-scheduler" client.ext
+    sign kwok "/O=system:masters/CN=kwok-controller" client.ext
+    # The operator under test: no groups, so only the RBAC in config/rbac applies to it.
+    sign operator "/CN=mw-operator" client.ext
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    rm -f ./*.csr ./*.ext ca.srl
+  )
+}
+
+sign() {
+  local name=$1 subj=$2 ext=$3
+  openssl req -newkey rsa:2048 -nodes -subj "$subj" -keyout "$name.key" -out "$name.csr" 2>/dev/null
+  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3 \
+    -extfile "$ext" -out "$name.crt" 2>/dev/null
+}
+
+write_kubeconfig() {
+  local file=$1 user=$2 server=$3 pki=$4
+  cat >"$file" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: mw-local
+  cluster:
+    server: $server
+    certificate-authority: $pki/ca.crt
+users:
+- name: $user
+  user:
+    client-certificate: $pki/$user.crt
+    client-key: $pki/$user.key
+contexts:
+- name: mw-local
+  context: {cluster: mw-local, user: $user}
+current-context: mw-local
+KC
+  chmod 600 "$file"
+}
+
+start() {
+  local state=$1 logs=$2 name=$3; shift 3
+  # setsid: the control plane outlives the shell that started it (make demo) and is not
+  # hit by that terminal's Ctrl-C; teardown is by PID.
+  setsid "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$state/pids/$name.pid"
+}
+
+healthy() {
+  local state=$1
+  [ -f "$state/kubeconfig" ] || return 1
+  "$(bin_dir)/kubectl" --kubeconfig "$state/kubeconfig" --request-timeout=3s get --raw=/readyz >/dev/null 2>&1
+}
+
+wait_for() {
+  local what=$1 timeout=$2 logs=$3; shift 3
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "timed out after ${timeout}s waiting for $what; logs are in $logs"
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+alive() {
+  local state=$1 pidfile
+  for pidfile in "$state"/pids/*.pid; do
+    [ -e "$pidfile" ] || return 1
+    kill -0 "$(cat "$pidfile")" 2>/dev/null || { log "$(basename "$pidfile" .pid) exited"; return 1; }
+  done
+}
+
+cmd_up() {
+  local name=${1:-default}
+  local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
+  if alive "$state" 2>/dev/null && healthy "$state"; then
+    log "control plane '$name' is already up"
+    print_env "$name"
+    return 0
+  fi
+  # Whatever a crashed or killed earlier run left behind goes first.
+  stop_recorded "$state"
+  rm -rf "$state"
+  local bin; bin=$(cmd_build)
+  mkdir -p "$state/pids" "$logs"
+  rm -f "$logs"/*.log
+  local t0=$SECONDS
+
+  gen_certs "$state/pki"
+  local pki="$state/pki"
+  local etcd_port etcd_peer api_port kcm_port sched_port kwok_port
+  etcd_port=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
+  kcm_port=$(free_port); sched_port=$(free_port); kwok_port=$(free_port)
+  local server="https://127.0.0.1:$api_port"
+  for who in admin controller-manager scheduler kwok operator; do
+    write_kubeconfig "$state/$who.kubeconfig" "$who" "$server" "$pki"
+  done
+  mv "$state/admin.kubeconfig" "$state/kubeconfig"
+
+  start "$state" "$logs" etcd "$bin/etcd" \
+    --name=mw-local --data-dir="$state/etcd" \
+    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls="http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls="http://127.0.0.1:$etcd_peer" \
+    --initial-cluster="mw-local=http://127.0.0.1:$etcd_peer" \
+    --unsafe-no-fsync --quota-backend-bytes=2147483648 --log-level=warn
+  wait_for "etcd" 60 "$logs" curl -sf "http://127.0.0.1:$etcd_port/health" || { cmd_down "$name"; return 1; }
+
+  start "$state" "$logs" kube-apiserver "$bin/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
+    --client-ca-file="$pki/ca.crt" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+    --service-cluster-ip-range=10.96.0.0/16 \
+    --authorization-mode=RBAC --allow-privileged=true \
+    --endpoint-reconciler-type=none --profiling=false \
+    --audit-policy-file="$HERE/audit-policy.yaml" --audit-log-path="$logs/audit.log" \
+    --audit-log-maxsize=200 --audit-log-maxbackup=1
+  wait_for "kube-apiserver" 120 "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
+    --request-timeout=3s get --raw=/readyz || { cmd_down "$name"; return 1; }
+
+  start "$state" "$logs" kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig="$state/controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$state/controller-manager.kubeconfig" \
+    --authorization-kubeconfig="$state/controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$kcm_port" \
+    --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
+    --leader-elect=false --use-service-account-credentials=false \
+    --service-cluster-ip-range=10.96.0.0/16 --profiling=false
+
+  start "$state" "$logs" kube-scheduler "$bin/kube-scheduler" \
+    --kubeconfig="$state/scheduler.kubeconfig" \
+    --authentication-kubeconfig="$state/scheduler.kubeconfig" \
+    --authorization-kubeconfig="$state/scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$sched_port" --leader-elect=false --profiling=false
+
+  start "$state" "$logs" kwok "$bin/kwok" \
+    --kubeconfig="$state/kwok.kubeconfig" \
+    --config="$HERE/kwok/stages.yaml" \
+    --manage-all-nodes=false \
+    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --node-lease-duration-seconds=40 \
+    --cidr=10.244.0.0/16 --node-ip=192.0.2.1 \
+    --server-address="127.0.0.1:$kwok_port"
+
+  "$bin/kubectl" --kubeconfig "$state/kubeconfig" apply -f "$HERE/kwok/node.yaml" >/dev/null
+  wait_for "the kwok node to be Ready" 120 "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
+    wait --for=condition=Ready node/kwok-node-0 --timeout=2s || { cmd_down "$name"; return 1; }
+  # Pods need the namespace's default ServiceAccount, which kube-controller-manager creates.
+  wait_for "the default ServiceAccount" 60 "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
+    get serviceaccount default -n default || { cmd_down "$name"; return 1; }
+  alive "$state" || { log "a component died during start-up; logs are in $logs"; cmd_down "$name"; return 1; }
+
+  log "control plane '$name' up in $((SECONDS - t0))s"
+  print_env "$name"
+}
+
+print_env() {
+  local name=$1
+  log "kubeconfig: $RUN_ROOT/$name/kubeconfig (admin); operator identity: $RUN_ROOT/$name/operator.kubeconfig"
+  log "logs:       $LOG_ROOT/$name/"
+  log "kubectl:    $(bin_dir)/kubectl --kubeconfig $RUN_ROOT/$name/kubeconfig get nodes"
+}
+
+cmd_down() {
+  local name=${1:-default}
+  local state="$RUN_ROOT/$name"
+  [ -d "$state" ] || { log "control plane '$name' is not running"; return 0; }
+  stop_recorded "$state"
+  rm -rf "$state"
+  log "control plane '$name' stopped; logs kept in $LOG_ROOT/$name/"
+}
+
+cmd_status() {
+  local name=${1:-default}
+  local state="$RUN_ROOT/$name"
+  if alive "$state" 2>/dev/null && healthy "$state"; then
+    log "control plane '$name' is up"; print_env "$name"
+  else
+    log "control plane '$name' is not up"; return 1
+  fi
+}
+
+main() {
+  case "${1:-}" in
+    build) cmd_build >/dev/null; bin_dir ;;
+    bin-dir) bin_dir ;;
+    up) cmd_up "${2:-}" ;;
+    down) cmd_down "${2:-}" ;;
+    status) cmd_status "${2:-}" ;;
+    kubeconfig) echo "$RUN_ROOT/${2:-default}/kubeconfig" ;;
+    log-dir) echo "$LOG_ROOT/${2:-default}" ;;
+    *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  esac
+}
+
+# One line, so bash has read it whole before running it: editing this file while it runs
+# (a long build) cannot make bash read half-written text after main returns.
+main "$@"; exit $?

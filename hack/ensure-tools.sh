@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# What a fresh machine needs before anything builds: rustfmt and clippy for the Rust
+# toolchain, Go for the control plane, openssl/curl/python3 for its start-up. Installs what
+# is missing; does nothing when all is there.
+set -euo pipefail
+log() { printf '[tools] %s\n' "$*" >&2; }
+
+if ! command -v cargo >/dev/null; then
+  log "Rust is required: install it with rustup (https://rustup.rs)"; exit 1
+fi
+if command -v rustup >/dev/null; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || { log "adding $c"; rustup component add "$c"; }
+  done
+fi
+
+missing=()
+command -v go >/dev/null || missing+=(golang-go)
+for t in openssl curl python3; do command -v "$t" >/dev/null || missing+=("$t"); done
+if ((${#missing[@]})); then
+  log "installing ${missing[*]} from Debian's packages"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+go_minor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
+if [ "${go_minor:-0}" -lt 21 ]; then
+  # From Go 1.21 on, the go command fetches the Go 1.26 toolchain that Kubernetes v1.36 needs
+  # from the module proxy by itself (go.mod's `go` line); older ones cannot.
+  log "Go $(go env GOVERSION) is too old to build Kubernetes v1.36; install Go 1.21 or newer"; exit 1
+fi

@@ -1,0 +1,68 @@
+//! Connecting to the API server: an explicit kubeconfig (and context), or the in-cluster
+//! service account, with TLS verification always on.
+
+use std::path::PathBuf;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::error::Error;
+
+/// How to reach the API server.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ConnectionArgs {
+    /// Kubeconfig file. Without it: $KUBECONFIG or ~/.kube/config when present, otherwise the
+    /// in-cluster service account.
+    #[arg(long, env = "MW_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context within the kubeconfig (defaults to its current-context).
+    #[arg(long, env = "MW_CONTEXT")]
+    pub context: Option<String>,
+}
+
+/// A client for the configured cluster. Refuses a configuration that turns TLS verification
+/// off: the operator's credentials must never be sent to an unverified server.
+pub async fn connect(args: &ConnectionArgs) -> Result<Client, Error> {
+    let options = KubeConfigOptions { context: args.context.clone(), ..Default::default() };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            // Errors name the file but never echo its contents (it holds credentials).
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| Error::Config(format!("reading kubeconfig {}: {e}", path.display())))?;
+            Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?
+        }
+        None if args.context.is_some() => {
+            Config::from_kubeconfig(&options).await.map_err(|e| Error::Config(format!("kubeconfig context: {e}")))?
+        }
+        None => Config::infer().await.map_err(|e| Error::Config(e.to_string()))?,
+    };
+    check_tls(&config)?;
+    Client::try_from(config).map_err(Error::Client)
+}
+
+fn check_tls(config: &Config) -> Result<(), Error> {
+    if config.accept_invalid_certs {
+        return Err(Error::Config(
+            "the kubeconfig sets insecure-skip-tls-verify; the operator requires a verified API server \
+             (set certificate-authority or certificate-authority-data instead)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insecure_configurations_are_refused() {
+        let mut config = Config::new("https://127.0.0.1:6443".parse().unwrap());
+        assert!(check_tls(&config).is_ok());
+        config.accept_invalid_certs = true;
+        let err = check_tls(&config).unwrap_err().to_string();
+        assert!(err.contains("insecure-skip-tls-verify"), "{err}");
+    }
+}

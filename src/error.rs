@@ -1,0 +1,57 @@
+//! Errors of the operator, each with the context an operator on call needs.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("ManagedWorkload {0} has no namespace; the resource is namespaced")]
+    MissingNamespace(String),
+
+    #[error("reading Deployment {namespace}/{name}: {source}")]
+    GetDeployment {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("applying Deployment {namespace}/{name}: {source}")]
+    ApplyDeployment {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("writing status of ManagedWorkload {namespace}/{name}: {source}")]
+    WriteStatus {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("loading Kubernetes client configuration: {0}")]
+    Config(String),
+
+    #[error("creating the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+
+    #[error("the ManagedWorkload CRD is not installed or not served ({0}); install it with `kubectl apply -f crds/`")]
+    CrdMissing(#[source] kube::Error),
+}
+
+impl Error {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::MissingNamespace(_) => "missing_namespace",
+            Error::GetDeployment { .. } => "get_deployment",
+            Error::ApplyDeployment { .. } => "apply_deployment",
+            Error::WriteStatus { .. } => "write_status",
+            Error::Config(_) => "config",
+            Error::Client(_) => "client",
+            Error::CrdMissing(_) => "crd_missing",
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! A Kubernetes operator that runs Manager (mieweb/opensource-server) containers as
+//! `ManagedWorkload` resources, each reconciled into a single-replica Deployment.
+//!
+//! Pure parts: `resource` (the API), `desired` (CR → Deployment), `drift` (is the live
+//! Deployment up to date?), `status` (observed objects → status). I/O: `controller`, `client`.
+
+pub mod client;
+pub mod controller;
+pub mod crdgen;
+pub mod desired;
+pub mod drift;
+pub mod error;
+pub mod resource;
+pub mod status;

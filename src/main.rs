@@ -1,0 +1,113 @@
+//! `mw-operator`: the ManagedWorkload operator's single binary.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use mw_operator::{client, controller, crdgen};
+use tracing::error;
+
+#[derive(Parser)]
+#[command(version, about = "Runs Manager containers on Kubernetes as ManagedWorkload resources")]
+struct Cli {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "MW_LOG_FORMAT", global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the controller.
+    Run {
+        #[command(flatten)]
+        connection: client::ConnectionArgs,
+        /// Namespaces to watch (repeat or comma-separate). All namespaces when omitted.
+        #[arg(long = "namespace", short = 'n', env = "MW_NAMESPACES", value_delimiter = ',')]
+        namespaces: Vec<String>,
+        /// Reconciles running at once.
+        #[arg(long, default_value_t = 8, env = "MW_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
+        concurrency: u16,
+    },
+    /// Print the CustomResourceDefinitions, write them to a directory, or check that a
+    /// directory holds exactly what would be written.
+    Crd {
+        /// Write one file per CRD into this directory instead of printing.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// With --out: fail if the files there differ from the generated ones.
+        #[arg(long, requires = "out")]
+        check: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let result = match cli.command {
+        Command::Run { connection, namespaces, concurrency } => run(connection, namespaces, concurrency),
+        Command::Crd { out, check } => crd(out, check),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            error!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(connection: client::ConnectionArgs, namespaces: Vec<String>, concurrency: u16) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let client = client::connect(&connection).await.map_err(|e| e.to_string())?;
+        let settings = controller::Settings { namespaces, concurrency };
+        controller::run(client, settings).await.map_err(|e| e.to_string())
+    })
+}
+
+fn crd(out: Option<PathBuf>, check: bool) -> Result<(), String> {
+    let crds = crdgen::all();
+    let Some(dir) = out else {
+        for crd in &crds {
+            print!("---\n{}", crdgen::to_yaml(crd).map_err(|e| e.to_string())?);
+        }
+        return Ok(());
+    };
+    let mut stale = Vec::new();
+    for crd in &crds {
+        let path = dir.join(crdgen::file_name(crd));
+        let yaml = crdgen::to_yaml(crd).map_err(|e| e.to_string())?;
+        if check {
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(yaml.as_str()) {
+                stale.push(path.display().to_string());
+            }
+        } else {
+            std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            std::fs::write(&path, yaml).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        }
+    }
+    if stale.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("generated CRDs differ from {}; run `make crds` and commit the result", stale.join(", ")))
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
+    }
+}

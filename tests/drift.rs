@@ -1,0 +1,134 @@
+//! Drift is corrected, foreign Deployments are never touched, and a reconcile that finds
+//! nothing to change writes nothing (checked in the API server's audit log).
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use mw_operator::resource::{ManagedWorkload, Phase};
+use serde_json::json;
+use support::workload::{TIMEOUT, apply, apply_with_labels, condition, wait_condition, wait_ready};
+use support::{TestNamespace, audit, wait_until};
+
+fn image(d: &Deployment) -> Option<String> {
+    d.spec.as_ref()?.template.spec.as_ref()?.containers[0].image.clone()
+}
+
+async fn hand_patch(deployments: &Api<Deployment>, patch: serde_json::Value) {
+    deployments.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+}
+
+#[tokio::test]
+async fn hand_edits_and_deletion_are_undone() {
+    let ns = TestNamespace::new("drift").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let deployments = ns.api::<Deployment>();
+    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
+    wait_ready(&workloads, "web", Phase::Running).await;
+
+    // kubectl scale deployment web --replicas=3
+    hand_patch(&deployments, json!({"spec": {"replicas": 3}})).await;
+    wait_until(&deployments, "web", "replicas restored to 1", TIMEOUT, |d: Option<&Deployment>| {
+        d.and_then(|d| d.spec.as_ref()?.replicas) == Some(1)
+    })
+    .await;
+
+    // kubectl set image deployment/web workload=evil:1
+    hand_patch(
+        &deployments,
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "workload", "image": "evil:1"}]}}}}),
+    )
+    .await;
+    wait_until(&deployments, "web", "image restored", TIMEOUT, |d: Option<&Deployment>| {
+        d.and_then(image).as_deref() == Some("nginx:latest")
+    })
+    .await;
+
+    // kubectl delete deployment web
+    let old_uid = deployments.get("web").await.unwrap().uid();
+    deployments.delete("web", &DeleteParams::background()).await.unwrap();
+    wait_until(&deployments, "web", "the Deployment recreated", TIMEOUT, |d: Option<&Deployment>| {
+        d.is_some_and(|d| d.uid() != old_uid)
+    })
+    .await;
+    wait_ready(&workloads, "web", Phase::Running).await;
+}
+
+#[tokio::test]
+async fn a_deployment_it_does_not_control_is_never_modified() {
+    let ns = TestNamespace::new("conflict").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let deployments = ns.api::<Deployment>();
+    let theirs: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web", "labels": {"app": "theirs"}},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "theirs"}},
+            "template": {"metadata": {"labels": {"app": "theirs"}}, "spec": {"containers": [{"name": "c", "image": "redis:7"}]}}
+        }
+    }))
+    .unwrap();
+    deployments.create(&PostParams::default(), &theirs).await.unwrap();
+
+    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
+    let mw = wait_condition(&workloads, "web", "Stalled", "True").await;
+    assert_eq!(condition(&mw, "Stalled").reason, "DeploymentConflict");
+    assert_eq!(condition(&mw, "Ready").status, "False");
+    assert_eq!(mw.status.as_ref().unwrap().phase, Some(Phase::Failed));
+    assert!(condition(&mw, "Stalled").message.contains("not controlled by this ManagedWorkload"));
+
+    let after = deployments.get("web").await.unwrap();
+    assert_eq!(after.metadata.generation, Some(1), "their Deployment's spec was never changed");
+    assert!(after.owner_references().is_empty());
+    assert_eq!(image(&after).as_deref(), Some("redis:7"));
+    let writes = audit::operator_writes(&ns.name);
+    assert!(writes.iter().all(|w| w.resource != "deployments"), "the operator wrote to their Deployment: {writes:?}");
+}
+
+#[tokio::test]
+async fn reconciles_that_find_nothing_to_change_write_nothing() {
+    let ns = TestNamespace::new("idle").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let deployments = ns.api::<Deployment>();
+    for name in ["a", "b", "c"] {
+        apply_with_labels(
+            &workloads,
+            name,
+            json!({"opensource-server.mieweb.org/node-id": "1"}),
+            json!({"image": "nginx:latest"}),
+        )
+        .await
+        .unwrap();
+    }
+    for name in ["a", "b", "c"] {
+        wait_ready(&workloads, name, Phase::Running).await;
+    }
+    // Let the last status writes and their watch echoes settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = audit::operator_writes(&ns.name);
+
+    // Events that trigger reconciles without changing anything the operator owns: a label on
+    // the CR (passes the controller's label predicate), a label on a Deployment. (Not an
+    // annotation: for Deployments that bumps metadata.generation, and until the Deployment
+    // controller observes it the rollout is, by the strict rule, not complete.)
+    for name in ["a", "b", "c"] {
+        let patch = json!({"metadata": {"labels": {"team": "blue"}}});
+        workloads.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        deployments.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = audit::operator_writes(&ns.name);
+    assert_eq!(
+        after[before.len()..],
+        [],
+        "writes by the operator while nothing changed (before the pokes it had made {} writes)",
+        before.len()
+    );
+    // And every workload is still Running.
+    for name in ["a", "b", "c"] {
+        wait_ready(&workloads, name, Phase::Running).await;
+    }
+}

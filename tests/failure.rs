@@ -1,0 +1,67 @@
+//! A Pod that cannot start makes the workload Failed within seconds, with the kubelet's
+//! reason, and the workload recovers when the spec is fixed. kwok holds Pods with these
+//! images in the given state (hack/kwok/stages.yaml).
+
+mod support;
+
+use mw_operator::resource::{ManagedWorkload, Phase};
+use serde_json::json;
+use support::TestNamespace;
+use support::workload::{apply, condition, wait_condition, wait_ready};
+
+async fn fails_with(image: &str, reason: &str) {
+    let ns = TestNamespace::new(&format!("fail-{reason}")).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    // A long progress deadline: the failure must come from the Pod, not the deadline.
+    apply(&workloads, "web", json!({"image": image, "progressDeadlineSeconds": 3600})).await.unwrap();
+    let mw = wait_condition(&workloads, "web", "Stalled", "True").await;
+    assert_eq!(mw.status.as_ref().unwrap().phase, Some(Phase::Failed));
+    let stalled = condition(&mw, "Stalled");
+    assert_eq!(stalled.reason, reason);
+    assert!(stalled.message.starts_with(&format!("container workload: {reason}")), "{}", stalled.message);
+    assert_eq!(condition(&mw, "Ready").status, "False");
+    assert_eq!(condition(&mw, "Reconciling").status, "False");
+
+    // Fixing the image recovers it.
+    apply(&workloads, "web", json!({"image": "nginx:latest", "progressDeadlineSeconds": 3600})).await.unwrap();
+    let mw = wait_ready(&workloads, "web", Phase::Running).await;
+    assert_eq!(condition(&mw, "Stalled").status, "False");
+}
+
+#[tokio::test]
+async fn image_pull_back_off() {
+    fails_with("kwok.example/image-pull-backoff", "ImagePullBackOff").await;
+}
+
+#[tokio::test]
+async fn err_image_pull() {
+    fails_with("kwok.example/err-image-pull", "ErrImagePull").await;
+}
+
+#[tokio::test]
+async fn crash_loop_back_off() {
+    fails_with("kwok.example/crash-loop-backoff", "CrashLoopBackOff").await;
+}
+
+#[tokio::test]
+async fn create_container_config_error() {
+    fails_with("kwok.example/create-container-config-error", "CreateContainerConfigError").await;
+}
+
+#[tokio::test]
+async fn progress_deadline_exceeded() {
+    let ns = TestNamespace::new("fail-deadline").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    // Requests no node can satisfy: the Pod stays Pending with no container error, so only the
+    // Deployment's progress deadline can tell that the rollout is stuck.
+    let spec = json!({
+        "image": "nginx:latest",
+        "progressDeadlineSeconds": 5,
+        "resources": {"requests": {"cpu": "10000"}},
+    });
+    apply(&workloads, "web", spec).await.unwrap();
+    let mw = wait_condition(&workloads, "web", "Stalled", "True").await;
+    assert_eq!(mw.status.as_ref().unwrap().phase, Some(Phase::Failed));
+    assert_eq!(condition(&mw, "Stalled").reason, "ProgressDeadlineExceeded");
+    assert_eq!(condition(&mw, "Progressing").status, "False");
+}

@@ -1,0 +1,123 @@
+//! The workload lifecycle against the real control plane and the running operator:
+//! create → Running, stop → Stopped, start → Running, env change and resource change roll
+//! out (Updating → Running), delete → Deployment and Pods gone.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, ResourceExt};
+use mw_operator::resource::{ManagedWorkload, Phase};
+use serde_json::json;
+use support::workload::{PhaseLog, TIMEOUT, apply, condition, wait_ready};
+use support::{TestNamespace, wait_until};
+
+const SELECTOR: &str = "app.kubernetes.io/instance=web";
+
+async fn live_pods(pods: &Api<Pod>) -> Vec<Pod> {
+    let list = pods.list(&ListParams::default().labels(SELECTOR)).await.unwrap();
+    list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
+}
+
+fn container_env(pod: &Pod, name: &str) -> Option<String> {
+    let c = &pod.spec.as_ref()?.containers[0];
+    c.env.as_ref()?.iter().find(|e| e.name == name)?.value.clone()
+}
+
+#[tokio::test]
+async fn create_stop_start_update_delete() {
+    let ns = TestNamespace::new("lifecycle").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let deployments = ns.api::<Deployment>();
+    let pods = ns.api::<Pod>();
+    let spec = |env: &str, cpu: &str, state: &str| {
+        json!({
+            "image": "nginx:latest",
+            "state": state,
+            "env": [{"name": "GREETING", "value": env}],
+            "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}},
+            "ports": [{"containerPort": 80, "name": "http"}],
+        })
+    };
+
+    // Create: a Deployment of one replica, a Ready Pod, the CR Running with its Pod IP.
+    apply(&workloads, "web", spec("hello", "100m", "Running")).await.unwrap();
+    let mw = wait_ready(&workloads, "web", Phase::Running).await;
+    let status = mw.status.clone().unwrap();
+    assert_eq!(status.provider_id.as_deref(), Some(format!("{}/web", ns.name).as_str()));
+    assert_eq!((status.desired_replicas, status.available_replicas, status.updated_replicas), (1, 1, 1));
+    let d = deployments.get("web").await.unwrap();
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(1));
+    let owner = &d.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("ManagedWorkload", mw.uid().unwrap().as_str(), Some(true))
+    );
+    let running = live_pods(&pods).await;
+    assert_eq!(running.len(), 1);
+    let pod_ip = running[0].status.as_ref().unwrap().pod_ip.clone();
+    assert!(pod_ip.is_some());
+    assert_eq!(status.pod_ip, pod_ip, "status.podIP is the Pod's IP");
+    for type_ in ["Ready", "Reconciling", "Stalled", "Available", "Progressing"] {
+        let c = condition(&mw, type_);
+        assert_eq!(c.observed_generation, mw.metadata.generation, "{type_} carries the generation");
+    }
+    assert_eq!(condition(&mw, "Reconciling").status, "False");
+    assert_eq!(condition(&mw, "Stalled").status, "False");
+
+    // Stop: scaled to zero, Pods gone, Stopped (and Ready: the desired state is reached).
+    let phases = PhaseLog::start(&workloads, "web");
+    apply(&workloads, "web", spec("hello", "100m", "Stopped")).await.unwrap();
+    let mw = wait_ready(&workloads, "web", Phase::Stopped).await;
+    assert_eq!(deployments.get("web").await.unwrap().spec.unwrap().replicas, Some(0));
+    assert!(live_pods(&pods).await.is_empty(), "no Pods once Stopped");
+    assert_eq!(mw.status.as_ref().unwrap().pod_ip, None, "no Pod IP while stopped");
+    assert_eq!(mw.status.as_ref().unwrap().desired_replicas, 0);
+    assert!(phases.seen().contains(&Phase::Stopping), "went through Stopping: {:?}", phases.seen());
+    drop(phases);
+
+    // Start: a new Ready Pod, Running again.
+    apply(&workloads, "web", spec("hello", "100m", "Running")).await.unwrap();
+    let mw = wait_ready(&workloads, "web", Phase::Running).await;
+    assert!(mw.status.as_ref().unwrap().pod_ip.is_some());
+    assert_eq!(live_pods(&pods).await.len(), 1);
+
+    // Change an env var: a rollout, Updating then Running on the new template.
+    let phases = PhaseLog::start(&workloads, "web");
+    apply(&workloads, "web", spec("bonjour", "100m", "Running")).await.unwrap();
+    wait_ready(&workloads, "web", Phase::Running).await;
+    assert_eq!(&phases.seen()[phases.seen().len() - 2..], [Phase::Updating, Phase::Running], "{:?}", phases.seen());
+    let current = live_pods(&pods).await;
+    assert_eq!(current.len(), 1, "the old Pod is gone once Running");
+    assert_eq!(container_env(&current[0], "GREETING").as_deref(), Some("bonjour"));
+    drop(phases);
+
+    // Change a resource request: the same.
+    let phases = PhaseLog::start(&workloads, "web");
+    apply(&workloads, "web", spec("bonjour", "250m", "Running")).await.unwrap();
+    wait_ready(&workloads, "web", Phase::Running).await;
+    assert!(phases.seen().contains(&Phase::Updating), "{:?}", phases.seen());
+    let current = live_pods(&pods).await;
+    assert_eq!(current.len(), 1);
+    let requests = current[0].spec.as_ref().unwrap().containers[0].resources.clone().unwrap().requests.unwrap();
+    assert_eq!(requests["cpu"].0, "250m");
+
+    // Delete: garbage collection removes the Deployment and its Pods.
+    workloads.delete("web", &DeleteParams::background()).await.unwrap();
+    wait_until(&deployments, "web", "the Deployment to be garbage collected", TIMEOUT, |d: Option<&Deployment>| {
+        d.is_none()
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while !pods.list(&ListParams::default().labels(SELECTOR)).await.unwrap().items.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Pods left after the CR was deleted; logs: {}",
+            support::log_dir()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

@@ -1,0 +1,37 @@
+//! API writes the operator made, read from the control plane's audit log (every write, at
+//! Metadata level; see hack/audit-policy.yaml). This is how "no writes when nothing changed"
+//! is checked: the API server's own record, not the operator's word.
+
+use std::io::{BufRead, BufReader};
+
+use serde_json::Value;
+
+/// One write request, as the audit log records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    pub verb: String,
+    pub resource: String,
+    pub subresource: Option<String>,
+    pub name: Option<String>,
+}
+
+/// The operator's writes in `namespace` so far, in order.
+pub fn operator_writes(namespace: &str) -> Vec<Write> {
+    let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
+    let path = format!("{}/audit.log", super::log_dir());
+    let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("opening the audit log {path}: {e}"));
+    BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|line| serde_json::from_str::<Value>(&line).ok())
+        .filter(|e| e["stage"] == "ResponseComplete" && e["user"]["username"] == user.as_str())
+        .filter(|e| e["objectRef"]["namespace"] == namespace)
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete" | "deletecollection")))
+        .map(|e| Write {
+            verb: e["verb"].as_str().unwrap_or_default().into(),
+            resource: e["objectRef"]["resource"].as_str().unwrap_or_default().into(),
+            subresource: e["objectRef"]["subresource"].as_str().map(String::from),
+            name: e["objectRef"]["name"].as_str().map(String::from),
+        })
+        .collect()
+}

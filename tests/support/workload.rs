@@ -1,0 +1,149 @@
+//! Helpers for tests that drive ManagedWorkloads through the operator `make test` runs.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use mw_operator::resource::{ManagedWorkload, Phase};
+use serde_json::{Value, json};
+
+use super::wait_until;
+
+pub const TIMEOUT: Duration = Duration::from_secs(90);
+/// Field manager the tests apply CRs with, like `kubectl apply --server-side` would.
+const TEST_MANAGER: &str = "integration-test";
+
+/// Server-side apply of a ManagedWorkload with this spec, with strict field validation (as
+/// `kubectl apply` does).
+pub async fn apply(api: &Api<ManagedWorkload>, name: &str, spec: Value) -> Result<ManagedWorkload, kube::Error> {
+    apply_with_labels(api, name, json!({}), spec).await
+}
+
+pub async fn apply_with_labels(
+    api: &Api<ManagedWorkload>,
+    name: &str,
+    labels: Value,
+    spec: Value,
+) -> Result<ManagedWorkload, kube::Error> {
+    let body = json!({
+        "apiVersion": "opensource-server.mieweb.org/v1alpha1",
+        "kind": "ManagedWorkload",
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
+    });
+    api.patch(name, &PatchParams::apply(TEST_MANAGER).force().validation_strict(), &Patch::Apply(&body)).await
+}
+
+/// Create a ManagedWorkload the way `kubectl create`/`kubectl apply` (client-side) do: a
+/// POST with `fieldValidation=Strict`, so unknown and duplicate fields are errors.
+pub async fn create_strict(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    spec: Value,
+) -> Result<ManagedWorkload, kube::Error> {
+    let body = json!({
+        "apiVersion": "opensource-server.mieweb.org/v1alpha1",
+        "kind": "ManagedWorkload",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    let uri = format!(
+        "/apis/opensource-server.mieweb.org/v1alpha1/namespaces/{namespace}/managedworkloads?fieldValidation=Strict"
+    );
+    let request = http::Request::post(uri)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).expect("JSON body"))
+        .expect("a valid request");
+    client.request(request).await
+}
+
+/// Wait as `kubectl wait --for=condition=Ready` does: Ready=True with an observedGeneration
+/// equal to the CR's current generation, so a stale Ready never counts. Then check the phase.
+pub async fn wait_ready(api: &Api<ManagedWorkload>, name: &str, phase: Phase) -> ManagedWorkload {
+    wait_condition(api, name, "Ready", "True").await;
+    let mw = api.get(name).await.unwrap();
+    assert_eq!(phase_of(&mw), Some(phase), "Ready=True but the phase is not {phase:?}: {:#?}", mw.status);
+    mw
+}
+
+/// Wait until condition `type_` has `status` for the CR's current generation.
+pub async fn wait_condition(api: &Api<ManagedWorkload>, name: &str, type_: &str, status: &str) -> ManagedWorkload {
+    let what = format!("{type_}={status} at the current generation");
+    wait_until(api, name, &what, TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| condition_current(mw, type_, status))
+    })
+    .await
+    .unwrap()
+}
+
+pub fn condition_current(mw: &ManagedWorkload, type_: &str, status: &str) -> bool {
+    let generation = mw.metadata.generation;
+    mw.status.as_ref().is_some_and(|s| {
+        s.observed_generation == generation
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == type_ && c.status == status && c.observed_generation == generation)
+    })
+}
+
+pub fn condition<'a>(
+    mw: &'a ManagedWorkload,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    mw.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition: {:#?}", mw.status))
+}
+
+pub fn phase_of(mw: &ManagedWorkload) -> Option<Phase> {
+    mw.status.as_ref().and_then(|s| s.phase)
+}
+
+/// Records every phase one CR passes through, from a watch, so transient phases
+/// (`Updating`, `Stopping`) are seen even when they last only moments.
+pub struct PhaseLog {
+    phases: Arc<Mutex<Vec<Phase>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PhaseLog {
+    pub fn start(api: &Api<ManagedWorkload>, name: &str) -> Self {
+        let phases = Arc::new(Mutex::new(Vec::new()));
+        let sink = phases.clone();
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let stream = watcher(api.clone(), config).applied_objects();
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(mw)) = stream.next().await {
+                if let Some(p) = phase_of(&mw) {
+                    let mut log = sink.lock().unwrap();
+                    if log.last() != Some(&p) {
+                        log.push(p);
+                    }
+                }
+            }
+        });
+        PhaseLog { phases, task }
+    }
+
+    /// Phases seen since `start`, consecutive duplicates folded.
+    pub fn seen(&self) -> Vec<Phase> {
+        self.phases.lock().unwrap().clone()
+    }
+}
+
+impl Drop for PhaseLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Name used in assertion messages.
+pub fn describe(mw: &ManagedWorkload) -> String {
+    format!("{}/{}", mw.namespace().unwrap_or_default(), mw.name_any())
+}
