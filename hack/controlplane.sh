@@ -227,11 +227,16 @@ wait_for() {
   done
 }
 
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+# Every control-plane component still runs (the operator, when one is recorded, is not part
+# of the control plane's health).
 alive() {
-  local state=$1 pidfile
-  for pidfile in "$state"/pids/*.pid; do
+  local state=$1 name pidfile
+  for name in "${COMPONENTS[@]}"; do
+    pidfile="$state/pids/$name.pid"
     [ -e "$pidfile" ] || return 1
-    kill -0 "$(cat "$pidfile")" 2>/dev/null || { log "$(basename "$pidfile" .pid) exited"; return 1; }
+    kill -0 "$(cat "$pidfile")" 2>/dev/null || { log "$name exited"; return 1; }
   done
 }
 

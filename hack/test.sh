@@ -41,9 +41,12 @@ cleanup() {
   fi
   exit "$rc"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 step "control plane up"
+# Always a fresh one: whatever a killed earlier run left (namespaces, an operator) goes first.
+bash "$CP" down "$CLUSTER"
 bash "$CP" up "$CLUSTER"
 KUBECONFIG_ADMIN=$("$CP" kubeconfig "$CLUSTER")
 LOGS=$("$CP" log-dir "$CLUSTER")
@@ -60,9 +63,11 @@ $KUBECTL create clusterrolebinding mw-operator-test --clusterrole=mw-operator --
 
 step "operator"
 cargo build --locked --bin mw-operator
-./target/debug/mw-operator run --kubeconfig "$(dirname "$KUBECONFIG_ADMIN")/operator.kubeconfig" \
-  >"$LOGS/operator.log" 2>&1 &
+STATE=$(dirname "$KUBECONFIG_ADMIN")
+./target/debug/mw-operator run --kubeconfig "$STATE/operator.kubeconfig" >"$LOGS/operator.log" 2>&1 &
 OPERATOR_PID=$!
+# Recorded with the control plane's PIDs, so even a SIGKILLed run is cleaned up by the next one.
+echo "$OPERATOR_PID" >"$STATE/pids/operator.pid"
 
 step "integration tests"
 MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator \

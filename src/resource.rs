@@ -135,7 +135,8 @@ pub struct ManagedWorkloadSpec {
     pub enable_service_links: Option<bool>,
 }
 
-/// Start/stop: the desired state of the workload.
+// Start/stop: the desired state of the workload. (a `//` comment: a doc comment here would replace the
+// field's own description in the CRD).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 pub enum DesiredState {
     /// One replica.
@@ -145,7 +146,8 @@ pub enum DesiredState {
     Stopped,
 }
 
-/// Deployment rollout strategy.
+// Deployment rollout strategy. (a `//` comment: a doc comment here would replace the
+// field's own description in the CRD).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum UpdateStrategy {
     /// Start the new Pod, then stop the old one.
@@ -299,7 +301,8 @@ pub struct ContainerPort {
     pub protocol: Option<Protocol>,
 }
 
-/// Transport protocol of a port.
+// Transport protocol of a port. (a `//` comment: a doc comment here would replace the
+// field's own description in the CRD).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[allow(clippy::upper_case_acronyms)]
 pub enum Protocol {
@@ -346,7 +349,8 @@ pub struct ManagedWorkloadStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// The workload's phase (see docs/resource.md for the exact rules).
+// The workload's phase (see docs/resource.md for the exact rules). (a `//` comment: a doc comment here would replace the
+// field's own description in the CRD).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum Phase {
     Creating,

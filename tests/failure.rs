@@ -49,6 +49,11 @@ async fn create_container_config_error() {
 }
 
 #[tokio::test]
+async fn invalid_image_name() {
+    fails_with("kwok.example/invalid-image-name", "InvalidImageName").await;
+}
+
+#[tokio::test]
 async fn progress_deadline_exceeded() {
     let ns = TestNamespace::new("fail-deadline").await;
     let workloads = ns.api::<ManagedWorkload>();
