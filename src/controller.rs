@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller, Error as ControllerError};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
@@ -56,12 +56,14 @@ pub struct Context {
 
 /// Run the controller until SIGTERM/SIGINT.
 pub async fn run(client: Client, settings: Settings) -> Result<(), Error> {
-    check_crd(&client).await?;
     let scopes: Vec<Option<String>> = if settings.namespaces.is_empty() {
         vec![None]
     } else {
         settings.namespaces.iter().cloned().map(Some).collect()
     };
+    for scope in &scopes {
+        check_access(&client, scope.as_deref()).await?;
+    }
     info!(namespaces = ?settings.namespaces, concurrency = settings.concurrency, "starting ManagedWorkload controller");
     let controllers = scopes.into_iter().map(|ns| run_scope(client.clone(), ns, settings.concurrency));
     futures::future::join_all(controllers).await;
@@ -79,9 +81,15 @@ where
     }
 }
 
-async fn check_crd(client: &Client) -> Result<(), Error> {
-    let probe: Api<ManagedWorkload> = Api::all(client.clone());
-    probe.list_metadata(&ListParams::default().limit(1)).await.map(|_| ()).map_err(Error::CrdMissing)
+/// Fail fast, with a hint, when the CRD is missing or RBAC does not let the operator list
+/// ManagedWorkloads where it is told to watch, instead of retrying watches forever.
+async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Error> {
+    let probe = api::<ManagedWorkload>(client, namespace);
+    match probe.list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Err(Error::CrdMissing(kube::Error::Api(status))),
+        Err(source) => Err(Error::Access { scope: namespace.unwrap_or("all namespaces").to_string(), source }),
+    }
 }
 
 async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) {
@@ -137,6 +145,9 @@ async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) 
         .for_each(|result| async move {
             match result {
                 Ok((obj, _)) => debug!(namespace = obj.namespace.as_deref(), name = %obj.name, "reconciled"),
+                // Reconcile failures are logged by error_policy; a failing watch (RBAC, network)
+                // is only visible here.
+                Err(ControllerError::QueueError(err)) => warn!(error = %err, "watch failed; retrying with backoff"),
                 Err(err) => debug!(error = %err, "reconcile did not complete"),
             }
         })

@@ -37,6 +37,13 @@ pub enum Error {
     #[error("creating the Kubernetes client: {0}")]
     Client(#[source] kube::Error),
 
+    #[error("listing ManagedWorkloads in {scope} (check the operator's RBAC: config/rbac): {source}")]
+    Access {
+        scope: String,
+        #[source]
+        source: kube::Error,
+    },
+
     #[error("the ManagedWorkload CRD is not installed or not served ({0}); install it with `kubectl apply -f crds/`")]
     CrdMissing(#[source] kube::Error),
 }
@@ -52,6 +59,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::Client(_) => "client",
             Error::CrdMissing(_) => "crd_missing",
+            Error::Access { .. } => "access",
         }
     }
 }

@@ -69,7 +69,7 @@ async fn create_stop_start_update_delete() {
     assert_eq!(condition(&mw, "Stalled").status, "False");
 
     // Stop: scaled to zero, Pods gone, Stopped (and Ready: the desired state is reached).
-    let phases = PhaseLog::start(&workloads, "web");
+    let phases = PhaseLog::start(&workloads, "web").await;
     apply(&workloads, "web", spec("hello", "100m", "Stopped")).await.unwrap();
     let mw = wait_ready(&workloads, "web", Phase::Stopped).await;
     assert_eq!(deployments.get("web").await.unwrap().spec.unwrap().replicas, Some(0));
@@ -86,7 +86,7 @@ async fn create_stop_start_update_delete() {
     assert_eq!(live_pods(&pods).await.len(), 1);
 
     // Change an env var: a rollout, Updating then Running on the new template.
-    let phases = PhaseLog::start(&workloads, "web");
+    let phases = PhaseLog::start(&workloads, "web").await;
     apply(&workloads, "web", spec("bonjour", "100m", "Running")).await.unwrap();
     wait_ready(&workloads, "web", Phase::Running).await;
     assert_eq!(&phases.seen()[phases.seen().len() - 2..], [Phase::Updating, Phase::Running], "{:?}", phases.seen());
@@ -96,7 +96,7 @@ async fn create_stop_start_update_delete() {
     drop(phases);
 
     // Change a resource request: the same.
-    let phases = PhaseLog::start(&workloads, "web");
+    let phases = PhaseLog::start(&workloads, "web").await;
     apply(&workloads, "web", spec("bonjour", "250m", "Running")).await.unwrap();
     wait_ready(&workloads, "web", Phase::Running).await;
     assert!(phases.seen().contains(&Phase::Updating), "{:?}", phases.seen());

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::{Value, json};
@@ -112,22 +112,37 @@ pub struct PhaseLog {
 }
 
 impl PhaseLog {
-    pub fn start(api: &Api<ManagedWorkload>, name: &str) -> Self {
+    /// Starts watching and returns once the watch has delivered the CR's current state, so
+    /// every phase after this call is recorded.
+    pub async fn start(api: &Api<ManagedWorkload>, name: &str) -> Self {
         let phases = Arc::new(Mutex::new(Vec::new()));
         let sink = phases.clone();
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let stream = watcher(api.clone(), config).applied_objects();
+        let stream = watcher(api.clone(), config);
+        let (synced, is_synced) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
-            while let Some(Ok(mw)) = stream.next().await {
-                if let Some(p) = phase_of(&mw) {
-                    let mut log = sink.lock().unwrap();
-                    if log.last() != Some(&p) {
-                        log.push(p);
+            let mut synced = Some(synced);
+            while let Some(Ok(event)) = stream.next().await {
+                match event {
+                    watcher::Event::Apply(mw) | watcher::Event::InitApply(mw) => {
+                        if let Some(p) = phase_of(&mw) {
+                            let mut log = sink.lock().unwrap();
+                            if log.last() != Some(&p) {
+                                log.push(p);
+                            }
+                        }
                     }
+                    watcher::Event::InitDone => {
+                        if let Some(tx) = synced.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    _ => {}
                 }
             }
         });
+        tokio::time::timeout(TIMEOUT, is_synced).await.expect("the watch to list the CR").expect("the watch task");
         PhaseLog { phases, task }
     }
 
