@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
+use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller, Error as ControllerError};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -88,7 +90,15 @@ async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Er
     match probe.list_metadata(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Err(Error::CrdMissing(kube::Error::Api(status))),
-        Err(source) => Err(Error::Access { scope: namespace.unwrap_or("all namespaces").to_string(), source }),
+        Err(err) => {
+            // The API's own message ("... is forbidden: User ... cannot list ...") says it all;
+            // the full Status debug dump would bury it.
+            let message = match err {
+                kube::Error::Api(status) => status.message,
+                other => other.to_string(),
+            };
+            Err(Error::Access { scope: namespace.unwrap_or("all namespaces").to_string(), message })
+        }
     }
 }
 
@@ -115,9 +125,10 @@ async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) 
         .touched_objects();
 
     // Our own status writes change neither generation nor labels, so they do not echo back
-    // as reconciles.
+    // as reconciles. DeserializeGuard: one object the operator cannot parse (say, stored under
+    // an older schema) is reported on its own instead of failing the whole watch.
     let (workloads, writer) = reflector::store();
-    let workload_events = watcher(api::<ManagedWorkload>(&client, ns), watcher::Config::default().any_semantic())
+    let workload_events = watcher(api::<Workload>(&client, ns), watcher::Config::default().any_semantic())
         .default_backoff()
         .modify(|mw| mw.managed_fields_mut().clear())
         .reflect(writer)
@@ -154,11 +165,18 @@ async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) 
         .await;
 }
 
-async fn reconcile(mw: Arc<ManagedWorkload>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let name = mw.name_any();
-    let namespace = mw.namespace().ok_or_else(|| Error::MissingNamespace(name.clone()))?;
-    let span = info_span!("reconcile", %namespace, %name, generation = mw.metadata.generation);
-    let result = reconcile_one(&mw, &ctx, &namespace, &name).instrument(span).await;
+/// A ManagedWorkload as watched: parsed, or the reason it could not be.
+type Workload = DeserializeGuard<ManagedWorkload>;
+
+async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = guard.name_any();
+    let namespace = guard.namespace().ok_or_else(|| Error::MissingNamespace(name.clone()))?;
+    let span = info_span!("reconcile", %namespace, %name, generation = guard.meta().generation);
+    let mw = match &guard.0 {
+        Ok(mw) => mw,
+        Err(invalid) => return report_invalid(&ctx, &guard, invalid).instrument(span).await,
+    };
+    let result = reconcile_one(mw, &ctx, &namespace, &name).instrument(span).await;
     if let (Ok(_), Some(uid)) = (&result, mw.uid()) {
         ctx.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid);
     }
@@ -279,21 +297,35 @@ async fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &Man
     publish(ctx, mw, type_, after.as_str(), note).await;
 }
 
-/// Events are best effort: failing to record one must not fail the reconcile.
 async fn publish(ctx: &Context, mw: &ManagedWorkload, type_: EventType, reason: &str, note: &str) {
+    record(ctx, &mw.object_ref(&()), type_, reason, note).await;
+}
+
+/// Events are best effort: failing to record one must not fail the reconcile.
+async fn record(ctx: &Context, object: &ObjectReference, type_: EventType, reason: &str, note: &str) {
     let event = Event {
         type_,
         reason: reason.into(),
+        // The events API caps notes at 1 kB.
         note: Some(note.chars().take(1024).collect()),
         action: "Reconcile".into(),
         secondary: None,
     };
-    if let Err(err) = ctx.recorder.publish(&event, &mw.object_ref(&())).await {
+    if let Err(err) = ctx.recorder.publish(&event, object).await {
         warn!(error = %err, "could not record event");
     }
 }
 
-fn error_policy(mw: Arc<ManagedWorkload>, err: &Error, ctx: Arc<Context>) -> Action {
+/// An object that does not parse cannot be reconciled; say so once, on the object, and wait
+/// for it to change. Every other workload keeps being served.
+async fn report_invalid(ctx: &Context, guard: &Workload, invalid: &InvalidObject) -> Result<Action, Error> {
+    warn!(error = %invalid.error, "cannot parse the ManagedWorkload; skipping it until it changes");
+    let note = format!("the operator cannot read this object: {}", invalid.error);
+    record(ctx, &guard.object_ref(&()), EventType::Warning, "InvalidSpec", &note).await;
+    Ok(Action::await_change())
+}
+
+fn error_policy(mw: Arc<Workload>, err: &Error, ctx: Arc<Context>) -> Action {
     let failures = {
         let mut map = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
         let n = map.entry(mw.uid().unwrap_or_default()).or_insert(0);

@@ -37,12 +37,8 @@ pub enum Error {
     #[error("creating the Kubernetes client: {0}")]
     Client(#[source] kube::Error),
 
-    #[error("listing ManagedWorkloads in {scope} (check the operator's RBAC: config/rbac): {source}")]
-    Access {
-        scope: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error("listing ManagedWorkloads in {scope} failed (check the operator's RBAC: config/rbac): {message}")]
+    Access { scope: String, message: String },
 
     #[error("the ManagedWorkload CRD is not installed or not served ({0}); install it with `kubectl apply -f crds/`")]
     CrdMissing(#[source] kube::Error),

@@ -105,7 +105,9 @@ async fn create_stop_start_update_delete() {
     let requests = current[0].spec.as_ref().unwrap().containers[0].resources.clone().unwrap().requests.unwrap();
     assert_eq!(requests["cpu"].0, "250m");
 
-    // Delete: garbage collection removes the Deployment and its Pods.
+    // Delete: garbage collection removes the Deployment and its Pods. (This can take up to
+    // ~30 s on a fresh control plane: the garbage collector starts watching a newly installed
+    // CRD's kind only at its next resource discovery, every 30 s.)
     workloads.delete("web", &DeleteParams::background()).await.unwrap();
     wait_until(&deployments, "web", "the Deployment to be garbage collected", TIMEOUT, |d: Option<&Deployment>| {
         d.is_none()
