@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   local control plane + operator + a sample ManagedWorkload reaching Running
 #   make test   formatting, lints, unit tests and integration tests on a local control plane
-.PHONY: demo demo-down test unit crds cluster-up cluster-down cluster-status build tools
+.PHONY: demo demo-down test unit crds manifests cluster-up cluster-down cluster-status build tools
 
 CP := hack/controlplane.sh
 
@@ -24,6 +24,11 @@ build:
 # Regenerate crds/ from src/resource.rs (make test fails when it is stale).
 crds:
 	cargo run --quiet -- crd --out crds
+	cargo run --quiet -- crd --out charts/mw-operator/crds
+
+# Regenerate config/install/ from the Helm chart (make test fails when it is stale).
+manifests:
+	bash hack/manifests.sh
 
 tools:
 	bash hack/ensure-tools.sh

@@ -22,12 +22,15 @@ cargo clippy --all-targets --locked -- -D warnings
 
 step "generated CRDs are current"
 cargo run --quiet --locked -- crd --out crds --check
+cargo run --quiet --locked -- crd --out charts/mw-operator/crds --check
 
 step "unit tests"
 cargo test --locked --lib --bins
 
-step "control plane binaries"
+step "control plane binaries and helm"
 bash "$CP" build
+HELM=$(bash "$HERE/helm.sh")
+bash "$HERE/manifests.sh" --check
 
 cleanup() {
   local rc=$?
@@ -70,6 +73,6 @@ OPERATOR_PID=$!
 echo "$OPERATOR_PID" >"$STATE/pids/operator.pid"
 
 step "integration tests"
-MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator \
+MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator MW_TEST_HELM="$HELM" \
   cargo test --locked --test '*' -- --test-threads="${MW_TEST_THREADS:-4}"
 kill -0 "$OPERATOR_PID" 2>/dev/null || { echo "the operator exited during the tests; see $LOGS/operator.log" >&2; exit 1; }
