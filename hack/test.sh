@@ -27,6 +27,9 @@ cargo run --quiet --locked -- crd --out charts/mw-operator/crds --check
 step "unit tests"
 cargo test --locked --lib --bins
 
+step "Argo CD health check (gopher-lua, as Argo CD runs it)"
+(cd "$HERE/argocd-health" && go test -count=1 ./...)
+
 step "control plane binaries and helm"
 bash "$CP" build
 HELM=$(bash "$HERE/helm.sh")
