@@ -13,7 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::resource::{CONTAINER_ID_LABEL, DesiredState, ManagedWorkload, NODE_ID_LABEL, ResourceList, UpdateStrategy};
+use crate::resource::{
+    CONTAINER_ID_LABEL, DesiredState, ManagedWorkload, NODE_ID_LABEL, Protocol, ResourceList, UpdateStrategy,
+};
 
 /// Name of the single container in every workload Pod.
 pub const CONTAINER_NAME: &str = "workload";
@@ -129,7 +131,7 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>) -> PodT
                 .map(|p| ContainerPort {
                     container_port: p.container_port,
                     name: p.name.clone(),
-                    protocol: Some(format!("{:?}", p.protocol.unwrap_or(crate::resource::Protocol::TCP))),
+                    protocol: Some(p.protocol.unwrap_or(Protocol::TCP).as_str().to_string()),
                     ..Default::default()
                 })
                 .collect()

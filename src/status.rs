@@ -165,7 +165,11 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>) -> Verdict {
                 Verdict {
                     phase: Phase::Stopping,
                     reason: "Stopping".into(),
-                    message: format!("Stopping: waiting for {} Pod(s) to terminate", remaining.max(1)),
+                    message: if remaining == 0 {
+                        "Stopping: waiting for the Deployment controller to scale down".to_string()
+                    } else {
+                        format!("Stopping: waiting for {remaining} Pod(s) to terminate")
+                    },
                 }
             }
         }

@@ -18,8 +18,7 @@ use support::{TestNamespace, wait_until};
 const SELECTOR: &str = "app.kubernetes.io/instance=web";
 
 async fn live_pods(pods: &Api<Pod>) -> Vec<Pod> {
-    let list = pods.list(&ListParams::default().labels(SELECTOR)).await.unwrap();
-    list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
+    live_pods_named(pods, "web").await
 }
 
 fn container_env(pod: &Pod, name: &str) -> Option<String> {
@@ -122,4 +121,36 @@ async fn create_stop_start_update_delete() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+#[tokio::test]
+async fn switching_to_recreate_and_back_rolls_out() {
+    // Server-side apply pitfall: a Deployment that ever had a rollingUpdate block rejects
+    // `type: Recreate` unless the block is removed in the same write.
+    let ns = TestNamespace::new("strategy").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let deployments = ns.api::<Deployment>();
+    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
+    wait_ready(&workloads, "web", Phase::Running).await;
+
+    apply(&workloads, "web", json!({"image": "nginx:1.27", "updateStrategy": "Recreate"})).await.unwrap();
+    let mw = wait_ready(&workloads, "web", Phase::Running).await;
+    assert_eq!(condition(&mw, "Stalled").status, "False");
+    let strategy = deployments.get("web").await.unwrap().spec.unwrap().strategy.unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("Recreate"));
+    assert!(strategy.rolling_update.is_none());
+
+    apply(&workloads, "web", json!({"image": "nginx:1.28"})).await.unwrap();
+    wait_ready(&workloads, "web", Phase::Running).await;
+    let strategy = deployments.get("web").await.unwrap().spec.unwrap().strategy.unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let pods = live_pods_named(&ns.api::<Pod>(), "web").await;
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0].spec.as_ref().unwrap().containers[0].image.as_deref(), Some("nginx:1.28"));
+}
+
+async fn live_pods_named(pods: &Api<Pod>, instance: &str) -> Vec<Pod> {
+    let list =
+        pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={instance}"))).await.unwrap();
+    list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
 }

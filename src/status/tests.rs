@@ -211,6 +211,7 @@ fn stopping_until_the_deployment_controller_scaled_down() {
     let d = deployment(&mw, 2, 1, [1, 1, 1, 1]);
     let s = derive_with(&mw, Some(&d), &[]);
     assert_summary(&s, Phase::Stopping, "False", "True", "False");
+    assert_eq!(cond(&s, RECONCILING).message, "Stopping: waiting for the Deployment controller to scale down");
 }
 
 #[test]
