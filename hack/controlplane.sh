@@ -127,7 +127,7 @@ stop_wave() {
     pid=$(cat "$pidfile")
     exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
     case "$exe" in
-      "$CACHE_ROOT"/bin/*|"$REPO"/target/*) kill -TERM "$pid" 2>/dev/null && pids+=("$name:$pid") ;;
+      "$CACHE_ROOT"/bin/*|*/mw-operator) kill -TERM "$pid" 2>/dev/null && pids+=("$name:$pid") ;;
     esac
     rm -f "$pidfile"
   done
@@ -148,7 +148,7 @@ gen_certs() {
   (
     cd "$pki"
     umask 077
-    openssl req -x509 -newkey rsa:2048 -nodes -days 3 -subj "/CN=mw-operator-local-ca" \
+    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=mw-operator-local-ca" \
       -keyout ca.key -out ca.crt 2>/dev/null
     # kube-apiserver serving certificate: loopback only, plus the in-cluster names.
     cat >apiserver.ext <<EXT
@@ -174,7 +174,7 @@ EXT
 sign() {
   local name=$1 subj=$2 ext=$3
   openssl req -newkey rsa:2048 -nodes -subj "$subj" -keyout "$name.key" -out "$name.csr" 2>/dev/null
-  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3 \
+  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
     -extfile "$ext" -out "$name.crt" 2>/dev/null
 }
 
