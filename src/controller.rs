@@ -223,7 +223,12 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
             Ok(applied) => {
                 let verb = if live.is_some() { "updated" } else { "created" };
                 info!(verb, "applied Deployment");
-                publish(ctx, mw, EventType::Normal, "DeploymentApplied", &format!("Deployment {name} {verb}")).await;
+                // Spec changes are announced by the phase change they cause; an edit made to
+                // the Deployment behind the operator's back deserves its own event.
+                if live.as_ref().is_some_and(|l| drift::same_desired(&desired, l)) {
+                    let note = format!("Deployment {name} was changed outside the operator; restored");
+                    publish(ctx, mw, EventType::Normal, "DriftCorrected", &note).await;
+                }
                 Some(applied)
             }
             Err(kube::Error::Api(status)) if status.code == 400 || status.code == 422 => {

@@ -32,6 +32,13 @@ pub fn up_to_date(desired: &Deployment, live: &Deployment) -> bool {
     }
 }
 
+/// `live` was last applied from exactly this desired object, so any difference between them is
+/// someone else's edit (drift) rather than a change of the workload's spec.
+pub fn same_desired(desired: &Deployment, live: &Deployment) -> bool {
+    let fingerprint = |d: &Deployment| d.metadata.annotations.as_ref()?.get(APPLIED_HASH_ANNOTATION).cloned();
+    fingerprint(desired).is_some() && fingerprint(desired) == fingerprint(live)
+}
+
 /// `want` is contained in `have`: objects key by key (extra keys in `have` allowed), arrays
 /// element by element with equal length, scalars equal. `resource_list` marks the value of a
 /// `requests`/`limits` key, whose quantities the API server rewrites (`1000m` becomes `1`).
@@ -169,6 +176,8 @@ mod tests {
         let mut relabelled = as_stored(&desired);
         relabelled.metadata.labels.as_mut().unwrap().remove(desired::MANAGED_LABEL);
         assert!(!up_to_date(&desired, &relabelled));
+
+        assert!(same_desired(&desired, &scaled), "a hand edit leaves our fingerprint in place");
 
         let mut extra_env = as_stored(&desired);
         extra_env.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].env =

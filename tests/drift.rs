@@ -36,6 +36,18 @@ async fn hand_edits_and_deletion_are_undone() {
     })
     .await;
 
+    // The correction is announced on the CR.
+    let events: Api<k8s_openapi::api::events::v1::Event> = ns.api();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let list = events.list(&Default::default()).await.unwrap();
+        if list.items.iter().any(|e| e.reason.as_deref() == Some("DriftCorrected")) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no DriftCorrected event: {:?}", list.items);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // kubectl set image deployment/web workload=evil:1
     hand_patch(
         &deployments,

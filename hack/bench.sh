@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# `make bench`: the operator at scale on the local control plane, with figures that are stable
+# from run to run (API writes counted in the API server's audit log, operator memory) and wall
+# times for information only. N workloads (MW_BENCH_WORKLOADS, default 200):
+#   create N → all Ready; 30 s idle; restart the operator; stop all → all Ready (Stopped).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+cd "$REPO"
+CP="$HERE/controlplane.sh"
+NAME=bench
+N=${MW_BENCH_WORKLOADS:-200}
+NS=bench
+
+bash "$HERE/ensure-tools.sh"
+cargo build --release --locked --bin mw-operator
+bash "$CP" down "$NAME" >/dev/null 2>&1 || true
+bash "$CP" up "$NAME" 2>/dev/null
+trap 'bash "$CP" down "$NAME" >/dev/null 2>&1' EXIT
+KCFG=$("$CP" kubeconfig "$NAME"); STATE=$(dirname "$KCFG"); LOGS=$("$CP" log-dir "$NAME")
+K=("$("$CP" bin-dir)/kubectl" --kubeconfig "$KCFG")
+"${K[@]}" apply --server-side -f crds/ >/dev/null
+"${K[@]}" wait --for=condition=Established crd --all --timeout=60s >/dev/null
+"${K[@]}" apply -f config/rbac/cluster-role.yaml >/dev/null
+"${K[@]}" create clusterrolebinding mw-operator-bench --clusterrole=mw-operator --user=mw-operator >/dev/null
+"${K[@]}" create namespace "$NS" >/dev/null
+until "${K[@]}" -n "$NS" get serviceaccount default >/dev/null 2>&1; do sleep 0.2; done
+
+start_operator() {
+  ./target/release/mw-operator run --kubeconfig "$STATE/operator.kubeconfig" >>"$LOGS/operator.log" 2>&1 &
+  OPERATOR=$!
+  echo "$OPERATOR" >"$STATE/pids/operator.pid"
+}
+
+writes() { # operator writes in the bench namespace so far, by verb/resource
+  python3 - "$LOGS/audit.log" "$NS" <<'PY'
+import json, sys, collections
+counts = collections.Counter()
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    ref = e.get("objectRef", {})
+    if e.get("stage") != "ResponseComplete" or e["user"]["username"] != "mw-operator" or ref.get("namespace") != sys.argv[2]:
+        continue
+    if e["verb"] in ("create", "update", "patch", "delete"):
+        res = ref.get("resource", "") + ("/" + ref["subresource"] if ref.get("subresource") else "")
+        counts[f'{e["verb"]} {res}'] += 1
+print(json.dumps(counts))
+PY
+}
+total() { python3 -c 'import json,sys; print(sum(json.loads(sys.argv[1]).values()))' "$1"; }
+delta() { python3 -c '
+import json,sys
+a,b,n=json.loads(sys.argv[1]),json.loads(sys.argv[2]),int(sys.argv[3])
+for k in sorted(set(a)|set(b)):
+    d=b.get(k,0)-a.get(k,0)
+    if d: print(f"    {k:<40} {d:>6}  ({d/n:.2f} per workload)")
+' "$1" "$2" "$N"; }
+rss() { awk '/^(VmRSS|VmHWM)/ {printf "%s %.1f MiB  ", $1, $2/1024}' "/proc/$OPERATOR/status"; }
+
+start_operator
+sleep 1
+manifest=$(for i in $(seq 1 "$N"); do
+  printf -- '---\napiVersion: opensource-server.mieweb.org/v1alpha1\nkind: ManagedWorkload\nmetadata: {name: w%d, labels: {opensource-server.mieweb.org/container-id: "%d"}}\nspec: {image: "nginx:latest", env: [{name: ID, value: "%d"}], resources: {requests: {cpu: 10m, memory: 16Mi}}}\n' "$i" "$i" "$i"
+done)
+w0=$(writes); t0=$(date +%s.%N)
+echo "$manifest" | "${K[@]}" -n "$NS" apply -f - >/dev/null
+"${K[@]}" -n "$NS" wait --for=condition=Ready mw --all --timeout=600s >/dev/null
+t1=$(date +%s.%N); w1=$(writes)
+echo "== create $N workloads → all Ready: $(python3 -c "print(f'{$t1-$t0:.1f}')") s (wall, informational)"
+delta "$w0" "$w1"
+echo "    operator memory: $(rss)"
+
+sleep 30; w2=$(writes)
+echo "== 30 s idle with $N Running workloads: $(( $(total "$w2") - $(total "$w1") )) writes"
+
+kill -TERM "$OPERATOR"; wait "$OPERATOR" 2>/dev/null || true
+start_operator
+sleep 20; w3=$(writes)
+echo "== operator restart, 20 s to resync $N workloads: $(( $(total "$w3") - $(total "$w2") )) writes; memory: $(rss)"
+
+t2=$(date +%s.%N)
+"${K[@]}" -n "$NS" get mw -o name | sed 's|.*/||' | while read -r mw; do
+  "${K[@]}" -n "$NS" patch mw "$mw" --type merge -p '{"spec":{"state":"Stopped"}}' >/dev/null
+done
+"${K[@]}" -n "$NS" wait --for=condition=Ready mw --all --timeout=600s >/dev/null
+t3=$(date +%s.%N); w4=$(writes)
+echo "== stop $N workloads → all Stopped: $(python3 -c "print(f'{$t3-$t2:.1f}')") s (wall, includes $N kubectl calls)"
+delta "$w3" "$w4"
+echo "    operator memory: $(rss)"
