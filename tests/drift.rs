@@ -118,9 +118,9 @@ async fn reconciles_that_find_nothing_to_change_write_nothing() {
     for name in ["a", "b", "c"] {
         wait_ready(&workloads, name, Phase::Running).await;
     }
-    // Let the last status writes and their watch echoes settle.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let before = audit::operator_writes(&ns.name);
+    // Let the last status writes (e.g. a Deployment condition that changes reason just after
+    // availability) and their events settle.
+    let before = audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
 
     // Events that trigger reconciles without changing anything the operator owns: a label on
     // the CR (passes the controller's label predicate), a label on a Deployment. (Not an

@@ -75,7 +75,8 @@ async fn create_stop_start_update_delete() {
     assert!(live_pods(&pods).await.is_empty(), "no Pods once Stopped");
     assert_eq!(mw.status.as_ref().unwrap().pod_ip, None, "no Pod IP while stopped");
     assert_eq!(mw.status.as_ref().unwrap().desired_replicas, 0);
-    assert!(phases.seen().contains(&Phase::Stopping), "went through Stopping: {:?}", phases.seen());
+    let seen = phases.until(Phase::Stopped).await;
+    assert!(seen.contains(&Phase::Stopping), "went through Stopping: {seen:?}");
     drop(phases);
 
     // Start: a new Ready Pod, Running again.
@@ -88,7 +89,8 @@ async fn create_stop_start_update_delete() {
     let phases = PhaseLog::start(&workloads, "web").await;
     apply(&workloads, "web", spec("bonjour", "100m", "Running")).await.unwrap();
     wait_ready(&workloads, "web", Phase::Running).await;
-    assert_eq!(&phases.seen()[phases.seen().len() - 2..], [Phase::Updating, Phase::Running], "{:?}", phases.seen());
+    let seen = phases.until(Phase::Running).await;
+    assert_eq!(seen[seen.len() - 2..], [Phase::Updating, Phase::Running], "{seen:?}");
     let current = live_pods(&pods).await;
     assert_eq!(current.len(), 1, "the old Pod is gone once Running");
     assert_eq!(container_env(&current[0], "GREETING").as_deref(), Some("bonjour"));
@@ -98,7 +100,8 @@ async fn create_stop_start_update_delete() {
     let phases = PhaseLog::start(&workloads, "web").await;
     apply(&workloads, "web", spec("bonjour", "250m", "Running")).await.unwrap();
     wait_ready(&workloads, "web", Phase::Running).await;
-    assert!(phases.seen().contains(&Phase::Updating), "{:?}", phases.seen());
+    let seen = phases.until(Phase::Running).await;
+    assert!(seen.contains(&Phase::Updating), "{seen:?}");
     let current = live_pods(&pods).await;
     assert_eq!(current.len(), 1);
     let requests = current[0].spec.as_ref().unwrap().containers[0].resources.clone().unwrap().requests.unwrap();

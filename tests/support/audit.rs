@@ -35,3 +35,19 @@ pub fn operator_writes(namespace: &str) -> Vec<Write> {
         })
         .collect()
 }
+
+/// Wait until the operator has made no write in `namespace` for `quiet`, and return its writes
+/// so far: the settled starting point for a "nothing more is written" check.
+pub async fn settled_writes(namespace: &str, quiet: std::time::Duration) -> Vec<Write> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = operator_writes(namespace);
+    loop {
+        tokio::time::sleep(quiet).await;
+        let now = operator_writes(namespace);
+        if now.len() == seen.len() {
+            return now;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the operator kept writing in {namespace}: {now:?}");
+        seen = now;
+    }
+}

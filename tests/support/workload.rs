@@ -150,6 +150,21 @@ impl PhaseLog {
     pub fn seen(&self) -> Vec<Phase> {
         self.phases.lock().unwrap().clone()
     }
+
+    /// Phases seen once this log's own watch has delivered a change ending in `last` (the
+    /// first entry is the phase at `start`). Another watch may have seen `last` first: watches
+    /// are not delivered in lockstep.
+    pub async fn until(&self, last: Phase) -> Vec<Phase> {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let seen = self.seen();
+            if seen.len() > 1 && seen.last() == Some(&last) {
+                return seen;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never saw {last:?}; saw {seen:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for PhaseLog {
