@@ -17,20 +17,13 @@ cargo build --release --locked --bin mw-operator
 bash "$CP" down "$NAME" >/dev/null 2>&1 || true
 bash "$CP" up "$NAME" 2>/dev/null
 trap 'bash "$CP" down "$NAME" >/dev/null 2>&1' EXIT
-KCFG=$("$CP" kubeconfig "$NAME"); STATE=$(dirname "$KCFG"); LOGS=$("$CP" log-dir "$NAME")
+KCFG=$("$CP" kubeconfig "$NAME"); LOGS=$("$CP" log-dir "$NAME")
 K=("$("$CP" bin-dir)/kubectl" --kubeconfig "$KCFG")
-"${K[@]}" apply --server-side -f crds/ >/dev/null
-"${K[@]}" wait --for=condition=Established crd --all --timeout=60s >/dev/null
-"${K[@]}" apply -f config/rbac/cluster-role.yaml >/dev/null
-"${K[@]}" create clusterrolebinding mw-operator-bench --clusterrole=mw-operator --user=mw-operator >/dev/null
+bash "$CP" install-operator "$NAME"
 "${K[@]}" create namespace "$NS" >/dev/null
 until "${K[@]}" -n "$NS" get serviceaccount default >/dev/null 2>&1; do sleep 0.2; done
 
-start_operator() {
-  ./target/release/mw-operator run --kubeconfig "$STATE/operator.kubeconfig" >>"$LOGS/operator.log" 2>&1 &
-  OPERATOR=$!
-  echo "$OPERATOR" >"$STATE/pids/operator.pid"
-}
+start_operator() { OPERATOR=$(bash "$CP" start-operator "$NAME" "$REPO/target/release/mw-operator"); }
 
 writes() { # operator writes in the bench namespace so far, by verb/resource
   python3 - "$LOGS/audit.log" "$NS" <<'PY'
@@ -73,8 +66,7 @@ echo "    operator memory: $(rss)"
 sleep 30; w2=$(writes)
 echo "== 30 s idle with $N Running workloads: $(( $(total "$w2") - $(total "$w1") )) writes"
 
-kill -TERM "$OPERATOR"; wait "$OPERATOR" 2>/dev/null || true
-start_operator
+start_operator # stops the running one first
 sleep 20; w3=$(writes)
 echo "== operator restart, 20 s to resync $N workloads: $(( $(total "$w3") - $(total "$w2") )) writes; memory: $(rss)"
 

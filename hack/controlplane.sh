@@ -10,6 +10,8 @@
 #   hack/controlplane.sh status [NAME]    print where it is and whether it is healthy
 #   hack/controlplane.sh kubeconfig [NAME]  print the admin kubeconfig path
 #   hack/controlplane.sh log-dir [NAME]   print where its components log
+#   hack/controlplane.sh install-operator [NAME]       CRD + RBAC for the operator
+#   hack/controlplane.sh start-operator NAME BINARY    (re)start the operator as mw-operator
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
 #
 # NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
@@ -342,6 +344,35 @@ cmd_down() {
   log "control plane '$name' stopped; logs kept in $LOG_ROOT/$name/"
 }
 
+# What the operator needs on a control plane: the CRD, and the ClusterRole from config/rbac
+# bound to user mw-operator (the identity of operator.kubeconfig). Binding exactly the shipped
+# ClusterRole means every demo, test and benchmark run also proves that RBAC suffices.
+cmd_install_operator() {
+  local name=${1:-default}
+  local kcfg="$RUN_ROOT/$name/kubeconfig"
+  [ -f "$kcfg" ] || die "control plane '$name' is not up"
+  local kubectl=("$(bin_dir)/kubectl" --kubeconfig "$kcfg")
+  "${kubectl[@]}" apply --server-side -f "$REPO/crds/" >/dev/null
+  "${kubectl[@]}" wait --for=condition=Established crd --all --timeout=60s >/dev/null
+  "${kubectl[@]}" apply -f "$REPO/config/rbac/cluster-role.yaml" >/dev/null
+  "${kubectl[@]}" create clusterrolebinding mw-operator --clusterrole=mw-operator --user=mw-operator \
+    --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
+}
+
+# (Re)start the operator BINARY against control plane NAME as user mw-operator, appending to
+# its log. Its PID is recorded with the control plane's, so `down` stops it too, even after a
+# killed run. Prints the PID.
+cmd_start_operator() {
+  local name=$1 binary=$2
+  local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
+  [ -d "$state/pids" ] || die "control plane '$name' is not up"
+  [ -x "$binary" ] || die "no operator binary at $binary"
+  stop_wave "$state" operator
+  setsid "$binary" run --kubeconfig "$state/operator.kubeconfig" >>"$logs/operator.log" 2>&1 </dev/null &
+  echo $! >"$state/pids/operator.pid"
+  echo $!
+}
+
 cmd_status() {
   local name=${1:-default}
   local state="$RUN_ROOT/$name"
@@ -361,7 +392,9 @@ main() {
     status) cmd_status "${2:-}" ;;
     kubeconfig) echo "$RUN_ROOT/${2:-default}/kubeconfig" ;;
     log-dir) echo "$LOG_ROOT/${2:-default}" ;;
-    *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    install-operator) cmd_install_operator "${2:-}" ;;
+    start-operator) cmd_start_operator "${2:?NAME}" "${3:?operator binary}" ;;
+    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 }
 

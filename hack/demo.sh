@@ -19,7 +19,6 @@ bash "$HERE/ensure-tools.sh"
 step "local control plane (first run builds Kubernetes from source: expect ~20 minutes on 2 cores)"
 bash "$CP" up "$NAME"
 KCFG=$("$CP" kubeconfig "$NAME")
-STATE=$(dirname "$KCFG")
 LOGS=$("$CP" log-dir "$NAME")
 KUBECTL=("$("$CP" bin-dir)/kubectl" --kubeconfig "$KCFG")
 
@@ -27,20 +26,10 @@ step "operator build"
 cargo build --locked --bin mw-operator
 
 step "CRD and RBAC"
-"${KUBECTL[@]}" apply --server-side -f crds/
-"${KUBECTL[@]}" wait --for=condition=Established crd/managedworkloads.opensource-server.mieweb.org --timeout=60s
-"${KUBECTL[@]}" apply -f config/rbac/cluster-role.yaml
-"${KUBECTL[@]}" create clusterrolebinding mw-operator-demo --clusterrole=mw-operator --user=mw-operator \
-  --dry-run=client -o yaml | "${KUBECTL[@]}" apply -f -
+bash "$CP" install-operator "$NAME"
 
 step "operator (logs: $LOGS/operator.log)"
-if [ -f "$STATE/pids/operator.pid" ] && kill -0 "$(cat "$STATE/pids/operator.pid")" 2>/dev/null; then
-  kill -TERM "$(cat "$STATE/pids/operator.pid")"; sleep 1
-fi
-# Runs as its own identity (user mw-operator), so only the shipped ClusterRole applies.
-setsid ./target/debug/mw-operator run --kubeconfig "$STATE/operator.kubeconfig" \
-  >"$LOGS/operator.log" 2>&1 </dev/null &
-echo $! >"$STATE/pids/operator.pid"
+bash "$CP" start-operator "$NAME" "$REPO/target/debug/mw-operator" >/dev/null
 
 step "samples"
 "${KUBECTL[@]}" apply -f config/samples/

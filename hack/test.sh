@@ -37,10 +37,7 @@ bash "$HERE/manifests.sh" --check
 
 cleanup() {
   local rc=$?
-  if [ -n "${OPERATOR_PID:-}" ] && kill -0 "$OPERATOR_PID" 2>/dev/null; then
-    kill -TERM "$OPERATOR_PID" 2>/dev/null || true
-    wait "$OPERATOR_PID" 2>/dev/null || true
-  fi
+  # Stops the operator first, then the control plane.
   bash "$CP" down "$CLUSTER" || true
   if [ "$rc" != 0 ]; then
     echo "tests failed; control plane and operator logs: $("$CP" log-dir "$CLUSTER")" >&2
@@ -56,24 +53,13 @@ bash "$CP" down "$CLUSTER"
 bash "$CP" up "$CLUSTER"
 KUBECONFIG_ADMIN=$("$CP" kubeconfig "$CLUSTER")
 LOGS=$("$CP" log-dir "$CLUSTER")
-KUBECTL="$("$CP" bin-dir)/kubectl --kubeconfig $KUBECONFIG_ADMIN"
 
 step "install CRD and RBAC"
-$KUBECTL apply --server-side -f crds/ >/dev/null
-$KUBECTL wait --for=condition=Established crd --all --timeout=60s >/dev/null
-$KUBECTL apply -f config/rbac/cluster-role.yaml >/dev/null
-# The operator runs as user mw-operator (its own client certificate), bound to exactly the
-# ClusterRole shipped in config/rbac, so the tests also prove that RBAC is sufficient.
-$KUBECTL create clusterrolebinding mw-operator-test --clusterrole=mw-operator --user=mw-operator \
-  --dry-run=client -o yaml | $KUBECTL apply -f - >/dev/null
+bash "$CP" install-operator "$CLUSTER"
 
 step "operator"
 cargo build --locked --bin mw-operator
-STATE=$(dirname "$KUBECONFIG_ADMIN")
-./target/debug/mw-operator run --kubeconfig "$STATE/operator.kubeconfig" >"$LOGS/operator.log" 2>&1 &
-OPERATOR_PID=$!
-# Recorded with the control plane's PIDs, so even a SIGKILLed run is cleaned up by the next one.
-echo "$OPERATOR_PID" >"$STATE/pids/operator.pid"
+OPERATOR_PID=$(bash "$CP" start-operator "$CLUSTER" "$REPO/target/debug/mw-operator")
 
 step "integration tests"
 MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator MW_TEST_HELM="$HELM" \

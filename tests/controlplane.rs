@@ -52,18 +52,11 @@ async fn a_deployment_becomes_available_and_is_garbage_collected() {
     deployments.delete("nginx", &DeleteParams::background()).await.unwrap();
     let replica_sets = ns.api::<ReplicaSet>();
     let pods_api = ns.api::<Pod>();
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let rs = replica_sets.list(&ListParams::default().labels("app=nginx")).await.unwrap().items.len();
-        let pods = pods_api.list(&ListParams::default().labels("app=nginx")).await.unwrap().items.len();
-        if rs == 0 && pods == 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "garbage collector left {rs} ReplicaSet(s) and {pods} Pod(s); logs: {}",
-            support::log_dir()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let selector = ListParams::default().labels("app=nginx");
+    support::eventually("the garbage collector to remove the ReplicaSet and Pods", TIMEOUT, || async {
+        let rs = replica_sets.list(&selector).await.map_err(|e| e.to_string())?.items.len();
+        let pods = pods_api.list(&selector).await.map_err(|e| e.to_string())?.items.len();
+        if rs + pods == 0 { Ok(()) } else { Err(format!("{rs} ReplicaSet(s) and {pods} Pod(s) left")) }
+    })
+    .await;
 }

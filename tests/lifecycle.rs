@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams};
@@ -115,15 +113,11 @@ async fn create_stop_start_update_delete() {
         d.is_none()
     })
     .await;
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    while !pods.list(&ListParams::default().labels(SELECTOR)).await.unwrap().items.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "Pods left after the CR was deleted; logs: {}",
-            support::log_dir()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    support::eventually("the Pods to be garbage collected", TIMEOUT, || async {
+        let left = pods.list(&ListParams::default().labels(SELECTOR)).await.map_err(|e| e.to_string())?.items.len();
+        if left == 0 { Ok(()) } else { Err(format!("{left} Pod(s) left")) }
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -125,5 +125,24 @@ where
     }
 }
 
+/// Poll `check` until it returns Ok, for state no single watch can express (several lists,
+/// Events). On timeout, panic with `what`, the last Err (what was still wrong) and the logs.
+pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(()) => return,
+            Err(last) if tokio::time::Instant::now() >= deadline => {
+                panic!("timed out after {timeout:?} waiting for {what}: {last}\nlogs: {}", log_dir())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 pub mod audit;
 pub mod workload;

@@ -155,15 +155,12 @@ impl PhaseLog {
     /// first entry is the phase at `start`). Another watch may have seen `last` first: watches
     /// are not delivered in lockstep.
     pub async fn until(&self, last: Phase) -> Vec<Phase> {
-        let deadline = tokio::time::Instant::now() + TIMEOUT;
-        loop {
+        super::eventually(&format!("the phase log to see {last:?}"), TIMEOUT, || async {
             let seen = self.seen();
-            if seen.len() > 1 && seen.last() == Some(&last) {
-                return seen;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "never saw {last:?}; saw {seen:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            if seen.len() > 1 && seen.last() == Some(&last) { Ok(()) } else { Err(format!("saw {seen:?}")) }
+        })
+        .await;
+        self.seen()
     }
 }
 
