@@ -167,6 +167,8 @@ EXT
     sign kwok "/O=system:masters/CN=kwok-controller" client.ext
     # The operator under test: no groups, so only the RBAC in config/rbac applies to it.
     sign operator "/CN=mw-operator" client.ext
+    # The bridge under test, likewise bound only to config/rbac/bridge-*.yaml.
+    sign bridge "/CN=mw-bridge" client.ext
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
     rm -f ./*.csr ./*.ext ca.srl
@@ -264,7 +266,7 @@ cmd_up() {
   etcd_port=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
   kcm_port=$(free_port); sched_port=$(free_port); kwok_port=$(free_port)
   local server="https://127.0.0.1:$api_port"
-  for who in admin controller-manager scheduler kwok operator; do
+  for who in admin controller-manager scheduler kwok operator bridge; do
     write_kubeconfig "$state/$who.kubeconfig" "$who" "$server" "$pki"
   done
   mv "$state/admin.kubeconfig" "$state/kubeconfig"
@@ -357,6 +359,9 @@ cmd_install_operator() {
   "${kubectl[@]}" apply -f "$REPO/config/rbac/cluster-role.yaml" >/dev/null
   "${kubectl[@]}" create clusterrolebinding mw-operator --clusterrole=mw-operator --user=mw-operator \
     --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
+  # The bridge's ClusterRole; each namespace it serves binds it with a RoleBinding to user
+  # mw-bridge (the identity of bridge.kubeconfig), so it holds nothing anywhere else.
+  "${kubectl[@]}" apply -f "$REPO/config/rbac/bridge-cluster-role.yaml" >/dev/null
 }
 
 # (Re)start the operator BINARY against control plane NAME as user mw-operator, appending to

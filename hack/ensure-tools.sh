@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a fresh machine needs before anything builds: rustfmt and clippy for the Rust
-# toolchain, Go for the control plane, openssl/curl/python3 for its start-up. Installs what
-# is missing; does nothing when all is there.
+# toolchain, Go for the control plane, openssl/curl/python3 for its start-up, and for the
+# database-bridge tests a PostgreSQL server (hack/postgres.sh) and the sqlite3 CLI. Installs
+# what is missing; does nothing when all is there.
 set -euo pipefail
 log() { printf '[tools] %s\n' "$*" >&2; }
 
@@ -16,7 +17,9 @@ fi
 
 missing=()
 command -v go >/dev/null || missing+=(golang-go)
-for t in openssl curl python3; do command -v "$t" >/dev/null || missing+=("$t"); done
+for t in openssl curl python3 sqlite3; do command -v "$t" >/dev/null || missing+=("$t"); done
+# Server binaries (initdb, pg_ctl, postgres; psql comes along), not only a client or libpq-dev.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 if ((${#missing[@]})); then
   log "installing ${missing[*]} from Debian's packages"
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

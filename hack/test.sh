@@ -37,8 +37,9 @@ bash "$HERE/manifests.sh" --check
 
 cleanup() {
   local rc=$?
-  # Stops the operator first, then the control plane.
+  # Stops the operator first, then the control plane, then the bridge tests' PostgreSQL.
   bash "$CP" down "$CLUSTER" || true
+  bash "$HERE/postgres.sh" down "$CLUSTER" || true
   if [ "$rc" != 0 ]; then
     echo "tests failed; control plane and operator logs: $("$CP" log-dir "$CLUSTER")" >&2
   fi
@@ -53,6 +54,14 @@ bash "$CP" down "$CLUSTER"
 bash "$CP" up "$CLUSTER"
 KUBECONFIG_ADMIN=$("$CP" kubeconfig "$CLUSTER")
 LOGS=$("$CP" log-dir "$CLUSTER")
+
+step "PostgreSQL for the bridge tests"
+bash "$HERE/postgres.sh" down "$CLUSTER"
+bash "$HERE/postgres.sh" up "$CLUSTER"
+export MW_TEST_PG_URL MW_TEST_PG_PASSWORD_FILE MW_TEST_PG_CA
+MW_TEST_PG_URL=$(bash "$HERE/postgres.sh" url "$CLUSTER")
+MW_TEST_PG_PASSWORD_FILE=$(bash "$HERE/postgres.sh" password-file "$CLUSTER")
+MW_TEST_PG_CA=$(bash "$HERE/postgres.sh" ca "$CLUSTER")
 
 step "install CRD and RBAC"
 bash "$CP" install-operator "$CLUSTER"

@@ -139,7 +139,12 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>) -> PodT
         ..Default::default()
     };
     PodTemplateSpec {
-        metadata: Some(ObjectMeta { labels: Some(labels.clone()), ..Default::default() }),
+        metadata: Some(ObjectMeta {
+            labels: Some(labels.clone()),
+            // The template hash is inserted after these, so no annotation can replace it.
+            annotations: (!spec.pod_annotations.is_empty()).then(|| spec.pod_annotations.clone()),
+            ..Default::default()
+        }),
         spec: Some(PodSpec {
             containers: vec![container],
             hostname: spec.hostname.clone(),
@@ -184,7 +189,7 @@ fn resource_list(list: &ResourceList) -> Option<BTreeMap<String, Quantity>> {
 
 /// FNV-1a over the JSON form. Hand-rolled rather than std's hasher, whose output may change
 /// between Rust releases: a changed template hash would roll out every workload on upgrade.
-fn fingerprint(value: &impl serde::Serialize) -> String {
+pub fn fingerprint(value: &impl serde::Serialize) -> String {
     // Serializing plain data with string keys cannot fail.
     let bytes = serde_json::to_vec(value).unwrap_or_default();
     let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));

@@ -4,6 +4,7 @@
 //! Pure parts: `resource` (the API), `desired` (CR → Deployment), `drift` (is the live
 //! Deployment up to date?), `status` (observed objects → status). I/O: `controller`, `client`.
 
+pub mod bridge;
 pub mod client;
 pub mod controller;
 pub mod crdgen;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use mw_operator::{client, controller, crdgen};
+use mw_operator::{bridge, client, controller, crdgen};
 use tracing::error;
 
 #[derive(Parser)]
@@ -36,6 +36,9 @@ enum Command {
         #[arg(long, default_value_t = 8, env = "MW_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
         concurrency: u16,
     },
+    /// Sync Manager's database (PostgreSQL or SQLite) into ManagedWorkloads and write their
+    /// provider id and Pod IP back.
+    Bridge(Box<bridge::BridgeArgs>),
     /// Print the CustomResourceDefinitions, write them to a directory, or check that a
     /// directory holds exactly what would be written.
     Crd {
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { connection, namespaces, concurrency } => run(connection, namespaces, concurrency),
         Command::Crd { out, check } => crd(out, check),
+        Command::Bridge(args) => run_bridge(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -71,6 +75,11 @@ fn run(connection: client::ConnectionArgs, namespaces: Vec<String>, concurrency:
         let settings = controller::Settings { namespaces, concurrency };
         controller::run(client, settings).await.map_err(|e| e.to_string())
     })
+}
+
+fn run_bridge(args: bridge::BridgeArgs) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    runtime.block_on(bridge::run(args)).map_err(|e| e.to_string())
 }
 
 fn crd(out: Option<PathBuf>, check: bool) -> Result<(), String> {

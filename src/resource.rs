@@ -6,6 +6,7 @@
 //! never in the schema: a schema default would be written into the stored object and make
 //! GitOps tools (Argo CD, Flux) see a permanent diff.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -100,6 +101,13 @@ pub struct ManagedWorkloadSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
     pub hostname: Option<String>,
+
+    /// Annotations put on the workload's Pods, e.g. a checksum of the Secret data the Pod reads
+    /// so that a change of that data rolls out a new Pod. Changing them rolls out.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    #[x_kube(validation = Rule::new("self.all(k, k.size() <= 253 && self[k].size() <= 4096)").message("annotation keys are at most 253 characters and values at most 4096"))]
+    pub pod_annotations: BTreeMap<String, String>,
 
     /// Container ports. Informational (no Service is created), but they appear on the Pod.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -26,3 +26,17 @@ fn samples_are_managed_workloads() {
             .unwrap_or_else(|e| panic!("{} does not parse as a ManagedWorkload: {e}", path.display()));
     }
 }
+
+#[test]
+fn bridge_cluster_role_grants_exactly_what_the_bridge_role_grants() {
+    let cluster = load("config/rbac/bridge-cluster-role.yaml");
+    let namespaced = load("config/rbac/bridge-role.yaml");
+    assert_eq!(cluster["kind"], "ClusterRole");
+    assert_eq!(namespaced["kind"], "Role");
+    assert_eq!(cluster["rules"], namespaced["rules"]);
+    let rules = namespaced["rules"].as_array().unwrap();
+    assert!(
+        !rules.iter().any(|r| r["resources"].as_array().unwrap().iter().any(|x| x == "deployments" || x == "pods")),
+        "the bridge never touches what the operator manages"
+    );
+}

@@ -18,13 +18,18 @@ pub struct Write {
 /// The operator's writes in `namespace` so far, in order.
 pub fn operator_writes(namespace: &str) -> Vec<Write> {
     let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
+    writes_by(&user, namespace)
+}
+
+/// Writes by API user `user` in `namespace` so far, in order.
+pub fn writes_by(user: &str, namespace: &str) -> Vec<Write> {
     let path = format!("{}/audit.log", super::log_dir());
     let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("opening the audit log {path}: {e}"));
     BufReader::new(file)
         .lines()
         .map_while(Result::ok)
         .filter_map(|line| serde_json::from_str::<Value>(&line).ok())
-        .filter(|e| e["stage"] == "ResponseComplete" && e["user"]["username"] == user.as_str())
+        .filter(|e| e["stage"] == "ResponseComplete" && e["user"]["username"] == user)
         .filter(|e| e["objectRef"]["namespace"] == namespace)
         .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete" | "deletecollection")))
         .map(|e| Write {

@@ -145,4 +145,6 @@ where
 }
 
 pub mod audit;
+pub mod bridge;
+pub mod manager;
 pub mod workload;

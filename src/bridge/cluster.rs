@@ -1,0 +1,194 @@
+//! The bridge's view of the cluster and its writes: caches of the ManagedWorkloads and
+//! Secrets it made (label-selected, in the namespaces it serves), and the few calls that
+//! change them. I/O only; what to write is decided in `plan`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tracing::warn;
+
+use super::error::BridgeError;
+use super::mapping::SYNCED_BY_LABEL;
+use crate::resource::ManagedWorkload;
+
+pub struct Cluster {
+    client: Client,
+    field_manager: String,
+    workloads: HashMap<String, Store<ManagedWorkload>>,
+    secrets: HashMap<String, Store<PartialObjectMeta<Secret>>>,
+}
+
+impl Cluster {
+    /// Check access, then start watching `namespaces`. `changed` is notified on every change
+    /// of a watched ManagedWorkload (its status is what flows back to Manager).
+    pub async fn start(
+        client: Client,
+        namespaces: &[String],
+        field_manager: &str,
+        changed: Arc<Notify>,
+    ) -> Result<Cluster, BridgeError> {
+        let selector = format!("{SYNCED_BY_LABEL}={field_manager}");
+        let mut workloads = HashMap::new();
+        let mut secrets = HashMap::new();
+        for ns in namespaces {
+            check_access::<ManagedWorkload>(&client, ns, "managedworkloads").await?;
+            check_access::<Secret>(&client, ns, "secrets").await?;
+            let config = watcher::Config::default().labels(&selector);
+
+            let (store, writer) = reflector::store();
+            let notify = changed.clone();
+            let stream = watcher(Api::<ManagedWorkload>::namespaced(client.clone(), ns), config.clone())
+                .default_backoff()
+                .modify(|mw| {
+                    use kube::ResourceExt;
+                    mw.managed_fields_mut().clear();
+                })
+                .reflect(writer)
+                .for_each(move |event| {
+                    if let Err(err) = &event {
+                        warn!(error = %err, "ManagedWorkload watch failed; retrying with backoff");
+                    }
+                    notify.notify_one();
+                    async {}
+                });
+            tokio::spawn(stream);
+            workloads.insert(ns.clone(), store);
+
+            // Metadata only: the bridge needs to know its Secrets exist, never to hold their values.
+            let (store, writer) = reflector::store();
+            let stream = watcher(Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), ns), config)
+                .default_backoff()
+                .reflect(writer)
+                .for_each(|event| {
+                    if let Err(err) = &event {
+                        warn!(error = %err, "Secret watch failed; retrying with backoff");
+                    }
+                    async {}
+                });
+            tokio::spawn(stream);
+            secrets.insert(ns.clone(), store);
+        }
+        Ok(Cluster { client, field_manager: field_manager.to_string(), workloads, secrets })
+    }
+
+    /// Wait until every cache holds a first complete list.
+    pub async fn ready(&self) {
+        for store in self.workloads.values() {
+            let _ = store.wait_until_ready().await;
+        }
+        for store in self.secrets.values() {
+            let _ = store.wait_until_ready().await;
+        }
+    }
+
+    pub fn workload(&self, namespace: &str, name: &str) -> Option<Arc<ManagedWorkload>> {
+        self.workloads.get(namespace)?.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Every ManagedWorkload this bridge made, in every namespace it serves.
+    pub fn workloads(&self) -> Vec<Arc<ManagedWorkload>> {
+        self.workloads.values().flat_map(Store::state).collect()
+    }
+
+    pub fn secret_present(&self, namespace: &str, name: &str) -> bool {
+        self.secrets.get(namespace).is_some_and(|s| s.get(&ObjectRef::new(name).within(namespace)).is_some())
+    }
+
+    pub fn secrets(&self) -> Vec<Arc<PartialObjectMeta<Secret>>> {
+        self.secrets.values().flat_map(Store::state).collect()
+    }
+
+    pub async fn get_workload(&self, namespace: &str, name: &str) -> Result<Option<ManagedWorkload>, kube::Error> {
+        Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace).get_opt(name).await
+    }
+
+    pub async fn get_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<PartialObjectMeta<Secret>>, kube::Error> {
+        Api::<Secret>::namespaced(self.client.clone(), namespace).get_metadata_opt(name).await
+    }
+
+    /// Server-side apply under the bridge's field manager. Without `force`, a field another
+    /// manager owns is a 409 Conflict: that is how creating over someone else's object that
+    /// appeared since the last look fails instead of taking it over.
+    pub async fn apply_workload(&self, mw: &ManagedWorkload, force: bool) -> Result<ManagedWorkload, kube::Error> {
+        let (namespace, name) = names(&mw.metadata);
+        let api = Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace);
+        api.patch(name, &self.apply_params(force), &Patch::Apply(mw)).await
+    }
+
+    pub async fn apply_secret(&self, secret: &Secret, force: bool) -> Result<(), kube::Error> {
+        let (namespace, name) = names(&secret.metadata);
+        let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
+        api.patch(name, &self.apply_params(force), &Patch::Apply(secret)).await.map(|_| ())
+    }
+
+    /// Delete a ManagedWorkload if it is still the object `uid` names (never one someone
+    /// re-created under the same name since). Its Deployment, Pods and Secret follow through
+    /// garbage collection.
+    pub async fn delete_workload(&self, namespace: &str, name: &str, uid: &str) -> Result<(), kube::Error> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        let api = Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace);
+        ignore_gone(api.delete(name, &params).await.map(|_| ()))
+    }
+
+    pub async fn delete_secret(&self, namespace: &str, name: &str, uid: &str) -> Result<(), kube::Error> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+            ..Default::default()
+        };
+        let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
+        ignore_gone(api.delete(name, &params).await.map(|_| ()))
+    }
+
+    fn apply_params(&self, force: bool) -> PatchParams {
+        let params = PatchParams::apply(&self.field_manager);
+        if force { params.force() } else { params }
+    }
+}
+
+fn names(meta: &kube::api::ObjectMeta) -> (&str, &str) {
+    (meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
+}
+
+/// Already gone (404) or already replaced (409 on the UID precondition): nothing to delete.
+fn ignore_gone(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        other => other,
+    }
+}
+
+/// Fail at start-up, naming the namespace and resource, when RBAC does not let the bridge
+/// list what it must watch, instead of retrying a forbidden watch forever.
+async fn check_access<K>(client: &Client, namespace: &str, resource: &str) -> Result<(), BridgeError>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(client.clone(), namespace)
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .map(|_| ())
+        .map_err(|source| BridgeError::Kube {
+            operation: format!(
+                "listing {resource} in namespace {namespace} (check the bridge's RBAC: config/rbac/bridge-role.yaml)"
+            ),
+            source,
+        })
+}

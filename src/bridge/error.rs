@@ -1,0 +1,90 @@
+//! Errors of the bridge. A `RowError` concerns one Manager row: it is logged with the row's
+//! id, counted by reason, and every other row keeps syncing. A `BridgeError` concerns the
+//! bridge as a whole (configuration, the database, the API server).
+
+use thiserror::Error;
+
+/// Why one row could not be synced. Messages name the column at fault and never carry an
+/// environment value (Manager's env holds secrets).
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum RowError {
+    #[error("template is NULL: Manager has no image for this container")]
+    MissingImage,
+    #[error("template {template:?} is not a container image reference: {why}")]
+    BadImage { template: String, why: &'static str },
+    #[error("hostname {0:?} is not a valid Kubernetes name (RFC 1123 label, at most 63 characters)")]
+    BadHostname(String),
+    #[error("environmentVars is not a JSON object: {0}")]
+    EnvNotJson(String),
+    #[error("environmentVars key {0:?} is not a variable name (letters, digits and '_', not starting with a digit)")]
+    EnvKey(String),
+    #[error("entrypoint cannot be split into words as a POSIX shell would: {0}")]
+    BadEntrypoint(String),
+    #[error("the approved {resource} request ({value}) is not a positive number")]
+    BadResource { resource: &'static str, value: i64 },
+    #[error(
+        "node {node_id} is a kubernetes node this bridge is not configured for; map it with --node <name>=<namespace>"
+    )]
+    UnmappedNode { node_id: i64 },
+    #[error("hostname {name:?} is taken in namespace {namespace} by a ManagedWorkload the bridge does not own")]
+    NameTaken { namespace: String, name: String },
+    #[error("hostname {name:?} in namespace {namespace} is also used by {other}")]
+    HostnameCollision { namespace: String, name: String, other: String },
+    #[error("Secret {namespace}/{name} exists and was not created by the bridge; rename or delete it")]
+    SecretTaken { namespace: String, name: String },
+    #[error("the API server rejected the ManagedWorkload: {0}")]
+    Rejected(String),
+    #[error("ManagedWorkload {namespace}/{name} of an earlier container is still being deleted; retrying")]
+    Replacing { namespace: String, name: String },
+    #[error("writing back containerId/ipv4Address violates {constraint}: another row holds the same value; retrying")]
+    UniqueWriteBack { constraint: String },
+}
+
+impl RowError {
+    /// A short, stable label for the per-reason counter and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RowError::MissingImage => "missing_image",
+            RowError::BadImage { .. } => "bad_image",
+            RowError::BadHostname(_) => "bad_hostname",
+            RowError::EnvNotJson(_) => "bad_env_json",
+            RowError::EnvKey(_) => "bad_env_key",
+            RowError::BadEntrypoint(_) => "bad_entrypoint",
+            RowError::BadResource { .. } => "bad_resource",
+            RowError::UnmappedNode { .. } => "unmapped_node",
+            RowError::NameTaken { .. } => "name_taken",
+            RowError::HostnameCollision { .. } => "hostname_collision",
+            RowError::SecretTaken { .. } => "secret_taken",
+            RowError::Rejected(_) => "rejected",
+            RowError::Replacing { .. } => "replacing",
+            RowError::UniqueWriteBack { .. } => "unique_violation",
+        }
+    }
+}
+
+/// Errors that stop a sync pass (retried with backoff) or the bridge (at start-up).
+#[derive(Debug, Error)]
+pub enum BridgeError {
+    #[error("bridge configuration: {0}")]
+    Config(String),
+    #[error("database {operation}: {source}")]
+    Database {
+        operation: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("Kubernetes API {operation}: {source}")]
+    Kube {
+        operation: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Operator(#[from] crate::error::Error),
+}
+
+impl BridgeError {
+    pub fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> BridgeError {
+        move |source| BridgeError::Database { operation, source }
+    }
+}

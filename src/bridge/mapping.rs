@@ -1,0 +1,224 @@
+//! Row → desired ManagedWorkload and Secret: a pure function of one `"Containers"` row and
+//! the context it is read in (its node's namespace, the system env defaults, the approved
+//! resources). Every rule of DESIGN §5 about names, labels, env and resources lives here.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+
+use super::env::{self, DefaultEnv};
+use super::error::RowError;
+use super::image;
+use super::rows::{ContainerRow, Grants, RowKey};
+use crate::desired;
+use crate::resource::{
+    CONTAINER_ID_LABEL, EnvVar, EnvVarSource, KeyRef, ManagedWorkload, ManagedWorkloadSpec, NODE_ID_LABEL, Quantity,
+    ResourceList, Resources,
+};
+
+/// Says which bridge (by its field manager) made a CR or Secret. The bridge touches nothing
+/// without it: it never adopts, overwrites or deletes another's objects.
+pub const SYNCED_BY_LABEL: &str = "opensource-server.mieweb.org/synced-by";
+/// The row's `createdAt`: with the id labels it tells a re-used SQLite id from the container
+/// the CR was made for.
+pub const ROW_CREATED_ANNOTATION: &str = "opensource-server.mieweb.org/row-created-at";
+/// Fingerprint of what the bridge last applied, so an unchanged row costs no API write.
+pub const BRIDGE_HASH_ANNOTATION: &str = "opensource-server.mieweb.org/bridge-hash";
+/// The Manager user owning the container (`Containers.username`), for people reading the CR.
+pub const OWNER_ANNOTATION: &str = "opensource-server.mieweb.org/owner";
+/// SHA-256 of the env Secret's data, on the pod template: a changed value rolls out a new
+/// Pod although the CR only references the Secret (the Helm `checksum/secret` pattern).
+pub const ENV_DIGEST_ANNOTATION: &str = "opensource-server.mieweb.org/env-sha256";
+/// Suffix of the per-workload env Secret's name.
+pub const SECRET_SUFFIX: &str = "-manager-env";
+
+/// Manager's defaults when no resource request was approved (`bin/create-container.js`).
+pub const DEFAULT_CPUS: i64 = 4;
+pub const DEFAULT_MEMORY_MB: i64 = 4096;
+
+/// Where and how a row is mapped.
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'a> {
+    /// Namespace of the row's node.
+    pub namespace: &'a str,
+    /// The bridge's field manager, also the value of `SYNCED_BY_LABEL`.
+    pub field_manager: &'a str,
+    pub defaults: &'a DefaultEnv,
+    pub grants: &'a Grants,
+    /// Requests as a percentage of the limits Manager grants (100: requests = limits).
+    pub requests_percent: u32,
+}
+
+/// What one row should look like in the cluster.
+#[derive(Clone, Debug)]
+pub struct Desired {
+    pub key: RowKey,
+    pub created_at: String,
+    pub namespace: String,
+    pub name: String,
+    pub secret_name: String,
+    /// The CR to apply: no `spec.state` (start/stop belongs to others) and no status.
+    pub workload: ManagedWorkload,
+    /// The effective env; only ever written into the Secret.
+    pub env: BTreeMap<String, String>,
+    /// Fingerprint of everything above; carried by the applied CR.
+    pub hash: String,
+}
+
+/// Map one row. Errors name the column at fault.
+pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError> {
+    let name = row.hostname.clone();
+    if !is_dns_label(&name) {
+        return Err(RowError::BadHostname(name));
+    }
+    let template = row.template.as_deref().map(str::trim).ok_or(RowError::MissingImage)?;
+    image::check(template).map_err(|why| RowError::BadImage { template: template.to_string(), why })?;
+    let command = match row.entrypoint.as_deref().map(str::trim).filter(|e| !e.is_empty()) {
+        // An empty entrypoint means "keep the image's", as in Manager.
+        None => Vec::new(),
+        Some(entrypoint) => shell_words::split(entrypoint).map_err(|e| RowError::BadEntrypoint(e.to_string()))?,
+    };
+    let env = env::effective(cx.defaults, row.nvidia_requested != 0, row.environment_vars.as_deref())?;
+    let secret_name = format!("{name}{SECRET_SUFFIX}");
+
+    let approved = cx.grants.for_row(row);
+    let cpus = approved.cpus.unwrap_or(DEFAULT_CPUS);
+    let memory_mb = approved.memory_mb.unwrap_or(DEFAULT_MEMORY_MB);
+    if cpus < 1 {
+        return Err(RowError::BadResource { resource: "cpus", value: cpus });
+    }
+    if memory_mb < 1 {
+        return Err(RowError::BadResource { resource: "memory", value: memory_mb });
+    }
+    let percent = i64::from(cx.requests_percent.clamp(1, 100));
+    let resources = Resources {
+        limits: Some(ResourceList {
+            cpu: Some(Quantity(cpus.to_string())),
+            memory: Some(Quantity(format!("{memory_mb}Mi"))),
+        }),
+        requests: Some(ResourceList {
+            cpu: Some(Quantity(format!("{}m", (cpus * 1000 * percent / 100).max(1)))),
+            memory: Some(Quantity(format!("{}Mi", (memory_mb * percent / 100).max(1)))),
+        }),
+    };
+
+    let env_refs = env
+        .keys()
+        .map(|key| EnvVar {
+            name: key.clone(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(KeyRef { name: secret_name.clone(), key: key.clone(), optional: None }),
+                config_map_key_ref: None,
+            }),
+        })
+        .collect();
+    let spec = ManagedWorkloadSpec {
+        image: template.to_string(),
+        command,
+        env: env_refs,
+        resources: Some(resources),
+        hostname: Some(name.clone()),
+        pod_annotations: BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), env_digest(&env))]),
+        ..Default::default()
+    };
+    let mut workload = ManagedWorkload::new(&name, spec);
+    workload.metadata = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(cx.namespace.to_string()),
+        labels: Some(labels(row.key(), cx.field_manager)),
+        annotations: Some(BTreeMap::from([
+            (ROW_CREATED_ANNOTATION.to_string(), row.created_at.clone()),
+            (OWNER_ANNOTATION.to_string(), row.username.clone()),
+        ])),
+        ..Default::default()
+    };
+    let hash = desired::fingerprint(&(&workload, &secret_name));
+    workload.annotations_mut().insert(BRIDGE_HASH_ANNOTATION.to_string(), hash.clone());
+    Ok(Desired {
+        key: row.key(),
+        created_at: row.created_at.clone(),
+        namespace: cx.namespace.to_string(),
+        name,
+        secret_name,
+        workload,
+        env,
+        hash,
+    })
+}
+
+/// Identity labels (DESIGN §3) plus the bridge's ownership label.
+pub fn labels(key: RowKey, field_manager: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (NODE_ID_LABEL.to_string(), key.node_id.to_string()),
+        (CONTAINER_ID_LABEL.to_string(), key.id.to_string()),
+        (SYNCED_BY_LABEL.to_string(), field_manager.to_string()),
+    ])
+}
+
+/// The row a bridge-made object stands for, read back from its labels.
+pub fn key_of(labels: &BTreeMap<String, String>) -> Option<RowKey> {
+    Some(RowKey {
+        node_id: labels.get(NODE_ID_LABEL)?.parse().ok()?,
+        id: labels.get(CONTAINER_ID_LABEL)?.parse().ok()?,
+    })
+}
+
+/// The env Secret. `owner` is the CR once it exists, so garbage collection removes the
+/// Secret with it; the first apply has none (the Secret is written before the CR, so the
+/// Pod never starts without it).
+pub fn secret(desired: &Desired, field_manager: &str, owner: Option<OwnerReference>) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(desired.secret_name.clone()),
+            namespace: Some(desired.namespace.clone()),
+            labels: Some(labels(desired.key, field_manager)),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        data: Some(desired.env.iter().map(|(k, v)| (k.clone(), ByteString(v.clone().into_bytes()))).collect()),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+/// A reference from the Secret to its CR, not a controller one: the CR does not manage it,
+/// it only decides how long it lives.
+pub fn owner_reference(workload: &ManagedWorkload) -> Option<OwnerReference> {
+    let mut owner = workload.controller_owner_ref(&())?;
+    owner.controller = None;
+    owner.block_owner_deletion = None;
+    Some(owner)
+}
+
+/// Hex SHA-256 of the env. The values are secrets; a cryptographic digest is what may be
+/// shown of them (as Helm charts show `checksum/secret`).
+pub fn env_digest(env: &BTreeMap<String, String>) -> String {
+    let mut hasher = Sha256::new();
+    for (k, v) in env {
+        // Length-prefixed, so ("AB","C") and ("A","BC") differ.
+        hasher.update((k.len() as u64).to_be_bytes());
+        hasher.update(k.as_bytes());
+        hasher.update((v.len() as u64).to_be_bytes());
+        hasher.update(v.as_bytes());
+    }
+    hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`: Manager's hostname rule, which is also a valid
+/// CR (and Deployment, and label value) name.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+#[cfg(test)]
+mod tests;

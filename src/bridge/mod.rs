@@ -1,0 +1,177 @@
+//! The bridge: Manager's database rows become ManagedWorkloads, and their live state flows
+//! back into the rows (DESIGN §5). A second pipeline beside the operator's, of the same shape:
+//! rows → desired CRs → apply; CR status → row updates.
+//!
+//! Pure parts: `rows` (the data), `env`, `image`, `mapping` (row → CR and Secret), `plan`
+//! (what to do about a row, a CR, a write-back). I/O: `db` (PostgreSQL or SQLite), `cluster`
+//! (the CRs and Secrets it made), `sync` (the loop).
+
+pub mod cluster;
+pub mod db;
+pub mod env;
+pub mod error;
+pub mod image;
+pub mod mapping;
+pub mod plan;
+pub mod rows;
+pub mod sync;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tracing::info;
+
+use crate::client;
+pub use error::{BridgeError, RowError};
+pub use sync::{NodeMapping, Settings, Stats};
+
+/// `mw-operator bridge` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct BridgeArgs {
+    #[command(flatten)]
+    pub connection: client::ConnectionArgs,
+    /// Manager's database: `postgres://USER@HOST:PORT/DB?sslmode=verify-full&sslrootcert=/ca.crt`
+    /// or `sqlite:///path/to/database.sqlite`. No password here: see --database-password-file.
+    #[arg(long, env = "MW_DATABASE_URL")]
+    pub database_url: String,
+    /// File holding the database password (its first line). Or set MW_DATABASE_PASSWORD.
+    #[arg(long, env = "MW_DATABASE_PASSWORD_FILE")]
+    pub database_password_file: Option<PathBuf>,
+    /// A Manager node to serve and the namespace its containers go to, as
+    /// `NODE_NAME=NAMESPACE` (a `"Nodes"` row with nodeType 'kubernetes'). Repeat or
+    /// comma-separate.
+    #[arg(long = "node", env = "MW_BRIDGE_NODES", value_delimiter = ',', required = true, value_parser = parse_mapping)]
+    pub nodes: Vec<NodeMapping>,
+    /// How often to look for changed rows.
+    #[arg(long, default_value = "2s", env = "MW_POLL_INTERVAL", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// How often to re-read every row and delete the workloads whose row is gone (also done
+    /// at once when a row disappears).
+    #[arg(long, default_value = "5m", env = "MW_RESYNC_INTERVAL", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+    /// Field manager of everything the bridge applies; also marks what it owns.
+    #[arg(long, default_value = "mw-bridge", env = "MW_BRIDGE_FIELD_MANAGER")]
+    pub field_manager: String,
+    /// CPU and memory requests as a percentage of the limits Manager grants (100: the
+    /// workload reserves all it may use).
+    #[arg(long, default_value_t = 100, env = "MW_REQUESTS_PERCENT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub requests_percent: u32,
+    /// API requests in flight at once while syncing.
+    #[arg(long, default_value_t = 16, env = "MW_BRIDGE_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+}
+
+fn parse_mapping(s: &str) -> Result<NodeMapping, String> {
+    let (node, namespace) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected NODE_NAME=NAMESPACE"))?;
+    let (node, namespace) = (node.trim(), namespace.trim());
+    if node.is_empty() {
+        return Err(format!("{s:?}: the node name is empty"));
+    }
+    if !mapping::is_dns_label(namespace) {
+        return Err(format!("{s:?}: {namespace:?} is not a namespace name"));
+    }
+    Ok(NodeMapping { node: node.to_string(), namespace: namespace.to_string() })
+}
+
+/// `500ms`, `2s`, `5m`, `1h`, or a number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration such as 2s, 500ms or 5m"))?;
+    let d = match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    if d.is_zero() { Err("must be more than zero".into()) } else { Ok(d) }
+}
+
+/// The password, from the file or `MW_DATABASE_PASSWORD`; never from a flag.
+fn password(args: &BridgeArgs) -> Result<Option<String>, BridgeError> {
+    if let Some(path) = &args.database_password_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| BridgeError::Config(format!("reading the database password file {}: {e}", path.display())))?;
+        return Ok(Some(text.lines().next().unwrap_or_default().to_string()));
+    }
+    Ok(std::env::var("MW_DATABASE_PASSWORD").ok().filter(|p| !p.is_empty()))
+}
+
+/// Run the bridge until SIGTERM or SIGINT.
+pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
+    let target = db::Target { url: args.database_url.clone(), password: password(&args)? };
+    let database = db::Database::connect(&target)?;
+    let client = client::connect(&args.connection).await?;
+    let mut namespaces: Vec<String> = args.nodes.iter().map(|m| m.namespace.clone()).collect();
+    namespaces.sort();
+    namespaces.dedup();
+    let changed = Arc::new(Notify::new());
+    let cluster = cluster::Cluster::start(client, &namespaces, &args.field_manager, changed.clone()).await?;
+    cluster.ready().await;
+    info!(
+        engine = ?database.engine(),
+        nodes = ?args.nodes.iter().map(|m| format!("{}={}", m.node, m.namespace)).collect::<Vec<_>>(),
+        poll = ?args.poll_interval,
+        resync = ?args.resync_interval,
+        field_manager = %args.field_manager,
+        "bridge started"
+    );
+    let settings = Settings {
+        nodes: args.nodes,
+        field_manager: args.field_manager,
+        poll_interval: args.poll_interval,
+        resync_interval: args.resync_interval,
+        requests_percent: args.requests_percent,
+        concurrency: usize::from(args.concurrency),
+    };
+    let bridge = sync::Bridge::new(database, Arc::new(cluster), settings, Arc::new(Stats::default()));
+    bridge.run(changed, shutdown_signal()).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_mappings_and_durations() {
+        assert_eq!(
+            parse_mapping("k8s-lab-1=workloads").unwrap(),
+            NodeMapping { node: "k8s-lab-1".into(), namespace: "workloads".into() }
+        );
+        assert!(parse_mapping("k8s-lab-1").is_err());
+        assert!(parse_mapping("k8s=Bad_NS").is_err());
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("2d").is_err());
+    }
+}

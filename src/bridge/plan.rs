@@ -1,0 +1,247 @@
+//! What to do about one row, one CR, one write-back: pure decisions over what was observed,
+//! so every ownership rule of DESIGN §5 is unit-tested without a cluster or a database.
+
+use kube::ResourceExt;
+
+use super::error::RowError;
+use super::mapping::{BRIDGE_HASH_ANNOTATION, Desired, ROW_CREATED_ANNOTATION, SYNCED_BY_LABEL, key_of};
+use super::rows::{RowKey, RowState};
+use crate::resource::{ManagedWorkload, Phase};
+
+/// A ManagedWorkload as the bridge sees it: whose it is and what it was made from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Existing {
+    pub uid: Option<String>,
+    /// Made by this bridge (its field manager is on the ownership label).
+    pub ours: bool,
+    pub key: Option<RowKey>,
+    pub created_at: Option<String>,
+    pub hash: Option<String>,
+    pub deleting: bool,
+}
+
+impl Existing {
+    pub fn of(mw: &ManagedWorkload, field_manager: &str) -> Self {
+        Existing {
+            uid: mw.uid(),
+            ours: mw.labels().get(SYNCED_BY_LABEL).map(String::as_str) == Some(field_manager),
+            key: key_of(mw.labels()),
+            created_at: mw.annotations().get(ROW_CREATED_ANNOTATION).cloned(),
+            hash: mw.annotations().get(BRIDGE_HASH_ANNOTATION).cloned(),
+            deleting: mw.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// The action for one row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// The CR and its Secret are what the row says: no write.
+    UpToDate,
+    /// No CR of that name: write the Secret, then the CR, then the Secret's owner.
+    Create,
+    /// Our CR, out of date (or its Secret is gone): write the Secret and the CR.
+    Update,
+    /// Our CR of that name stands for another container (a re-used SQLite id, or a hostname
+    /// that moved): delete it (by UID) and create anew once it is gone.
+    Replace { uid: String },
+    /// Nothing may be written for this row.
+    Blocked(RowError),
+}
+
+/// Decide for one mapped row. `row_is_live(key)` tells whether another container the CR may
+/// stand for still has a row: then the hostname is that row's, and this one is the collision.
+pub fn plan(
+    desired: &Desired,
+    existing: Option<&Existing>,
+    secret_present: bool,
+    row_is_live: impl Fn(RowKey) -> bool,
+) -> Plan {
+    let Some(cr) = existing else { return Plan::Create };
+    let name = || (desired.namespace.clone(), desired.name.clone());
+    if !cr.ours {
+        let (namespace, name) = name();
+        return Plan::Blocked(RowError::NameTaken { namespace, name });
+    }
+    if cr.deleting {
+        let (namespace, name) = name();
+        return Plan::Blocked(RowError::Replacing { namespace, name });
+    }
+    let same_container = cr.key == Some(desired.key) && cr.created_at.as_deref() == Some(desired.created_at.as_str());
+    if !same_container {
+        if let Some(other) = cr.key.filter(|k| *k != desired.key && row_is_live(*k)) {
+            let (namespace, name) = name();
+            return Plan::Blocked(RowError::HostnameCollision { namespace, name, other: other.to_string() });
+        }
+        return match &cr.uid {
+            Some(uid) => Plan::Replace { uid: uid.clone() },
+            None => Plan::Update,
+        };
+    }
+    if cr.hash.as_deref() == Some(desired.hash.as_str()) && secret_present { Plan::UpToDate } else { Plan::Update }
+}
+
+/// What the row's written-back columns should hold for this CR (DESIGN §5): the permanent
+/// provider id, the Pod IP only while Running, and no MAC (a Pod has none worth routing to).
+pub fn row_state(mw: &ManagedWorkload) -> RowState {
+    let status = mw.status.as_ref();
+    let provider_id =
+        status.and_then(|s| s.provider_id.clone()).or_else(|| Some(format!("{}/{}", mw.namespace()?, mw.name_any())));
+    let running = status.and_then(|s| s.phase) == Some(Phase::Running);
+    RowState {
+        container_id: provider_id,
+        ipv4_address: if running { status.and_then(|s| s.pod_ip.clone()) } else { None },
+        mac_address: None,
+    }
+}
+
+/// Should this CR of ours be deleted? Only when its node is one this bridge serves (a node
+/// dropped from the configuration leaves its workloads alone) and no row is left for it.
+pub fn is_orphan(
+    existing: &Existing,
+    serves_node: impl Fn(i64) -> bool,
+    row_created_at: impl Fn(RowKey) -> Option<String>,
+) -> bool {
+    if !existing.ours || existing.deleting {
+        return false;
+    }
+    let Some(key) = existing.key else { return false };
+    if !serves_node(key.node_id) {
+        return false;
+    }
+    match row_created_at(key) {
+        None => true,
+        // The id was re-used: the CR's container is gone, the new row gets its own CR.
+        Some(created) => existing.created_at.as_deref().is_some_and(|c| c != created),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bridge::env::DefaultEnv;
+    use crate::bridge::mapping::{self, Context};
+    use crate::bridge::rows::{ContainerRow, Grants};
+    use crate::resource::ManagedWorkloadStatus;
+
+    fn row() -> ContainerRow {
+        ContainerRow {
+            id: 3,
+            node_id: 1,
+            site_id: 1,
+            hostname: "app".into(),
+            username: "u".into(),
+            template: Some("docker.io/library/nginx:1.27".into()),
+            environment_vars: None,
+            entrypoint: None,
+            nvidia_requested: 0,
+            container_id: None,
+            ipv4_address: None,
+            mac_address: None,
+            created_at: "2026-01-01 00:00:00.000 +00:00".into(),
+            updated_at: "2026-01-01 00:00:00.000 +00:00".into(),
+        }
+    }
+
+    fn desired() -> Desired {
+        let defaults = DefaultEnv::default();
+        let grants = Grants::default();
+        let cx = Context {
+            namespace: "ns",
+            field_manager: "mw-bridge",
+            defaults: &defaults,
+            grants: &grants,
+            requests_percent: 100,
+        };
+        mapping::desired(&row(), &cx).unwrap()
+    }
+
+    fn existing(d: &Desired) -> Existing {
+        Existing {
+            uid: Some("uid-1".into()),
+            ours: true,
+            key: Some(d.key),
+            created_at: Some(d.created_at.clone()),
+            hash: Some(d.hash.clone()),
+            deleting: false,
+        }
+    }
+
+    #[test]
+    fn create_update_or_nothing() {
+        let d = desired();
+        assert_eq!(plan(&d, None, false, |_| false), Plan::Create);
+        assert_eq!(plan(&d, Some(&existing(&d)), true, |_| false), Plan::UpToDate);
+        assert_eq!(plan(&d, Some(&existing(&d)), false, |_| false), Plan::Update, "a lost Secret is rewritten");
+        let stale = Existing { hash: Some("old".into()), ..existing(&d) };
+        assert_eq!(plan(&d, Some(&stale), true, |_| false), Plan::Update);
+        // What the bridge applies reads back the same.
+        assert_eq!(Existing::of(&d.workload, "mw-bridge"), Existing { uid: None, ..existing(&d) });
+    }
+
+    #[test]
+    fn never_touches_what_is_not_ours() {
+        let d = desired();
+        let foreign = Existing { ours: false, ..existing(&d) };
+        assert_eq!(plan(&d, Some(&foreign), true, |_| false).reason(), Some("name_taken"));
+        assert!(!Existing::of(&d.workload, "another-bridge").ours);
+    }
+
+    #[test]
+    fn reused_ids_and_moved_hostnames() {
+        let d = desired();
+        let reused = Existing { created_at: Some("2025-01-01 00:00:00.000 +00:00".into()), ..existing(&d) };
+        assert_eq!(plan(&d, Some(&reused), true, |_| false), Plan::Replace { uid: "uid-1".into() });
+        let other = RowKey { node_id: 1, id: 99 };
+        let taken = Existing { key: Some(other), ..existing(&d) };
+        assert_eq!(plan(&d, Some(&taken), true, |k| k == other).reason(), Some("hostname_collision"));
+        assert_eq!(plan(&d, Some(&taken), true, |_| false), Plan::Replace { uid: "uid-1".into() });
+        let deleting = Existing { deleting: true, ..existing(&d) };
+        assert_eq!(plan(&d, Some(&deleting), true, |_| false).reason(), Some("replacing"));
+    }
+
+    #[test]
+    fn orphans_are_ours_on_served_nodes_without_a_row() {
+        let d = desired();
+        let e = existing(&d);
+        let created = d.created_at.clone();
+        assert!(!is_orphan(&e, |_| true, |_| Some(created.clone())));
+        assert!(is_orphan(&e, |_| true, |_| None));
+        assert!(is_orphan(&e, |_| true, |_| Some("2027-01-01 00:00:00.000 +00:00".into())), "id re-used");
+        assert!(!is_orphan(&e, |_| false, |_| None), "node no longer served: left alone");
+        assert!(!is_orphan(&Existing { ours: false, ..e.clone() }, |_| true, |_| None));
+    }
+
+    #[test]
+    fn row_state_follows_status() {
+        let mut mw = desired().workload;
+        assert_eq!(row_state(&mw).container_id.as_deref(), Some("ns/app"));
+        mw.status = Some(ManagedWorkloadStatus {
+            phase: Some(Phase::Creating),
+            provider_id: Some("ns/app".into()),
+            pod_ip: Some("10.244.0.9".into()),
+            ..Default::default()
+        });
+        assert_eq!(row_state(&mw).ipv4_address, None, "an IP is only written while Running");
+        mw.status.as_mut().unwrap().phase = Some(Phase::Running);
+        assert_eq!(
+            row_state(&mw),
+            RowState {
+                container_id: Some("ns/app".into()),
+                ipv4_address: Some("10.244.0.9".into()),
+                mac_address: None
+            }
+        );
+        mw.status.as_mut().unwrap().phase = Some(Phase::Stopped);
+        assert_eq!(row_state(&mw).ipv4_address, None);
+    }
+
+    impl Plan {
+        fn reason(&self) -> Option<&'static str> {
+            match self {
+                Plan::Blocked(e) => Some(e.reason()),
+                _ => None,
+            }
+        }
+    }
+}

@@ -1,0 +1,662 @@
+//! The bridge's loop: rows → desired CRs → apply; CR status → row updates.
+//!
+//! Each poll (default 2 s) reads a cheap fingerprint and the rows changed since the last
+//! `updatedAt` seen, maps the changed ones and applies what differs. A full resync (on a
+//! timer, or at once when the fingerprint shows a deleted row or a changed node, setting or
+//! resource request) re-reads everything and deletes the CRs whose row is gone. After each
+//! pass, and whenever a watched CR changes, the CRs' provider id and Pod IP are written back.
+//!
+//! Nothing is lost on failure: changed rows stay pending in memory until they are synced, and
+//! a failed pass (database or API server down) is retried with exponential backoff.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use super::cluster::Cluster;
+use super::db::{self, Database, WriteBackError};
+use super::env::{self, DefaultEnv};
+use super::error::{BridgeError, RowError};
+use super::mapping::{self, Context, Desired, SYNCED_BY_LABEL};
+use super::plan::{self, Existing, Plan};
+use super::rows::{ContainerRow, Fingerprint, Grants, RowKey};
+
+/// Rows committed a little after a later `updatedAt` was already seen are still found: each
+/// incremental poll looks this far back (rows already seen unchanged cost nothing).
+const OVERLAP: SignedDuration = SignedDuration::from_secs(10);
+/// How soon a row blocked by the cluster (a name taken, a CR still being deleted, a unique
+/// IP) is tried again.
+const ROW_RETRY: Duration = Duration::from_secs(10);
+const BACKOFF_BASE: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// A Manager node and the namespace its containers go to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeMapping {
+    pub node: String,
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub nodes: Vec<NodeMapping>,
+    pub field_manager: String,
+    pub poll_interval: Duration,
+    pub resync_interval: Duration,
+    pub requests_percent: u32,
+    /// API requests in flight at once during a pass.
+    pub concurrency: usize,
+}
+
+/// Counters for logs and tests: what the bridge did, and row errors by reason.
+#[derive(Debug, Default)]
+pub struct Stats {
+    inner: Mutex<StatsInner>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatsInner {
+    pub row_errors: BTreeMap<&'static str, u64>,
+    pub applied: u64,
+    pub deleted: u64,
+    pub written_back: u64,
+    pub full_resyncs: u64,
+}
+
+impl Stats {
+    fn update(&self, f: impl FnOnce(&mut StatsInner)) {
+        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+    pub fn snapshot(&self) -> StatsInner {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// What the bridge remembers of one row.
+struct Tracked {
+    row: ContainerRow,
+    namespace: String,
+    /// Changed (or re-checked) since last synced.
+    pending: bool,
+    /// Why the row did not sync, as last reported (logged and counted once per change).
+    error: Option<RowError>,
+    write_back_error: Option<RowError>,
+    retry_at: Option<Instant>,
+    synced_at: Option<Instant>,
+}
+
+pub struct Bridge {
+    db: Database,
+    cluster: Arc<Cluster>,
+    settings: Settings,
+    /// Served node id → namespace, resolved from `Nodes` on each full resync.
+    served: HashMap<i64, String>,
+    defaults: DefaultEnv,
+    defaults_error: Option<String>,
+    grants: Grants,
+    rows: HashMap<RowKey, Tracked>,
+    unmapped: HashSet<RowKey>,
+    watermark: Option<Timestamp>,
+    fingerprint: Option<Fingerprint>,
+    next_full: Instant,
+    stats: Arc<Stats>,
+}
+
+/// How one row's sync ended.
+enum Outcome {
+    Synced,
+    Row(RowError),
+    Transient(BridgeError),
+}
+
+impl Bridge {
+    pub fn new(db: Database, cluster: Arc<Cluster>, settings: Settings, stats: Arc<Stats>) -> Self {
+        Bridge {
+            db,
+            cluster,
+            settings,
+            served: HashMap::new(),
+            defaults: DefaultEnv::default(),
+            defaults_error: None,
+            grants: Grants::default(),
+            rows: HashMap::new(),
+            unmapped: HashSet::new(),
+            watermark: None,
+            fingerprint: None,
+            next_full: Instant::now(),
+            stats,
+        }
+    }
+
+    /// Run until `shutdown` resolves.
+    pub async fn run(mut self, changed: Arc<Notify>, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut failures = 0u32;
+        let mut next_poll = Instant::now();
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep_until(next_poll) => {
+                    let result = self.poll().instrument(info_span!("poll")).await;
+                    next_poll = Instant::now() + match result {
+                        Ok(()) => {
+                            if failures > 0 {
+                                info!("sync recovered");
+                            }
+                            failures = 0;
+                            self.settings.poll_interval
+                        }
+                        Err(err) => {
+                            failures = failures.saturating_add(1);
+                            let delay = backoff(failures);
+                            warn!(error = %err, failures, retry_in = ?delay, "sync pass failed; pending rows are kept");
+                            delay
+                        }
+                    };
+                }
+                _ = changed.notified(), if failures == 0 => {
+                    // Coalesce a burst of status changes into one pass.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if let Err(err) = self.write_back().await {
+                        warn!(error = %err, "writing back to Manager failed; retrying on the next poll");
+                    }
+                }
+            }
+        }
+        info!("bridge stopped");
+    }
+
+    fn served_ids(&self) -> Vec<i64> {
+        let mut ids: Vec<i64> = self.served.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// One pass: find changes, sync pending rows, write back.
+    async fn poll(&mut self) -> Result<(), BridgeError> {
+        let fingerprint = self.db.fingerprint(&self.served_ids()).await?;
+        let mut full = Instant::now() >= self.next_full || self.outside_containers_changed(&fingerprint);
+        if !full {
+            self.incremental().await?;
+            // Every row in the cache still exists exactly when count and id sum agree.
+            let (count, sum) = self.rows.keys().fold((0i64, 0i64), |(c, s), k| (c + 1, s.wrapping_add(k.id)));
+            full = count != fingerprint.containers || sum != fingerprint.id_sum;
+        }
+        if full {
+            self.full_resync().await?;
+        }
+        self.fingerprint = Some(fingerprint);
+        self.sync_pending().await?;
+        if full {
+            self.collect_orphans().await?;
+            self.next_full = Instant::now() + self.settings.resync_interval;
+        }
+        self.write_back().await
+    }
+
+    /// Nodes, settings or resource requests changed: every row may map differently.
+    fn outside_containers_changed(&self, now: &Fingerprint) -> bool {
+        self.fingerprint.as_ref().is_none_or(|before| {
+            before.nodes_updated != now.nodes_updated
+                || before.settings_updated != now.settings_updated
+                || before.grants_updated != now.grants_updated
+        })
+    }
+
+    async fn incremental(&mut self) -> Result<(), BridgeError> {
+        let since = self.watermark.map(|w| w.saturating_sub(OVERLAP).unwrap_or(w));
+        let rows = self.db.containers(&self.served_ids(), since).await?;
+        debug!(rows = rows.len(), "incremental poll");
+        for row in rows {
+            self.track(row, false);
+        }
+        Ok(())
+    }
+
+    async fn full_resync(&mut self) -> Result<(), BridgeError> {
+        let started = Instant::now();
+        self.resolve_nodes().await?;
+        match self.db.default_env_setting().await? {
+            None => self.defaults = DefaultEnv::default(),
+            Some(setting) => match env::parse_defaults(&setting) {
+                Ok(defaults) => {
+                    if !defaults.skipped_keys.is_empty() && defaults != self.defaults {
+                        warn!(keys = ?defaults.skipped_keys, "Settings.default_container_env_vars has keys that are not variable names; skipped, as Manager skips them");
+                    }
+                    self.defaults = defaults;
+                    self.defaults_error = None;
+                }
+                Err(why) => {
+                    if self.defaults_error.as_deref() != Some(why.as_str()) {
+                        error!(error = %why, "Settings.default_container_env_vars cannot be read; keeping the last good defaults");
+                        self.stats.update(|s| *s.row_errors.entry("bad_settings").or_default() += 1);
+                    }
+                    self.defaults_error = Some(why);
+                }
+            },
+        }
+        self.grants = Grants::from_rows(self.db.approved_grants().await?);
+        let rows = self.db.containers(&self.served_ids(), None).await?;
+        let seen: HashSet<RowKey> = rows.iter().map(ContainerRow::key).collect();
+        self.rows.retain(|key, _| seen.contains(key));
+        for row in rows {
+            self.track(row, true);
+        }
+        self.report_unmapped().await?;
+        self.stats.update(|s| s.full_resyncs += 1);
+        info!(rows = self.rows.len(), nodes = self.served.len(), took = ?started.elapsed(), "full resync read");
+        Ok(())
+    }
+
+    async fn resolve_nodes(&mut self) -> Result<(), BridgeError> {
+        let nodes = self.db.kubernetes_nodes().await?;
+        let mut served = HashMap::new();
+        for mapping in &self.settings.nodes {
+            let matches: Vec<_> = nodes.iter().filter(|n| n.name == mapping.node).collect();
+            match matches.as_slice() {
+                [node] => {
+                    served.insert(node.id, mapping.namespace.clone());
+                }
+                [] => {
+                    warn!(node = %mapping.node, "no Manager node of type 'kubernetes' has this name; nothing is synced for it")
+                }
+                _ => {
+                    error!(node = %mapping.node, "several Manager nodes of type 'kubernetes' have this name; rename one, nothing is synced for them")
+                }
+            }
+        }
+        if served != self.served {
+            info!(nodes = ?served, "serving Manager nodes (id → namespace)");
+        }
+        self.served = served;
+        Ok(())
+    }
+
+    async fn report_unmapped(&mut self) -> Result<(), BridgeError> {
+        let unmapped: HashSet<RowKey> = self
+            .db
+            .unmapped_containers(&self.served_ids())
+            .await?
+            .into_iter()
+            .map(|(id, node_id)| RowKey { node_id, id })
+            .collect();
+        for key in unmapped.difference(&self.unmapped) {
+            let err = RowError::UnmappedNode { node_id: key.node_id };
+            warn!(row = %key, reason = err.reason(), error = %err, "row not synced");
+            self.stats.update(|s| *s.row_errors.entry(err.reason()).or_default() += 1);
+        }
+        self.unmapped = unmapped;
+        Ok(())
+    }
+
+    /// Remember a row read from the database; it is pending when it is new or changed, or
+    /// when `recheck` (a full resync compares every row with the cluster again).
+    fn track(&mut self, row: ContainerRow, recheck: bool) {
+        if let Some(at) = db::parse_timestamp(&row.updated_at) {
+            self.watermark = Some(self.watermark.map_or(at, |w| w.max(at)));
+        }
+        let Some(namespace) = self.served.get(&row.node_id).cloned() else { return };
+        match self.rows.get_mut(&row.key()) {
+            Some(t) if t.row == row && t.namespace == namespace => t.pending |= recheck,
+            Some(t) => {
+                t.row = row;
+                t.namespace = namespace;
+                t.pending = true;
+                t.retry_at = None;
+            }
+            None => {
+                let tracked = Tracked {
+                    row,
+                    namespace,
+                    pending: true,
+                    error: None,
+                    write_back_error: None,
+                    retry_at: None,
+                    synced_at: None,
+                };
+                self.rows.insert(tracked.row.key(), tracked);
+            }
+        }
+    }
+
+    /// Map every pending row and apply what differs, a bounded number of requests at once.
+    async fn sync_pending(&mut self) -> Result<(), BridgeError> {
+        let now = Instant::now();
+        let live: Arc<HashSet<RowKey>> = Arc::new(self.rows.keys().copied().collect());
+        let fm = self.settings.field_manager.clone();
+        let mut jobs = Vec::new();
+        let mut immediate = Vec::new();
+        for (key, t) in &self.rows {
+            if !t.pending || t.retry_at.is_some_and(|at| at > now) {
+                continue;
+            }
+            let cx = Context {
+                namespace: &t.namespace,
+                field_manager: &fm,
+                defaults: &self.defaults,
+                grants: &self.grants,
+                requests_percent: self.settings.requests_percent,
+            };
+            match mapping::desired(&t.row, &cx) {
+                Err(err) => immediate.push((*key, Outcome::Row(err))),
+                Ok(desired) => {
+                    let cached =
+                        self.cluster.workload(&desired.namespace, &desired.name).map(|mw| Existing::of(&mw, &fm));
+                    let secret = self.cluster.secret_present(&desired.namespace, &desired.secret_name);
+                    jobs.push((desired, cached, secret));
+                }
+            }
+        }
+        if jobs.is_empty() && immediate.is_empty() {
+            return Ok(());
+        }
+        let cluster = self.cluster.clone();
+        let results: Vec<(RowKey, Outcome)> = futures::stream::iter(jobs)
+            .map(|(desired, cached, secret)| {
+                let (cluster, live, fm) = (cluster.clone(), live.clone(), fm.clone());
+                async move {
+                    let key = desired.key;
+                    let span = info_span!("row", id = key.id, node = key.node_id, name = %desired.name);
+                    (key, sync_one(&cluster, &fm, desired, cached, secret, &live).instrument(span).await)
+                }
+            })
+            .buffer_unordered(self.settings.concurrency.max(1))
+            .collect()
+            .await;
+        let mut transient = None;
+        for (key, outcome) in immediate.into_iter().chain(results) {
+            let Some(t) = self.rows.get_mut(&key) else { continue };
+            match outcome {
+                Outcome::Synced => {
+                    if let Some(err) = t.error.take() {
+                        info!(row = %key, hostname = %t.row.hostname, was = err.reason(), "row synced again");
+                    }
+                    t.pending = false;
+                    t.retry_at = None;
+                    t.synced_at = Some(Instant::now());
+                }
+                Outcome::Row(err) => {
+                    // Conditions in the cluster can clear by themselves; a bad row waits for
+                    // the row (or a full resync) to change.
+                    let retry = matches!(
+                        err,
+                        RowError::NameTaken { .. }
+                            | RowError::SecretTaken { .. }
+                            | RowError::HostnameCollision { .. }
+                            | RowError::Replacing { .. }
+                    );
+                    t.pending = retry;
+                    t.retry_at = retry.then(|| Instant::now() + ROW_RETRY);
+                    report(&self.stats, key, &t.row.hostname, &mut t.error, err);
+                }
+                Outcome::Transient(err) => {
+                    transient.get_or_insert(err);
+                }
+            }
+        }
+        match transient {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// Delete the CRs this bridge made whose row is gone, and Secrets it wrote whose CR never
+    /// came (a crash between the two writes).
+    async fn collect_orphans(&mut self) -> Result<(), BridgeError> {
+        let fm = &self.settings.field_manager;
+        let created = |key: RowKey| self.rows.get(&key).map(|t| t.row.created_at.clone());
+        for mw in self.cluster.workloads() {
+            let existing = Existing::of(&mw, fm);
+            if !plan::is_orphan(&existing, |node| self.served.contains_key(&node), created) {
+                continue;
+            }
+            let (Some(ns), Some(uid)) = (mw.namespace(), existing.uid.as_deref()) else { continue };
+            info!(namespace = %ns, name = %mw.name_any(), row = ?existing.key, "row is gone; deleting its ManagedWorkload");
+            self.cluster.delete_workload(&ns, &mw.name_any(), uid).await.map_err(|source| BridgeError::Kube {
+                operation: format!("deleting ManagedWorkload {ns}/{}", mw.name_any()),
+                source,
+            })?;
+            self.stats.update(|s| s.deleted += 1);
+        }
+        let grace = k8s_openapi::jiff::Timestamp::now()
+            .saturating_sub(SignedDuration::from_mins(5))
+            .unwrap_or(Timestamp::UNIX_EPOCH);
+        for secret in self.cluster.secrets() {
+            let meta = &secret.metadata;
+            let orphaned = meta.owner_references.as_ref().is_none_or(Vec::is_empty)
+                && meta.labels.as_ref().and_then(|l| l.get(SYNCED_BY_LABEL)) == Some(fm)
+                && meta.creation_timestamp.as_ref().is_some_and(|t| t.0 < grace);
+            if !orphaned {
+                continue;
+            }
+            let (Some(ns), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid) else { continue };
+            let owner_exists = self.cluster.workloads().iter().any(|mw| {
+                mw.namespace().as_deref() == Some(ns.as_str())
+                    && format!("{}{}", mw.name_any(), mapping::SECRET_SUFFIX) == *name
+            });
+            if !owner_exists {
+                info!(namespace = %ns, name = %name, "deleting an env Secret whose ManagedWorkload was never created");
+                self.cluster.delete_secret(ns, name, uid).await.map_err(|source| BridgeError::Kube {
+                    operation: format!("deleting Secret {ns}/{name}"),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write each CR's provider id and Pod IP to its row where they differ.
+    async fn write_back(&mut self) -> Result<(), BridgeError> {
+        let fm = self.settings.field_manager.clone();
+        let stale_after = Instant::now() - ROW_RETRY;
+        for (key, t) in self.rows.iter_mut() {
+            if t.error.is_some() {
+                continue;
+            }
+            let cr = self.cluster.workload(&t.namespace, &t.row.hostname).filter(|mw| {
+                let e = Existing::of(mw, &fm);
+                e.ours && e.key == Some(*key) && e.created_at.as_deref() == Some(t.row.created_at.as_str())
+            });
+            let Some(cr) = cr else {
+                // Synced a while ago and gone now: deleted by hand. Create it again.
+                if !t.pending && t.synced_at.is_some_and(|at| at < stale_after) {
+                    info!(row = %key, hostname = %t.row.hostname, "ManagedWorkload is gone but its row is not; creating it again");
+                    t.pending = true;
+                }
+                continue;
+            };
+            let target = plan::row_state(&cr);
+            if target == t.row.written() {
+                continue;
+            }
+            match self.db.write_back(&t.row, &target, Timestamp::now()).await {
+                Ok(written) => {
+                    if let Some(updated_at) = written {
+                        info!(row = %key, hostname = %t.row.hostname, container_id = ?target.container_id, ipv4_address = ?target.ipv4_address, "wrote back to Manager");
+                        t.row.updated_at = updated_at;
+                        self.stats.update(|s| s.written_back += 1);
+                    }
+                    // Also when nothing was written (the row already held it): do not retry.
+                    t.row.container_id = target.container_id;
+                    t.row.ipv4_address = target.ipv4_address;
+                    t.row.mac_address = None;
+                    if let Some(err) = t.write_back_error.take() {
+                        info!(row = %key, was = err.reason(), "write-back succeeded again");
+                    }
+                }
+                Err(WriteBackError::Row(err)) => {
+                    report(&self.stats, *key, &t.row.hostname, &mut t.write_back_error, err)
+                }
+                Err(WriteBackError::Bridge(err)) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Log and count a row error once per change, so a row stuck on the same error does not
+/// flood the log every poll.
+fn report(stats: &Stats, key: RowKey, hostname: &str, slot: &mut Option<RowError>, err: RowError) {
+    if slot.as_ref() != Some(&err) {
+        warn!(row = %key, hostname, reason = err.reason(), error = %err, "row not synced");
+        stats.update(|s| *s.row_errors.entry(err.reason()).or_default() += 1);
+    }
+    *slot = Some(err);
+}
+
+/// Sync one mapped row with the cluster.
+async fn sync_one(
+    cluster: &Cluster,
+    fm: &str,
+    desired: Desired,
+    cached: Option<Existing>,
+    secret_cached: bool,
+    live: &HashSet<RowKey>,
+) -> Outcome {
+    match try_sync_one(cluster, fm, &desired, cached, secret_cached, live).await {
+        Ok(outcome) => outcome,
+        Err(Failure::Row(err)) => Outcome::Row(err),
+        Err(Failure::Api(operation, source)) => Outcome::Transient(BridgeError::Kube { operation, source }),
+    }
+}
+
+enum Failure {
+    Row(RowError),
+    Api(String, kube::Error),
+}
+
+async fn try_sync_one(
+    cluster: &Cluster,
+    fm: &str,
+    d: &Desired,
+    cached: Option<Existing>,
+    secret_cached: bool,
+    live: &HashSet<RowKey>,
+) -> Result<Outcome, Failure> {
+    let (ns, name) = (d.namespace.as_str(), d.name.as_str());
+    let api = |what: &str| {
+        let what = what.to_string();
+        move |e: kube::Error| classify(e, what)
+    };
+    // Not in the cache of our own CRs: absent, not seen yet, or someone else's.
+    let existing = match cached {
+        Some(e) => Some(e),
+        None => cluster
+            .get_workload(ns, name)
+            .await
+            .map_err(api(&format!("reading ManagedWorkload {ns}/{name}")))?
+            .map(|mw| Existing::of(&mw, fm)),
+    };
+    let mut secret_present = secret_cached;
+    if !secret_cached
+        && let Some(meta) = cluster
+            .get_secret(ns, &d.secret_name)
+            .await
+            .map_err(api(&format!("reading Secret {ns}/{}", d.secret_name)))?
+    {
+        if meta.labels().get(SYNCED_BY_LABEL).map(String::as_str) != Some(fm) {
+            return Ok(Outcome::Row(RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() }));
+        }
+        secret_present = true;
+    }
+    // A 409 on a non-forced apply: fields of that name are another manager's.
+    let taken = |secret: bool| {
+        move |f: Failure| match f {
+            Failure::Api(_, kube::Error::Api(s)) if s.code == 409 && secret => {
+                Failure::Row(RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() })
+            }
+            Failure::Api(_, kube::Error::Api(s)) if s.code == 409 => {
+                Failure::Row(RowError::NameTaken { namespace: ns.into(), name: name.into() })
+            }
+            other => other,
+        }
+    };
+    match plan::plan(d, existing.as_ref(), secret_present, |k| live.contains(&k)) {
+        Plan::UpToDate => Ok(Outcome::Synced),
+        Plan::Blocked(err) => Ok(Outcome::Row(err)),
+        Plan::Replace { uid } => {
+            info!("ManagedWorkload {ns}/{name} stands for an earlier container; deleting it to create this one");
+            cluster
+                .delete_workload(ns, name, &uid)
+                .await
+                .map_err(api(&format!("deleting ManagedWorkload {ns}/{name}")))?;
+            Ok(Outcome::Row(RowError::Replacing { namespace: ns.into(), name: name.into() }))
+        }
+        Plan::Create => {
+            // Secret first, so the Pod never starts without its env; then the CR; then the
+            // Secret's owner, so it goes with the CR.
+            let secret = mapping::secret(d, fm, None);
+            cluster
+                .apply_secret(&secret, false)
+                .await
+                .map_err(api(&format!("creating Secret {ns}/{}", d.secret_name)))
+                .map_err(taken(true))?;
+            let applied = cluster
+                .apply_workload(&d.workload, false)
+                .await
+                .map_err(api(&format!("creating ManagedWorkload {ns}/{name}")))
+                .map_err(taken(false))?;
+            let owned = mapping::secret(d, fm, mapping::owner_reference(&applied));
+            cluster
+                .apply_secret(&owned, true)
+                .await
+                .map_err(api(&format!("applying Secret {ns}/{}", d.secret_name)))?;
+            info!("created ManagedWorkload {ns}/{name}");
+            Ok(Outcome::Synced)
+        }
+        Plan::Update => {
+            let mut owner = d.workload.clone();
+            owner.metadata.uid = existing.and_then(|e| e.uid);
+            let secret = mapping::secret(d, fm, mapping::owner_reference(&owner));
+            cluster
+                .apply_secret(&secret, true)
+                .await
+                .map_err(api(&format!("applying Secret {ns}/{}", d.secret_name)))?;
+            cluster
+                .apply_workload(&d.workload, true)
+                .await
+                .map_err(api(&format!("applying ManagedWorkload {ns}/{name}")))?;
+            info!("updated ManagedWorkload {ns}/{name}");
+            Ok(Outcome::Synced)
+        }
+    }
+}
+
+/// The API server refusing the object (400, 422) is the row's problem and waits for the row
+/// to change; anything else (down, throttled, a 5xx) is retried with the whole pass.
+fn classify(err: kube::Error, operation: String) -> Failure {
+    match err {
+        kube::Error::Api(s) if s.code == 400 || s.code == 422 => Failure::Row(RowError::Rejected(s.message)),
+        other => Failure::Api(operation, other),
+    }
+}
+
+/// 1 s, 2 s, 4 s … capped at 60 s, with up to 20 % jitter so bridges restarted together do
+/// not retry in step.
+fn backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(10);
+    let base = BACKOFF_BASE.saturating_mul(1 << exp).min(BACKOFF_MAX);
+    let jitter = Timestamp::now().subsec_nanosecond().unsigned_abs() % 200;
+    base + base.mul_f64(f64::from(jitter) / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_caps() {
+        let first = backoff(1);
+        assert!(first >= Duration::from_secs(1) && first <= Duration::from_millis(1200), "{first:?}");
+        let fourth = backoff(4);
+        assert!(fourth >= Duration::from_secs(8) && fourth <= Duration::from_millis(9600), "{fourth:?}");
+        assert!(backoff(u32::MAX) <= BACKOFF_MAX.mul_f64(1.2));
+    }
+}

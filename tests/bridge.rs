@@ -1,0 +1,192 @@
+//! The bridge end to end, on both of Manager's engines: real SQLite files and a real
+//! PostgreSQL (over TLS with verify-full), built from Manager's own schema, against the local
+//! control plane with the operator running. Each test has its own database, namespace and
+//! bridge process.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use mw_operator::bridge::mapping::{ENV_DIGEST_ANNOTATION, SYNCED_BY_LABEL};
+use mw_operator::resource::{ManagedWorkload, Phase};
+use serde_json::json;
+use support::bridge::Bridge;
+use support::manager::{Engine, ManagerDb, now};
+use support::workload::{TIMEOUT, apply_with_labels, phase_of, wait_ready};
+use support::{TestNamespace, audit, eventually, wait_until};
+
+const SAMPLES: [&str; 3] = ["team-wiki", "pg-analytics", "akumar-dev"];
+const DEFAULT_ENV: &str = r#"[{"key":"WAZUH_MANAGER","value":"wazuh.lab.internal","description":"Wazuh manager"},
+  {"key":"WAZUH_REGISTRATION_PASSWORD","value":"reg-s3cret","description":"secret"}]"#;
+
+/// Wait until the row of `hostname` holds the CR's provider id and (when `ip`) its Pod IP.
+async fn wait_row(db: &ManagerDb, api: &Api<ManagedWorkload>, hostname: &str, want_ip: bool) -> Option<String> {
+    let ns = api.get(hostname).await.expect("the CR").namespace().unwrap();
+    let ns = ns.as_str();
+    eventually(&format!("row {hostname} to be written back"), TIMEOUT, || async move {
+        let mw = api.get(hostname).await.map_err(|e| e.to_string())?;
+        let running = phase_of(&mw) == Some(Phase::Running);
+        if want_ip && !running {
+            return Err(format!("CR not Running yet: {:?}", phase_of(&mw)));
+        }
+        let pod_ip = mw.status.as_ref().and_then(|s| s.pod_ip.clone());
+        let expected = (Some(format!("{ns}/{hostname}")), if want_ip { pod_ip } else { None }, None);
+        let row = db.written(hostname).await.ok_or("no row")?;
+        if row == expected { Ok(()) } else { Err(format!("row holds {row:?}, want {expected:?}")) }
+    })
+    .await;
+    db.written(hostname).await.and_then(|(_, ip, _)| ip)
+}
+
+async fn end_to_end(engine: Engine) {
+    let ns = TestNamespace::new(&format!("bridge-e2e-{engine:?}")).await;
+    let db = ManagerDb::new(engine).await;
+    db.set_default_env(DEFAULT_ENV).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let secrets = ns.api::<Secret>();
+    let deployments = ns.api::<Deployment>();
+
+    // A CR nobody's bridge made, carrying Manager-looking labels: never touched.
+    let foreign = apply_with_labels(
+        &workloads,
+        "hand-made",
+        json!({"opensource-server.mieweb.org/node-id": "1", "opensource-server.mieweb.org/container-id": "999"}),
+        json!({"image": "nginx:latest"}),
+    )
+    .await
+    .expect("applying a hand-made CR");
+
+    let bridge = Bridge::start(&ns, &db, &[]).await;
+
+    // Rows → CRs and Secrets → Running → provider id and Pod IP in the rows.
+    for name in SAMPLES {
+        wait_ready(&workloads, name, Phase::Running).await;
+        let secret = secrets.get(&format!("{name}-manager-env")).await.expect("the env Secret");
+        assert_eq!(secret.labels()[SYNCED_BY_LABEL], "mw-bridge");
+        let owner = &secret.owner_references()[0];
+        assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("ManagedWorkload", name));
+        let ip = wait_row(&db, &workloads, name, true).await;
+        assert!(ip.is_some(), "{name} runs with an IP");
+    }
+    let pg = workloads.get("pg-analytics").await.unwrap();
+    let data = secrets.get("pg-analytics-manager-env").await.unwrap().data.unwrap();
+    assert_eq!(data["POSTGRES_PASSWORD"].0, b"s3cr3t-change-me");
+    assert_eq!(data["WAZUH_REGISTRATION_PASSWORD"].0, b"reg-s3cret");
+    let cr_text = serde_json::to_string(&pg).unwrap();
+    for secret in ["s3cr3t-change-me", "reg-s3cret"] {
+        assert!(!cr_text.contains(secret), "an env value leaked into the CR: {cr_text}");
+    }
+    // The approved 8192 MB request applies; cpus default to Manager's 4.
+    let limits = pg.spec.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!((limits.cpu.as_ref().unwrap().0.as_str(), limits.memory.as_ref().unwrap().0.as_str()), ("4", "8192Mi"));
+    assert_eq!(pg.spec.command, ["docker-entrypoint.sh", "postgres"]);
+
+    // The row's env changes → the Secret and the pod template change → a rollout to Running.
+    let wiki = workloads.get("team-wiki").await.unwrap();
+    let digest = wiki.spec.pod_annotations[ENV_DIGEST_ANNOTATION].clone();
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "environmentVars" = '{{"TZ":"UTC","GREETING":"hello"}}', "updatedAt" = '{}'
+           WHERE hostname = 'team-wiki'"#,
+        now()
+    ))
+    .await;
+    let updated = wait_until(&workloads, "team-wiki", "the new env digest", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| mw.spec.pod_annotations.get(ENV_DIGEST_ANNOTATION) != Some(&digest))
+    })
+    .await
+    .unwrap();
+    assert!(updated.metadata.generation > wiki.metadata.generation);
+    let data = secrets.get("team-wiki-manager-env").await.unwrap().data.unwrap();
+    assert_eq!(data["GREETING"].0, b"hello");
+    assert!(!data.contains_key("NGINX_VERSION"), "a variable removed from the row leaves the Secret");
+    wait_ready(&workloads, "team-wiki", Phase::Running).await;
+    let template = deployments.get("team-wiki").await.unwrap().spec.unwrap().template;
+    assert_eq!(
+        template.metadata.unwrap().annotations.unwrap().get(ENV_DIGEST_ANNOTATION),
+        updated.spec.pod_annotations.get(ENV_DIGEST_ANNOTATION)
+    );
+    wait_row(&db, &workloads, "team-wiki", true).await;
+
+    // Stopped by hand (as Manager's backend or kubectl would): later syncs leave it stopped,
+    // and the row's IP goes NULL.
+    workloads
+        .patch(
+            "team-wiki",
+            &PatchParams::apply("manager-backend"),
+            &Patch::Apply(json!({
+            "apiVersion": "opensource-server.mieweb.org/v1alpha1", "kind": "ManagedWorkload",
+            "spec": {"state": "Stopped"}})),
+        )
+        .await
+        .expect("stopping the workload");
+    wait_ready(&workloads, "team-wiki", Phase::Stopped).await;
+    wait_row(&db, &workloads, "team-wiki", false).await;
+    // Touch the row and wait out two full resyncs: the bridge re-applies but keeps the stop.
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET entrypoint = 'nginx', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
+        now()
+    ))
+    .await;
+    wait_until(&workloads, "team-wiki", "the new entrypoint", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| mw.spec.command == ["nginx"])
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let stopped = wait_ready(&workloads, "team-wiki", Phase::Stopped).await;
+    assert_eq!(stopped.spec.state, Some(mw_operator::resource::DesiredState::Stopped));
+    assert_eq!(db.written("team-wiki").await.unwrap().1, None);
+
+    // The row is deleted → CR, Secret, Deployment and Pods go.
+    db.exec(r#"UPDATE "Containers" SET "creationJobId" = NULL WHERE hostname = 'akumar-dev'"#).await;
+    db.exec(r#"DELETE FROM "Containers" WHERE hostname = 'akumar-dev'"#).await;
+    let pods = ns.api::<Pod>();
+    eventually("akumar-dev's CR, Secret, Deployment and Pods to go", TIMEOUT, || async {
+        let left = (
+            workloads.get_opt("akumar-dev").await.map_err(|e| e.to_string())?.is_some(),
+            secrets.get_opt("akumar-dev-manager-env").await.map_err(|e| e.to_string())?.is_some(),
+            deployments.get_opt("akumar-dev").await.map_err(|e| e.to_string())?.is_some(),
+            pods.list(&ListParams::default().labels("app.kubernetes.io/instance=akumar-dev"))
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len(),
+        );
+        if left == (false, false, false, 0) {
+            Ok(())
+        } else {
+            Err(format!("still there (cr, secret, deployment, pods): {left:?}"))
+        }
+    })
+    .await;
+
+    // The hand-made CR: same object, never written by the bridge.
+    let still = workloads.get("hand-made").await.expect("the hand-made CR is still there");
+    assert_eq!(still.uid(), foreign.uid());
+    assert_eq!(still.labels().get(SYNCED_BY_LABEL), None);
+    let bridge_writes = audit::writes_by("mw-bridge", &ns.name);
+    assert!(
+        !bridge_writes.iter().any(|w| w.name.as_deref() == Some("hand-made")),
+        "the bridge wrote to a CR it does not own: {bridge_writes:?}"
+    );
+    assert!(!bridge_writes.iter().any(|w| w.resource == "deployments" || w.resource == "pods"));
+    let output = bridge.output();
+    for secret in ["s3cr3t-change-me", "reg-s3cret", "hello"] {
+        assert!(!output.contains(secret), "the bridge logged an env value");
+    }
+    bridge.stop().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_end_to_end() {
+    end_to_end(Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_end_to_end() {
+    end_to_end(Engine::Postgres).await;
+}

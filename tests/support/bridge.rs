@@ -1,0 +1,111 @@
+//! Runs `mw-operator bridge` for one test: its own process, database and namespace, under
+//! the bridge's own identity (user mw-bridge, bound in the test namespace to the shipped
+//! config/rbac/bridge-cluster-role.yaml only).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+use kube::api::{ObjectMeta, PostParams};
+
+use super::TestNamespace;
+use super::manager::ManagerDb;
+
+/// Poll and resync fast so tests see each behaviour within seconds.
+pub const POLL: &str = "300ms";
+pub const RESYNC: &str = "4s";
+
+pub struct Bridge {
+    child: tokio::process::Child,
+    pub log: PathBuf,
+}
+
+/// Kubeconfig of user mw-bridge, written by hack/controlplane.sh beside the admin's.
+fn kubeconfig() -> String {
+    let admin = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
+    let dir = std::path::Path::new(&admin).parent().expect("kubeconfig directory");
+    dir.join("bridge.kubeconfig").display().to_string()
+}
+
+/// Grant user mw-bridge the bridge's ClusterRole in this namespace only.
+pub async fn grant(ns: &TestNamespace) {
+    let binding = RoleBinding {
+        metadata: ObjectMeta { name: Some("mw-bridge".into()), ..Default::default() },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: "mw-bridge".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: "mw-bridge".into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Default::default()
+        }]),
+    };
+    match ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("binding the bridge's role in {}: {e}", ns.name),
+    }
+}
+
+impl Bridge {
+    /// Start a bridge serving Manager node `k8s-lab-1` (the sample rows' node) into `ns`.
+    pub async fn start(ns: &TestNamespace, db: &ManagerDb, extra: &[&str]) -> Bridge {
+        grant(ns).await;
+        let log = PathBuf::from(super::log_dir()).join(format!("bridge-{}.log", ns.name));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("opening the bridge log");
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_mw-operator"));
+        cmd.arg("bridge")
+            .args(["--kubeconfig", &kubeconfig()])
+            .args(["--database-url", &db.url])
+            .args(["--node", &format!("k8s-lab-1={}", ns.name)])
+            .args(["--poll-interval", POLL, "--resync-interval", RESYNC, "--requests-percent", "1"])
+            .args(extra)
+            .env_remove("MW_DATABASE_PASSWORD")
+            .env("RUST_LOG", "info,mw_operator=debug,kube=warn,sqlx=warn")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .kill_on_drop(true);
+        if let Some(pw) = &db.password_file {
+            cmd.args(["--database-password-file", pw]);
+        }
+        let child = cmd.spawn().expect("starting mw-operator bridge");
+        Bridge { child, log }
+    }
+
+    /// Everything the bridge printed so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Still running (it never exits on its own)?
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Wait until the output holds a line containing every one of `needles`.
+    pub async fn wait_for_line(&self, needles: &[&str], timeout: Duration) -> String {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.output().lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+                return line.to_string();
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "the bridge did not log a line with {needles:?} within {timeout:?}; its log: {}",
+                    self.log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
