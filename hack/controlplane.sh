@@ -111,27 +111,41 @@ free_port() {
 # our binaries (a PID reused by an unrelated process after a crash is left alone). Clients go
 # first, then kube-apiserver, then etcd: an apiserver whose etcd is gone hangs on shutdown.
 stop_recorded() {
-  local state=$1 wave
+  local state=$1 wave refused=0
   [ -d "$state/pids" ] || return 0
   for wave in "operator kwok kube-scheduler kube-controller-manager" "kube-apiserver" "etcd"; do
-    stop_wave "$state" $wave
+    stop_wave "$state" $wave || refused=1
   done
   # Anything else recorded (nothing today) goes last.
-  stop_wave "$state" $(cd "$state/pids" && ls -- *.pid 2>/dev/null | sed 's/\.pid$//')
+  stop_wave "$state" $(cd "$state/pids" && ls -- *.pid 2>/dev/null | sed 's/\.pid$//') || refused=1
+  return "$refused"
 }
 
+# Stop the recorded processes NAME... and wait for them. A process is stopped only when it
+# still runs the binary recorded at its start (`start` writes NAME.exe beside NAME.pid), so
+# a reused PID is never hit, whatever MW_CACHE_DIR says now; a rebuilt binary shows as
+# "PATH (deleted)" and still matches. A live process that does not match is reported and
+# keeps its PID file (so a later `down` can still find it), and the wave fails.
 stop_wave() {
   local state=$1; shift
-  local name pidfile pid exe pids=()
+  local name pidfile pid exe want pids=() refused=0
   for name in "$@"; do
     pidfile="$state/pids/$name.pid"
     [ -e "$pidfile" ] || continue
     pid=$(cat "$pidfile")
+    if ! kill -0 "$pid" 2>/dev/null; then
+      rm -f "$pidfile" "$state/pids/$name.exe"; continue
+    fi
     exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
-    case "$exe" in
-      "$CACHE_ROOT"/bin/*|*/mw-operator) kill -TERM "$pid" 2>/dev/null && pids+=("$name:$pid") ;;
-    esac
-    rm -f "$pidfile"
+    exe=${exe% (deleted)}
+    want=$(cat "$state/pids/$name.exe" 2>/dev/null || true)
+    if [ -n "$want" ] && [ "$exe" = "$want" ]; then
+      kill -TERM "$pid" 2>/dev/null && pids+=("$name:$pid")
+      rm -f "$pidfile" "$state/pids/$name.exe"
+    else
+      log "not stopping $name: pid $pid runs '${exe:-?}', not the recorded '${want:-?}' (PID reused?); its PID file stays in $state/pids"
+      refused=1
+    fi
   done
   local deadline=$((SECONDS + 20)) entry
   for entry in "${pids[@]}"; do
@@ -140,8 +154,11 @@ stop_wave() {
     if kill -0 "$pid" 2>/dev/null; then
       log "${entry%%:*} (pid $pid) did not stop on SIGTERM; killing it"
       kill -KILL "$pid" 2>/dev/null || true
+      sleep 0.2
+      if kill -0 "$pid" 2>/dev/null; then log "${entry%%:*} (pid $pid) survived SIGKILL"; refused=1; fi
     fi
   done
+  return "$refused"
 }
 
 gen_certs() {
@@ -211,6 +228,7 @@ start() {
   # hit by that terminal's Ctrl-C; teardown is by PID.
   setsid "$@" >"$logs/$name.log" 2>&1 </dev/null &
   echo $! >"$state/pids/$name.pid"
+  readlink -f "$1" >"$state/pids/$name.exe"
 }
 
 healthy() {
@@ -253,7 +271,7 @@ cmd_up() {
     return 0
   fi
   # Whatever a crashed or killed earlier run left behind goes first.
-  stop_recorded "$state"
+  stop_recorded "$state" || die "processes of an earlier '$name' are still running (see above); stop them first"
   rm -rf "$state"
   local bin; bin=$(cmd_build)
   mkdir -p "$state/pids" "$logs"
@@ -341,7 +359,10 @@ cmd_down() {
   local name=${1:-default}
   local state="$RUN_ROOT/$name"
   [ -d "$state" ] || { log "control plane '$name' is not running"; return 0; }
-  stop_recorded "$state"
+  if ! stop_recorded "$state"; then
+    log "control plane '$name' NOT fully stopped: see above; run state kept in $state"
+    return 1
+  fi
   rm -rf "$state"
   log "control plane '$name' stopped; logs kept in $LOG_ROOT/$name/"
 }
@@ -372,9 +393,10 @@ cmd_start_operator() {
   local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
   [ -d "$state/pids" ] || die "control plane '$name' is not up"
   [ -x "$binary" ] || die "no operator binary at $binary"
-  stop_wave "$state" operator
+  stop_wave "$state" operator || die "the operator recorded for '$name' could not be stopped"
   setsid "$binary" run --kubeconfig "$state/operator.kubeconfig" >>"$logs/operator.log" 2>&1 </dev/null &
   echo $! >"$state/pids/operator.pid"
+  readlink -f "$binary" >"$state/pids/operator.exe"
   echo $!
 }
 

@@ -190,3 +190,150 @@ async fn sqlite_end_to_end() {
 async fn postgres_end_to_end() {
     end_to_end(Engine::Postgres).await;
 }
+
+/// Bad rows: each is reported with its id and reason, counted, and every other row syncs.
+/// A fixed row syncs at once; a row blocked by someone else's CR syncs once that CR goes.
+async fn bad_rows(engine: Engine) {
+    let ns = TestNamespace::new(&format!("bridge-bad-{engine:?}")).await;
+    let db = ManagerDb::new(engine).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    db.insert_node("k8s-unmapped").await;
+    let bad: [(&str, &str, Option<&str>, Option<&str>, &str); 6] = [
+        ("k8s-lab-1", "no-image", None, None, "missing_image"),
+        ("k8s-lab-1", "proxmox-tpl", Some("local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"), None, "bad_image"),
+        ("k8s-lab-1", "bad-env-key", Some("docker.io/library/nginx:1.27"), Some(r#"{"1BAD":"x"}"#), "bad_env_key"),
+        ("k8s-lab-1", "bad-json", Some("docker.io/library/nginx:1.27"), Some("{not json"), "bad_env_json"),
+        ("k8s-unmapped", "elsewhere", Some("docker.io/library/nginx:1.27"), None, "unmapped_node"),
+        ("k8s-lab-1", "taken", Some("docker.io/library/nginx:1.27"), None, "name_taken"),
+    ];
+    for (node, host, template, env, _) in bad {
+        db.insert_container(node, host, template, env).await;
+    }
+    let foreign = support::workload::apply(&workloads, "taken", json!({"image": "nginx:latest"})).await.unwrap();
+    let bridge = Bridge::start(&ns, &db, &[]).await;
+
+    for (_, host, _, _, reason) in bad {
+        let id = db.id_of(host).await;
+        let line = bridge
+            .wait_for_line(&["row not synced", &format!("Containers.id={id} "), &format!("reason={reason}")], TIMEOUT)
+            .await;
+        assert!(!line.contains("s3cr3t"), "{line}");
+    }
+    // Every good row syncs regardless.
+    for name in SAMPLES {
+        wait_ready(&workloads, name, Phase::Running).await;
+    }
+    for (_, host, ..) in bad.iter().filter(|b| b.1 != "taken") {
+        assert!(workloads.get_opt(host).await.unwrap().is_none(), "{host} must have no CR");
+    }
+    let untouched = workloads.get("taken").await.unwrap();
+    assert_eq!((untouched.uid(), untouched.metadata.generation), (foreign.uid(), foreign.metadata.generation));
+    let writes = audit::writes_by("mw-bridge", &ns.name);
+    assert!(!writes.iter().any(|w| w.name.as_deref() == Some("taken")), "someone else's CR was written: {writes:?}");
+
+    // A fixed row syncs (incremental poll), the freed name is taken over (retried).
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET template = 'docker.io/library/nginx:1.27', "updatedAt" = '{}' WHERE hostname = 'no-image'"#,
+        now()
+    ))
+    .await;
+    wait_ready(&workloads, "no-image", Phase::Running).await;
+    workloads.delete("taken", &Default::default()).await.unwrap();
+    wait_until(&workloads, "taken", "the bridge's own CR for row 'taken'", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| mw.labels().get(SYNCED_BY_LABEL).is_some())
+    })
+    .await;
+    bridge.wait_for_line(&["row synced again", "hostname=no-image"], TIMEOUT).await;
+    // Counted once per row and reason, not once per poll.
+    let output = bridge.output();
+    let reports = output.lines().filter(|l| l.contains("row not synced") && l.contains("hostname=bad-json")).count();
+    assert_eq!(reports, 1, "a row stuck on one error is reported once");
+    bridge.stop().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_bad_rows() {
+    bad_rows(Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_bad_rows() {
+    bad_rows(Engine::Postgres).await;
+}
+
+/// The database goes away for 30 s while the cluster side changes; when it is back the
+/// bridge converges with nothing lost and nothing duplicated, without a restart.
+async fn database_outage(engine: Engine) {
+    const OUTAGE: Duration = Duration::from_secs(30);
+    let ns = TestNamespace::new(&format!("bridge-outage-{engine:?}")).await;
+    let own = (engine == Engine::Postgres).then(|| support::manager::OwnPgServer::start("outage"));
+    let db = match &own {
+        Some(own) => ManagerDb::postgres(&own.server).await,
+        None => ManagerDb::new(Engine::Sqlite).await,
+    };
+    let workloads = ns.api::<ManagedWorkload>();
+    let mut bridge = Bridge::start(&ns, &db, &[]).await;
+    for name in SAMPLES {
+        wait_ready(&workloads, name, Phase::Running).await;
+        wait_row(&db, &workloads, name, true).await;
+    }
+
+    let stop = || async {
+        workloads
+            .patch("team-wiki", &PatchParams::default(), &Patch::Merge(json!({"spec": {"state": "Stopped"}})))
+            .await
+            .expect("stopping team-wiki");
+    };
+    let insert =
+        support::manager::insert_container_sql("k8s-lab-1", "late-arrival", Some("docker.io/library/redis:7"), None);
+    match &own {
+        Some(server) => {
+            server.pause();
+            stop().await;
+            tokio::time::sleep(OUTAGE).await;
+            server.resume();
+            db.exec(&insert).await;
+        }
+        None => {
+            // The lock is taken first; the CR stops while the bridge cannot read or write.
+            let hold = db.lock_sqlite_for(OUTAGE, &insert);
+            let change = async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                stop().await;
+            };
+            tokio::join!(hold, change);
+        }
+    }
+    bridge.wait_for_line(&["sync pass failed"], TIMEOUT).await;
+    assert!(bridge.alive(), "the bridge exited during the outage");
+
+    wait_ready(&workloads, "late-arrival", Phase::Running).await;
+    wait_row(&db, &workloads, "late-arrival", true).await;
+    wait_ready(&workloads, "team-wiki", Phase::Stopped).await;
+    wait_row(&db, &workloads, "team-wiki", false).await;
+    bridge.wait_for_line(&["sync recovered"], TIMEOUT).await;
+    // One CR per row, exactly.
+    let names: Vec<String> =
+        workloads.list(&ListParams::default()).await.unwrap().items.iter().map(|w| w.name_any()).collect();
+    let rows = db.count(r#"SELECT CAST(COUNT(*) AS BIGINT) FROM "Containers""#).await;
+    assert_eq!(names.len() as i64, rows, "CRs {names:?} vs {rows} rows");
+    let creates = audit::writes_by("mw-bridge", &ns.name)
+        .into_iter()
+        .filter(|w| w.resource == "managedworkloads" && w.name.as_deref() == Some("late-arrival"))
+        .count();
+    assert_eq!(creates, 1, "late-arrival's CR was written more than once");
+    assert!(bridge.alive());
+    bridge.stop().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_database_outage() {
+    database_outage(Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_database_outage() {
+    database_outage(Engine::Postgres).await;
+}

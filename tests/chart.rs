@@ -1,35 +1,48 @@
 //! The Helm chart: it lints, renders both install modes with the same permissions as
 //! config/rbac, and what it renders is accepted by the real API server and runs (under kwok).
+//! The optional bridge renders with its own ServiceAccount and only namespaced permissions.
 
 mod support;
 
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Api, Client};
 use serde_json::Value;
 use support::workload::TIMEOUT;
-use support::{TestNamespace, wait_until};
+use support::{TestNamespace, eventually, wait_until};
 
 const CHART: &str = "charts/mw-operator";
 
-fn helm(args: &[&str]) -> String {
+fn run_helm<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> (bool, String, String) {
     let helm = std::env::var("MW_TEST_HELM").expect("MW_TEST_HELM: the helm binary (make test sets it)");
     let out = Command::new(&helm).args(args).output().unwrap_or_else(|e| panic!("running {helm}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "helm {args:?} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn helm<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
+    let (ok, stdout, stderr) = run_helm(args);
+    assert!(ok, "helm {args:?} failed:\n{stdout}\n{stderr}");
     stdout
 }
 
 /// The chart rendered for `release` in `namespace`, as JSON documents.
 fn render(release: &str, namespace: &str, watch: &[&str]) -> Vec<Value> {
-    let set = format!("watchNamespaces={{{}}}", watch.join(","));
-    let mut args = vec!["template", release, CHART, "--namespace", namespace];
+    let mut extra = Vec::new();
     if !watch.is_empty() {
-        args.extend(["--set", &set]);
+        extra.extend(["--set".to_string(), format!("watchNamespaces={{{}}}", watch.join(","))]);
     }
+    render_with(release, namespace, &extra)
+}
+
+/// The chart rendered with more `helm template` arguments (`--set …`).
+fn render_with(release: &str, namespace: &str, extra: &[String]) -> Vec<Value> {
+    let mut args: Vec<String> = ["template", release, CHART, "--namespace", namespace].map(String::from).into();
+    args.extend_from_slice(extra);
     helm(&args)
         .split("\n---")
         .filter_map(|doc| serde_saphyr::from_str::<Value>(doc).ok())
@@ -42,7 +55,11 @@ fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 fn shipped_rules() -> Value {
-    let text = std::fs::read_to_string("config/rbac/cluster-role.yaml").unwrap();
+    rules_of("config/rbac/cluster-role.yaml")
+}
+
+fn rules_of(path: &str) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
     serde_saphyr::from_str::<Value>(&text).unwrap()["rules"].clone()
 }
 
@@ -81,7 +98,7 @@ async fn delete_cluster_scoped(client: &Client, docs: &[Value]) {
 
 async fn wait_available(ns: &TestNamespace, name: &str) -> Deployment {
     let deployments = ns.api::<Deployment>();
-    wait_until(&deployments, name, "the operator Deployment to be Available", TIMEOUT, |d: Option<&Deployment>| {
+    wait_until(&deployments, name, "the Deployment to be Available", TIMEOUT, |d: Option<&Deployment>| {
         d.and_then(|d| d.status.as_ref()?.available_replicas) == Some(1)
     })
     .await
@@ -139,4 +156,282 @@ async fn namespace_scoped_install_grants_nothing_cluster_wide() {
     let deployment = of_kind(&docs, "Deployment")[0];
     let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
     assert!(args.iter().any(|a| a == "--namespace=a,b"), "{args:?}");
+}
+
+/// `--set` arguments enabling the bridge for `nodes` (node name, namespace), with the database
+/// URL, password and CA in Secrets.
+fn bridge_values(nodes: &[(&str, &str)]) -> Vec<String> {
+    let mut set = vec![
+        "bridge.enabled=true".to_string(),
+        "bridge.database.urlSecret.name=manager-db".into(),
+        "bridge.database.passwordSecret.name=manager-db-password".into(),
+        "bridge.database.caSecret.name=manager-db-ca".into(),
+    ];
+    for (i, (node, namespace)) in nodes.iter().enumerate() {
+        set.push(format!("bridge.nodes[{i}].node={node}"));
+        set.push(format!("bridge.nodes[{i}].namespace={namespace}"));
+    }
+    set.into_iter().flat_map(|s| ["--set".to_string(), s]).collect()
+}
+
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> Vec<&'a Value> {
+    of_kind(docs, kind).into_iter().filter(|d| d["metadata"]["name"] == name).collect()
+}
+
+fn sorted_by_identity(mut docs: Vec<&Value>) -> Vec<&Value> {
+    let key = |d: &Value| {
+        let m = &d["metadata"];
+        (d["kind"].to_string(), m["namespace"].to_string(), m["name"].to_string())
+    };
+    docs.sort_by_key(|d| key(d));
+    docs
+}
+
+/// Is every label of `selector` on `labels`?
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector.as_object().unwrap().iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[test]
+fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
+    let values = bridge_values(&[("k8s-lab-1", "team-a"), ("k8s-lab-2", "team-b")]);
+    let lint: Vec<String> = ["lint", CHART].map(String::from).into_iter().chain(values.iter().cloned()).collect();
+    helm(&lint);
+    let plain = render("rel", "ops", &[]);
+    let docs = render_with("rel", "ops", &values);
+    let name = "rel-mw-operator-bridge";
+    let is_bridge = |d: &&Value| d["metadata"]["name"] == name;
+
+    // Everything else is exactly what the chart renders without the bridge.
+    let others: Vec<&Value> = docs.iter().filter(|d| !is_bridge(d)).collect();
+    assert_eq!(sorted_by_identity(others), sorted_by_identity(plain.iter().collect()));
+    let mut kinds: Vec<&str> = docs.iter().filter(is_bridge).map(|d| d["kind"].as_str().unwrap()).collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "ServiceAccount"]);
+
+    // Its own ServiceAccount.
+    let account = named(&docs, "ServiceAccount", name);
+    assert_eq!(account.len(), 1);
+    assert_eq!(account[0]["metadata"]["namespace"], "ops");
+
+    // A Role and RoleBinding in each mapped namespace, granting exactly config/rbac/bridge-role.yaml.
+    let bridge_rules = rules_of("config/rbac/bridge-role.yaml");
+    for namespace in ["team-a", "team-b"] {
+        let in_ns = |kind| -> Vec<&Value> {
+            named(&docs, kind, name).into_iter().filter(|d| d["metadata"]["namespace"] == namespace).collect()
+        };
+        let roles = in_ns("Role");
+        assert_eq!(roles.len(), 1, "one Role in {namespace}");
+        assert_eq!(roles[0]["rules"], bridge_rules, "the chart grants what config/rbac/bridge-role.yaml grants");
+        let bindings = in_ns("RoleBinding");
+        assert_eq!(bindings.len(), 1, "one RoleBinding in {namespace}");
+        assert_eq!(
+            bindings[0]["roleRef"],
+            serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name})
+        );
+        assert_eq!(
+            bindings[0]["subjects"],
+            serde_json::json!([{"kind": "ServiceAccount", "name": name, "namespace": "ops"}])
+        );
+    }
+
+    // Nothing cluster-wide: no ClusterRole of its own, and no ClusterRoleBinding names it.
+    assert!(named(&docs, "ClusterRole", name).is_empty());
+    for binding in of_kind(&docs, "ClusterRoleBinding").into_iter().chain(of_kind(&docs, "RoleBinding")) {
+        let is_bridge_binding = binding["metadata"]["name"] == name;
+        let names_bridge = binding["subjects"].as_array().unwrap().iter().any(|s| s["name"] == name);
+        assert_eq!(names_bridge, is_bridge_binding, "{binding}");
+        if names_bridge {
+            assert_eq!(binding["roleRef"]["kind"], "Role", "{binding}");
+        }
+    }
+
+    // The Deployment: the operator's image running `bridge`, one replica, never two at once.
+    let deployment = named(&docs, "Deployment", name);
+    assert_eq!(deployment.len(), 1);
+    let spec = &deployment[0]["spec"];
+    assert_eq!(spec["replicas"], 1);
+    assert_eq!(spec["strategy"]["type"], "Recreate");
+    let operator = &named(&docs, "Deployment", "rel-mw-operator")[0]["spec"];
+    let (bridge_pod, operator_pod) = (&spec["template"], &operator["template"]);
+    assert!(!selects(&operator["selector"]["matchLabels"], &bridge_pod["metadata"]["labels"]));
+    assert!(!selects(&spec["selector"]["matchLabels"], &operator_pod["metadata"]["labels"]));
+    assert!(selects(&spec["selector"]["matchLabels"], &bridge_pod["metadata"]["labels"]));
+    let pod = &bridge_pod["spec"];
+    assert_eq!(pod["serviceAccountName"], name);
+    let container = &pod["containers"][0];
+    assert_eq!(container["image"], operator_pod["spec"]["containers"][0]["image"]);
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(
+        args,
+        [
+            "bridge",
+            "--log-format=json",
+            "--node=k8s-lab-1=team-a",
+            "--node=k8s-lab-2=team-b",
+            "--poll-interval=2s",
+            "--resync-interval=5m",
+            "--field-manager=mw-bridge",
+            "--requests-percent=100",
+            "--concurrency=16",
+            "--database-password-file=/etc/mw/password",
+        ]
+    );
+    // The URL from its Secret; no value of the database's in the pod spec.
+    let env = container["env"].as_array().unwrap();
+    let url: Vec<&Value> = env.iter().filter(|e| e["name"] == "MW_DATABASE_URL").collect();
+    assert_eq!(url.len(), 1);
+    assert_eq!(url[0]["valueFrom"], serde_json::json!({"secretKeyRef": {"name": "manager-db", "key": "url"}}));
+    assert!(env.iter().all(|e| e["name"] == "RUST_LOG" || e.get("value").is_none()), "{env:?}");
+    // Password and CA as files in /etc/mw, from their Secrets.
+    assert_eq!(
+        container["volumeMounts"],
+        serde_json::json!([{"name": "database", "mountPath": "/etc/mw", "readOnly": true}])
+    );
+    let sources = &pod["volumes"][0]["projected"]["sources"];
+    assert_eq!(
+        sources,
+        &serde_json::json!([
+            {"secret": {"name": "manager-db-password", "items": [{"key": "password", "path": "password"}]}},
+            {"secret": {"name": "manager-db-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        ])
+    );
+    // Locked down like the operator.
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    let security = &container["securityContext"];
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+}
+
+#[test]
+fn the_bridge_values_are_checked_and_optional_parts_left_out() {
+    // Two nodes in one namespace: one Role there; no password or CA: nothing mounted.
+    let values: Vec<String> = [
+        "bridge.enabled=true",
+        "bridge.database.urlSecret.name=db",
+        "bridge.nodes[0].node=n1",
+        "bridge.nodes[0].namespace=shared",
+        "bridge.nodes[1].node=n2",
+        "bridge.nodes[1].namespace=shared",
+        "bridge.pollInterval=500ms",
+        "bridge.requestsPercent=50",
+    ]
+    .into_iter()
+    .flat_map(|s| ["--set".to_string(), s.to_string()])
+    .collect();
+    let docs = render_with("mw-operator", "mw-system", &values);
+    let name = "mw-operator-bridge";
+    assert_eq!(named(&docs, "Role", name).len(), 1);
+    assert_eq!(named(&docs, "RoleBinding", name).len(), 1);
+    let pod = &named(&docs, "Deployment", name)[0]["spec"]["template"]["spec"];
+    let args = pod["containers"][0]["args"].as_array().unwrap();
+    for want in ["--node=n1=shared", "--node=n2=shared", "--poll-interval=500ms", "--requests-percent=50"] {
+        assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.as_str().unwrap().starts_with("--database-password-file")));
+    assert!(pod.get("volumes").is_none() && pod["containers"][0].get("volumeMounts").is_none());
+
+    // Missing required values fail the render with a message naming them.
+    let fails = |set: &[&str], needle: &str| {
+        let mut args: Vec<String> = ["template", "r", CHART].map(String::from).into();
+        args.extend(set.iter().flat_map(|s| ["--set".to_string(), s.to_string()]));
+        let (ok, _, stderr) = run_helm(&args);
+        assert!(!ok && stderr.contains(needle), "{set:?} should fail naming {needle}: {stderr}");
+    };
+    fails(&["bridge.enabled=true", "bridge.database.urlSecret.name=db"], "bridge.nodes");
+    fails(
+        &["bridge.enabled=true", "bridge.nodes[0].node=n1", "bridge.nodes[0].namespace=a"],
+        "bridge.database.urlSecret.name",
+    );
+    fails(&["bridge.enabled=true", "bridge.database.urlSecret.name=db", "bridge.nodes[0].node=n1"], "bridge.nodes");
+}
+
+/// May `user` do `verb` on `resource` (`group`, optional subresource) in `namespace` (None:
+/// cluster-wide)? Asked of the API server's RBAC authorizer.
+async fn allowed(
+    client: &Client,
+    (user, groups): (&str, &[String]),
+    namespace: Option<&str>,
+    verb: &str,
+    (group, resource, subresource): (&str, &str, Option<&str>),
+) -> bool {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            groups: Some(groups.to_vec()),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: namespace.map(String::from),
+                verb: Some(verb.to_string()),
+                group: Some(group.to_string()),
+                resource: Some(resource.to_string()),
+                subresource: subresource.map(String::from),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SubjectAccessReview> = Api::all(client.clone());
+    let answer = api.create(&PostParams::default(), &review).await.expect("a SubjectAccessReview");
+    answer.status.expect("the review's status").allowed
+}
+
+#[tokio::test]
+async fn bridge_install_is_accepted_and_reaches_only_its_namespaces() {
+    let ns = TestNamespace::new("chart-bridge").await;
+    let (a, b) = (TestNamespace::new("chart-bridge-a").await, TestNamespace::new("chart-bridge-b").await);
+    let release = ns.name.clone();
+    let mut values = bridge_values(&[("k8s-lab-1", &a.name), ("k8s-lab-2", &b.name)]);
+    // The operator namespace-scoped too, so the test creates nothing cluster-wide.
+    values.extend(["--set".to_string(), format!("watchNamespaces={{{}}}", ns.name)]);
+    let docs = render_with(&release, &ns.name, &values);
+    assert!(of_kind(&docs, "ClusterRole").is_empty() && of_kind(&docs, "ClusterRoleBinding").is_empty());
+
+    apply_all(&ns.client, &ns.name, &docs).await;
+    let name = format!("{release}-mw-operator-bridge");
+    let deployment = wait_available(&ns, &name).await;
+    let args = deployment.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+    assert_eq!(args[0], "bridge");
+
+    // What its identity may do, as the API server's RBAC authorizer answers.
+    let user = format!("system:serviceaccount:{}:{name}", ns.name);
+    let groups = [
+        "system:serviceaccounts".to_string(),
+        format!("system:serviceaccounts:{}", ns.name),
+        "system:authenticated".to_string(),
+    ];
+    let who = (user.as_str(), &groups[..]);
+    const MW: (&str, &str, Option<&str>) = ("opensource-server.mieweb.org", "managedworkloads", None);
+    const SECRETS: (&str, &str, Option<&str>) = ("", "secrets", None);
+    let client = &ns.client;
+    // RBAC reaches the authorizer through an informer: wait for the bindings to be seen.
+    eventually("the bridge's RoleBindings to take effect", TIMEOUT, || async {
+        for namespace in [&a.name, &b.name] {
+            for verb in ["get", "list", "watch", "create", "patch", "delete"] {
+                for what in [MW, SECRETS] {
+                    if !allowed(client, who, Some(namespace), verb, what).await {
+                        return Err(format!("{verb} {} in {namespace} is denied", what.1));
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+    .await;
+    let denied = [
+        (Some(ns.name.as_str()), "list", SECRETS),
+        (Some("default"), "get", SECRETS),
+        (None, "list", SECRETS),
+        (None, "list", MW),
+        (Some(a.name.as_str()), "patch", ("opensource-server.mieweb.org", "managedworkloads", Some("status"))),
+        (Some(a.name.as_str()), "list", ("apps", "deployments", None)),
+        (Some(b.name.as_str()), "list", ("", "pods", None)),
+    ];
+    for (namespace, verb, what) in denied {
+        assert!(
+            !allowed(client, who, namespace, verb, what).await,
+            "{verb} {what:?} in {namespace:?} should be denied"
+        );
+    }
 }

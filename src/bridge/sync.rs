@@ -289,7 +289,7 @@ impl Bridge {
             .collect();
         for key in unmapped.difference(&self.unmapped) {
             let err = RowError::UnmappedNode { node_id: key.node_id };
-            warn!(row = %key, reason = err.reason(), error = %err, "row not synced");
+            warn!(row = %key, reason = %err.reason(), error = %err, "row not synced");
             self.stats.update(|s| *s.row_errors.entry(err.reason()).or_default() += 1);
         }
         self.unmapped = unmapped;
@@ -376,7 +376,7 @@ impl Bridge {
             match outcome {
                 Outcome::Synced => {
                     if let Some(err) = t.error.take() {
-                        info!(row = %key, hostname = %t.row.hostname, was = err.reason(), "row synced again");
+                        info!(row = %key, hostname = %t.row.hostname, was = %err.reason(), "row synced again");
                     }
                     t.pending = false;
                     t.retry_at = None;
@@ -488,7 +488,7 @@ impl Bridge {
                     t.row.ipv4_address = target.ipv4_address;
                     t.row.mac_address = None;
                     if let Some(err) = t.write_back_error.take() {
-                        info!(row = %key, was = err.reason(), "write-back succeeded again");
+                        info!(row = %key, was = %err.reason(), "write-back succeeded again");
                     }
                 }
                 Err(WriteBackError::Row(err)) => {
@@ -505,7 +505,7 @@ impl Bridge {
 /// flood the log every poll.
 fn report(stats: &Stats, key: RowKey, hostname: &str, slot: &mut Option<RowError>, err: RowError) {
     if slot.as_ref() != Some(&err) {
-        warn!(row = %key, hostname, reason = err.reason(), error = %err, "row not synced");
+        warn!(row = %key, %hostname, reason = %err.reason(), error = %err, "row not synced");
         stats.update(|s| *s.row_errors.entry(err.reason()).or_default() += 1);
     }
     *slot = Some(err);

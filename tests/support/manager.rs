@@ -189,26 +189,8 @@ impl ManagerDb {
     }
 
     /// Insert a container on node `node` (by name) of site bridge-lab, as Manager's API does.
-    pub async fn insert_container(
-        &self,
-        node: &str,
-        hostname: &str,
-        template: Option<&str>,
-        env: Option<&str>,
-        entrypoint: Option<&str>,
-    ) {
-        let lit = |v: Option<&str>| v.map_or("NULL".to_string(), |s| format!("'{}'", s.replace('\'', "''")));
-        let now = now();
-        self.exec(&format!(
-            r#"INSERT INTO "Containers" ("hostname", "username", "nodeId", "siteId", "aiContainer", "template",
-                 "environmentVars", "entrypoint", "nvidiaRequested", "createdAt", "updatedAt")
-               VALUES ('{hostname}', 'tester', (SELECT "id" FROM "Nodes" WHERE "name" = '{node}'),
-                 (SELECT "id" FROM "Sites" WHERE "name" = 'bridge-lab'), 'N', {}, {}, {}, false, '{now}', '{now}')"#,
-            lit(template),
-            lit(env),
-            lit(entrypoint)
-        ))
-        .await;
+    pub async fn insert_container(&self, node: &str, hostname: &str, template: Option<&str>, env: Option<&str>) {
+        self.exec(&insert_container_sql(node, hostname, template, env)).await;
     }
 
     /// Add another Manager node of type kubernetes in site bridge-lab.
@@ -243,4 +225,76 @@ impl ManagerDb {
 /// Now, as Sequelize writes timestamps (both engines parse it).
 pub fn now() -> String {
     format!("{} +00:00", Timestamp::now().strftime("%Y-%m-%d %H:%M:%S%.3f"))
+}
+
+/// A PostgreSQL server of one test's own (hack/postgres.sh), for outages that must not hit
+/// the other tests' databases. Removed when dropped.
+pub struct OwnPgServer {
+    pub name: String,
+    pub server: PgServer,
+}
+
+fn postgres_sh(args: &[&str]) -> String {
+    let out = std::process::Command::new("bash")
+        .arg("hack/postgres.sh")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running hack/postgres.sh {args:?}: {e}"));
+    assert!(out.status.success(), "hack/postgres.sh {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl OwnPgServer {
+    pub fn start(test: &str) -> OwnPgServer {
+        let name = format!("{test}-{}", std::process::id());
+        postgres_sh(&["up", &name]);
+        let server = PgServer {
+            url: postgres_sh(&["url", &name]),
+            password_file: postgres_sh(&["password-file", &name]),
+            ca: postgres_sh(&["ca", &name]),
+        };
+        OwnPgServer { name, server }
+    }
+
+    /// Stop the server, keeping its data and port.
+    pub fn pause(&self) {
+        postgres_sh(&["pause", &self.name]);
+    }
+
+    pub fn resume(&self) {
+        postgres_sh(&["resume", &self.name]);
+    }
+}
+
+impl Drop for OwnPgServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash").args(["hack/postgres.sh", "down", &self.name]).output();
+    }
+}
+
+impl ManagerDb {
+    /// Hold SQLite's write lock for `hold` (Manager's own writers, a backup or a migration do
+    /// this), running `sql` inside the locked transaction; it commits at the end.
+    pub async fn lock_sqlite_for(&self, hold: std::time::Duration, sql: &str) {
+        let Pool::Sqlite(pool) = &self.pool else { panic!("lock_sqlite_for is for SQLite") };
+        let mut conn = pool.acquire().await.expect("a SQLite connection");
+        sqlx::raw_sql("BEGIN EXCLUSIVE").execute(&mut *conn).await.expect("taking the write lock");
+        sqlx::raw_sql(sql).execute(&mut *conn).await.unwrap_or_else(|e| panic!("running {sql}: {e}"));
+        tokio::time::sleep(hold).await;
+        sqlx::raw_sql("COMMIT").execute(&mut *conn).await.expect("releasing the write lock");
+    }
+}
+
+/// The INSERT of `ManagerDb::insert_container`, as SQL (for use inside a transaction).
+pub fn insert_container_sql(node: &str, hostname: &str, template: Option<&str>, env: Option<&str>) -> String {
+    let lit = |v: Option<&str>| v.map_or("NULL".to_string(), |s| format!("'{}'", s.replace('\'', "''")));
+    let now = now();
+    format!(
+        r#"INSERT INTO "Containers" ("hostname", "username", "nodeId", "siteId", "aiContainer", "template",
+             "environmentVars", "nvidiaRequested", "createdAt", "updatedAt")
+           VALUES ('{hostname}', 'tester', (SELECT "id" FROM "Nodes" WHERE "name" = '{node}'),
+             (SELECT "id" FROM "Sites" WHERE "name" = 'bridge-lab'), 'N', {}, {}, false, '{now}', '{now}')"#,
+        lit(template),
+        lit(env),
+    )
 }

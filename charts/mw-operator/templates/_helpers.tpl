@@ -41,3 +41,52 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/* The bridge (mw-operator bridge): its name, labels and permissions. */}}
+{{- define "mw-operator.bridgeName" -}}
+{{- printf "%s-bridge" (include "mw-operator.fullname" . | trunc 56 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* Distinct from the operator's selector labels, so neither Deployment's selector matches the other's Pods. */}}
+{{- define "mw-operator.bridgeSelectorLabels" -}}
+app.kubernetes.io/name: mw-bridge
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "mw-operator.bridgeLabels" -}}
+{{ include "mw-operator.bridgeSelectorLabels" . }}
+app.kubernetes.io/component: bridge
+app.kubernetes.io/part-of: {{ .Chart.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "mw-operator.bridgeServiceAccountName" -}}
+{{- default (include "mw-operator.bridgeName" .) .Values.bridge.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The namespaces of bridge.nodes, checked and de-duplicated, comma-separated. */}}
+{{- define "mw-operator.bridgeNamespaces" -}}
+{{- if not .Values.bridge.nodes -}}
+{{- fail "bridge.enabled: map at least one Manager node to a namespace in bridge.nodes ([{node: NAME, namespace: NAMESPACE}])" -}}
+{{- end -}}
+{{- $namespaces := list -}}
+{{- range .Values.bridge.nodes -}}
+{{- if not (and .node .namespace) -}}
+{{- fail (printf "bridge.nodes: every entry needs a node and a namespace, got %v" .) -}}
+{{- end -}}
+{{- $namespaces = append $namespaces .namespace -}}
+{{- end -}}
+{{- $namespaces | uniq | join "," -}}
+{{- end -}}
+
+{{/* The bridge's permissions, granted in each mapped namespace; the same rules as config/rbac/bridge-role.yaml (tests/chart.rs checks). */}}
+{{- define "mw-operator.bridgeRules" -}}
+- apiGroups: ["opensource-server.mieweb.org"]
+  resources: ["managedworkloads"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- end -}}
