@@ -28,7 +28,7 @@ use crate::status::{self, Blocked, Observed};
 
 /// Field manager for everything the operator applies. Stable: changing it would leave the
 /// old manager owning fields that then could never be removed.
-pub const FIELD_MANAGER: &str = "mw-operator";
+pub use crate::drift::FIELD_MANAGER;
 
 /// First retry after a failed reconcile; doubles per consecutive failure of the same object.
 const BACKOFF_BASE: Duration = Duration::from_secs(2);
