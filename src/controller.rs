@@ -188,12 +188,12 @@ impl PodIndex {
                 }
             }
             watcher::Event::Delete(pod) => {
-                if let Some(key) = Self::key(pod) {
-                    if let Some(set) = names.get_mut(&key) {
-                        set.remove(&pod.name_any());
-                        if set.is_empty() {
-                            names.remove(&key);
-                        }
+                if let Some(key) = Self::key(pod)
+                    && let Some(set) = names.get_mut(&key)
+                {
+                    set.remove(&pod.name_any());
+                    if set.is_empty() {
+                        names.remove(&key);
                     }
                 }
             }
