@@ -472,8 +472,10 @@ fn conflict(name: &str) -> Blocked {
 }
 
 /// Server-side apply of the desired Deployment. Forced once the Deployment is known to be
-/// ours (controllers own their fields); not forced when creating, so a Deployment that
-/// appeared in between conflicts (409) rather than being taken over.
+/// ours (controllers own their fields). Creating, it is neither forced nor able to touch an
+/// existing object: the resourceVersion precondition "1" matches no stored object (etcd's
+/// first write is revision 2) and is ignored when the object is created, so a Deployment
+/// that appeared since the GET answers 409 instead of being merged into.
 async fn apply(
     api: &Api<Deployment>,
     name: &str,
@@ -482,7 +484,12 @@ async fn apply(
 ) -> Result<Deployment, kube::Error> {
     let mut params = PatchParams::apply(FIELD_MANAGER);
     params.force = force;
-    api.patch(name, &params, &Patch::Apply(desired)).await
+    if force {
+        return api.patch(name, &params, &Patch::Apply(desired)).await;
+    }
+    let mut create_only = desired.clone();
+    create_only.metadata.resource_version = Some("1".into());
+    api.patch(name, &params, &Patch::Apply(&create_only)).await
 }
 
 fn is_controlled_by(deployment: &Deployment, mw: &ManagedWorkload) -> bool {
