@@ -128,6 +128,8 @@ stop_wave() {
     [ -e "$pidfile" ] || continue
     pid=$(cat "$pidfile")
     exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
+    # A binary rebuilt since it started reads "PATH (deleted)"; it is still ours.
+    exe=${exe% (deleted)}
     case "$exe" in
       "$CACHE_ROOT"/bin/*|*/mw-operator) kill -TERM "$pid" 2>/dev/null && pids+=("$name:$pid") ;;
     esac

@@ -83,10 +83,19 @@ struct PerObjectInner {
 
 /// A status write the cache may not show yet.
 struct Written {
-    /// resourceVersion of the CR the write was decided on: while the cache still holds that
-    /// version, it predates the write.
-    base: Option<String>,
+    /// resourceVersion the write produced: a cached CR older than that predates the write.
+    version: Option<String>,
     status: ManagedWorkloadStatus,
+}
+
+/// `cached` is older than `written`. resourceVersions are etcd revisions; they are compared as
+/// numbers only to order the operator's own write against its cache, and when either does not
+/// parse, only an exact match counts as caught up.
+fn older(cached: Option<&str>, written: Option<&str>) -> bool {
+    match (cached.and_then(|c| c.parse::<u64>().ok()), written.and_then(|w| w.parse::<u64>().ok())) {
+        (Some(c), Some(w)) => c < w,
+        _ => cached != written,
+    }
 }
 
 impl PerObject {
@@ -117,12 +126,12 @@ impl PerObject {
     }
 
     /// The status the CR has as far as the operator knows: the one it last wrote while the
-    /// cached CR is still the version that write was based on, else the cached one.
+    /// cached CR predates that write, else the cached one.
     fn previous_status(&self, mw: &ManagedWorkload) -> Option<ManagedWorkloadStatus> {
         let uid = mw.uid()?;
         let mut inner = self.lock();
         match inner.written.get(&uid) {
-            Some(w) if w.base == mw.resource_version() => Some(w.status.clone()),
+            Some(w) if older(mw.metadata.resource_version.as_deref(), w.version.as_deref()) => Some(w.status.clone()),
             Some(_) => {
                 inner.written.remove(&uid);
                 mw.status.clone()
@@ -131,9 +140,9 @@ impl PerObject {
         }
     }
 
-    fn wrote(&self, mw: &ManagedWorkload, status: ManagedWorkloadStatus) {
+    fn wrote(&self, mw: &ManagedWorkload, version: Option<String>, status: ManagedWorkloadStatus) {
         if let Some(uid) = mw.uid() {
-            self.lock().written.insert(uid, Written { base: mw.resource_version(), status });
+            self.lock().written.insert(uid, Written { version, status });
         }
     }
 
@@ -416,11 +425,12 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
                 }
                 Some(applied)
             }
-            // Creation is not forced: a Deployment that appeared since the GET belongs to
-            // someone else and conflicts instead of being merged into.
+            // Creation is not forced: a Deployment that appeared since the GET conflicts
+            // instead of being merged into. Whose it is, the next reconcile tells (soon: a
+            // blocked workload is rechecked within seconds).
             Err(kube::Error::Api(status)) if status.code == 409 && live.is_none() => {
-                blocked = Some(conflict(name));
-                None
+                info!("a Deployment appeared while creating it; rechecking");
+                return Ok(Action::requeue(Duration::from_secs(1)));
             }
             Err(kube::Error::Api(status)) if status.code == 400 || status.code == 422 => {
                 // The API server refused the Deployment built from this spec: a spec change
@@ -450,8 +460,8 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     let status = status::derive(&known, &observed, &now);
 
     if known.status.as_ref() != Some(&status) {
-        write_status(ctx, namespace, name, &status).await?;
-        ctx.objects.wrote(mw, status.clone());
+        let version = write_status(ctx, namespace, name, &status).await?;
+        ctx.objects.wrote(mw, version, status.clone());
         announce_phase_change(ctx, &known, &status).await;
     }
     let revisit = status::revisit_after(&known, &observed, &now);
@@ -497,7 +507,13 @@ fn is_controlled_by(deployment: &Deployment, mw: &ManagedWorkload) -> bool {
     deployment.owner_references().iter().any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
 }
 
-async fn write_status(ctx: &Context, namespace: &str, name: &str, status: &ManagedWorkloadStatus) -> Result<(), Error> {
+/// Returns the resourceVersion the write produced.
+async fn write_status(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    status: &ManagedWorkloadStatus,
+) -> Result<Option<String>, Error> {
     let api: Api<ManagedWorkload> = Api::namespaced(ctx.client.clone(), namespace);
     // Server-side apply: fields we stop setting (a pod IP that is gone) are removed, and no
     // resourceVersion is needed, so there are no 409 conflicts with spec writers.
@@ -506,11 +522,12 @@ async fn write_status(ctx: &Context, namespace: &str, name: &str, status: &Manag
         "kind": ManagedWorkload::kind(&()),
         "status": status,
     });
-    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+    let written = api
+        .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
         .map_err(|source| Error::WriteStatus { namespace: namespace.into(), name: name.into(), source })?;
     debug!(phase = ?status.phase, "status written");
-    Ok(())
+    Ok(written.metadata.resource_version)
 }
 
 async fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {
@@ -633,12 +650,17 @@ mod tests {
         let objects = PerObject::default();
         let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
         let written = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
-        objects.wrote(&mw, written.clone());
-        assert_eq!(objects.previous_status(&mw), Some(written), "the cache still holds version 10");
+        objects.wrote(&mw, Some("12".into()), written.clone());
+        assert_eq!(objects.previous_status(&mw), Some(written.clone()), "the cache still holds version 10");
+        let mut between = mw.clone();
+        between.metadata.resource_version = Some("11".into());
+        assert_eq!(objects.previous_status(&between), Some(written), "version 11 (a spec change) predates it too");
         let mut caught_up = mw.clone();
-        caught_up.metadata.resource_version = Some("11".into());
-        assert_eq!(objects.previous_status(&caught_up), None, "the cache's own status once it moved on");
+        caught_up.metadata.resource_version = Some("12".into());
+        assert_eq!(objects.previous_status(&caught_up), None, "the cache's own status once it has the write");
         assert_eq!(objects.len(), (0, 0));
+        assert!(older(Some("9"), Some("10")) && !older(Some("10"), Some("10")) && !older(Some("11"), Some("10")));
+        assert!(older(Some("x"), Some("y")) && !older(Some("y"), Some("y")), "opaque versions: only equality");
     }
 
     #[test]
@@ -647,7 +669,7 @@ mod tests {
         for uid in ["u1", "u2", "u3"] {
             objects.failed(Some(uid.into()));
             let Ok(mw) = workload(uid, "1").0 else { unreachable!() };
-            objects.wrote(&mw, Default::default());
+            objects.wrote(&mw, Some("2".into()), Default::default());
         }
         objects.observe(&watcher::Event::Delete(workload("u1", "2")));
         assert_eq!(objects.len(), (2, 2));

@@ -66,12 +66,15 @@ pub fn owned_fields(live: &Deployment) -> Option<&Value> {
 /// `v:<json>` for set entries, `.` for the entry itself) contains every field of `want`.
 fn covers(fields: &Value, want: &Value) -> bool {
     let Value::Object(set) = fields else { return false };
+    // A member with no children is owned as a whole: a leaf, or an atomic struct or list
+    // (a LabelSelector, an ownerReference, `command`).
+    if set.is_empty() {
+        return true;
+    }
     match want {
         Value::Object(map) => {
             map.iter().all(|(name, value)| set.get(&format!("f:{name}")).is_some_and(|child| covers(child, value)))
         }
-        // An atomic list is owned as a whole: its field has no children.
-        Value::Array(_) if set.keys().all(|k| k == ".") => true,
         Value::Array(items) => items.iter().all(|item| match item {
             Value::Object(entry) => keyed_entry(set, entry).is_some_and(|child| covers(child, item)),
             scalar => set.contains_key(&format!("v:{scalar}")),
@@ -123,11 +126,12 @@ mod tests {
         mw
     }
 
-    /// The FieldsV1 set server-side apply records for an applied object: `f:` per field,
-    /// `k:` per keyed list entry (the keys of the Deployment lists the operator sets),
-    /// atomic lists as a leaf.
+    /// The FieldsV1 set server-side apply records for an applied object, as the API server
+    /// wrote it for a real Deployment: `f:` per field, `k:` per keyed list entry, atomic
+    /// lists and structs (the selector, each ownerReference) as a leaf.
     fn field_set(value: &Value, field: &str) -> Value {
         match value {
+            _ if field == "selector" => Value::Object(Map::new()),
             Value::Object(map) => {
                 let mut set = Map::new();
                 for (k, v) in map {
@@ -145,8 +149,11 @@ mod tests {
                 let mut set = Map::new();
                 for item in items {
                     let key: Map<String, Value> = keys.iter().map(|k| (k.to_string(), item[*k].clone())).collect();
-                    let mut entry = field_set(item, "").as_object().cloned().unwrap_or_default();
-                    entry.insert(".".into(), Value::Object(Map::new()));
+                    let mut entry = Map::new();
+                    if field != "ownerReferences" {
+                        entry = field_set(item, "").as_object().cloned().unwrap_or_default();
+                        entry.insert(".".into(), Value::Object(Map::new()));
+                    }
                     set.insert(format!("k:{}", Value::Object(key)), Value::Object(entry));
                 }
                 Value::Object(set)
