@@ -204,38 +204,6 @@ async fn alternating_image_pull_errors_write_nothing() {
     failure_cycle_writes_nothing("kwok.example/err-image-pull", "ImagePullBackOff", reason, 2).await;
 }
 
-#[tokio::test]
-async fn a_workload_blocked_by_a_foreign_deployment_recovers_when_it_goes() {
-    let ns = TestNamespace::new("unblocked").await;
-    let workloads = ns.api::<ManagedWorkload>();
-    let deployments = ns.api::<Deployment>();
-    let theirs: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {
-            "selector": {"matchLabels": {"app": "theirs"}},
-            "template": {"metadata": {"labels": {"app": "theirs"}}, "spec": {"containers": [{"name": "c", "image": "redis:7"}]}}
-        }
-    }))
-    .unwrap();
-    deployments.create(&PostParams::default(), &theirs).await.unwrap();
-    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
-    let mw = wait_condition(&workloads, "web", "Stalled", "True").await;
-    assert_eq!(condition(&mw, "Stalled").reason, "DeploymentConflict");
-
-    deployments.delete("web", &DeleteParams::foreground()).await.unwrap();
-    // Far sooner than the 10-minute resync.
-    let started = std::time::Instant::now();
-    let recovered = wait_until(&workloads, "web", "Running after the conflict went", Duration::from_secs(30), |mw| {
-        mw.is_some_and(|mw| support::workload::condition_current(mw, "Ready", "True"))
-    })
-    .await
-    .unwrap();
-    eprintln!("recovered {:?} after the foreign Deployment's deletion", started.elapsed());
-    assert_eq!(recovered.status.unwrap().phase, Some(Phase::Running));
-    let d = deployments.get("web").await.unwrap();
-    assert_eq!(d.owner_references()[0].uid, mw.uid().unwrap(), "now the workload's own Deployment");
-}
-
 /// A ValidatingAdmissionPolicy that refuses Deployments running `image` in `namespace`, bound
 /// for the life of the returned guard's namespace.
 async fn refuse_image(client: &kube::Client, namespace: &str, image: &str) -> (String, String) {
