@@ -1,7 +1,7 @@
 //! The reconcile loop: I/O only. What the Deployment should be comes from `desired`, whether
 //! it already is from `drift`, and what the status says from `status`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use crate::status::{self, Blocked, Observed};
 
 /// Field manager for everything the operator applies. Stable: changing it would leave the
 /// old manager owning fields that then could never be removed.
-pub const FIELD_MANAGER: &str = "mw-operator";
+pub use crate::drift::FIELD_MANAGER;
 
 /// First retry after a failed reconcile; doubles per consecutive failure of the same object.
 const BACKOFF_BASE: Duration = Duration::from_secs(2);
@@ -36,6 +36,13 @@ const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Steady-state resync. Watches deliver every change; this only bounds how long a missed
 /// event could go unnoticed. It costs reads from the local cache, never a write.
 const RESYNC: Duration = Duration::from_secs(600);
+/// Recheck of a workload blocked by a Deployment it does not control. That Deployment is
+/// outside the operator's label-selected watch, so nothing announces its deletion; a GET
+/// every few seconds lets the workload recover within seconds of the cause going away.
+const CONFLICT_RECHECK: Duration = Duration::from_secs(5);
+/// Retry of a Deployment the API server rejected. A spec change retries at once (it is a new
+/// generation); this catches causes outside the spec (an admission policy, a webhook).
+const REJECTED_RECHECK: Duration = Duration::from_secs(10);
 
 /// What to watch and how hard to work.
 #[derive(Clone, Debug)]
@@ -51,9 +58,176 @@ pub struct Context {
     client: Client,
     deployments: Store<Deployment>,
     pods: Store<Pod>,
+    /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.
+    pod_index: Arc<PodIndex>,
     recorder: Recorder,
-    /// Consecutive failures per object UID, for exponential backoff; cleared on success.
-    failures: Mutex<HashMap<String, u32>>,
+    /// Per-workload memory, dropped when the workload goes.
+    objects: Arc<PerObject>,
+}
+
+/// What the operator remembers per ManagedWorkload UID between reconciles.
+#[derive(Default)]
+struct PerObject {
+    inner: Mutex<PerObjectInner>,
+}
+
+#[derive(Default)]
+struct PerObjectInner {
+    /// Consecutive failures, for exponential backoff; cleared on success.
+    failures: HashMap<String, u32>,
+    /// The status last written, until the cache has caught up with it.
+    written: HashMap<String, Written>,
+    /// UIDs listed since the watch (re)started its initial list.
+    listing: Option<HashSet<String>>,
+}
+
+/// A status write the cache may not show yet.
+struct Written {
+    /// resourceVersion the write produced: a cached CR older than that predates the write.
+    version: Option<String>,
+    status: ManagedWorkloadStatus,
+}
+
+/// `cached` is older than `written`. resourceVersions are etcd revisions; they are compared as
+/// numbers only to order the operator's own write against its cache, and when either does not
+/// parse, only an exact match counts as caught up.
+fn older(cached: Option<&str>, written: Option<&str>) -> bool {
+    match (cached.and_then(|c| c.parse::<u64>().ok()), written.and_then(|w| w.parse::<u64>().ok())) {
+        (Some(c), Some(w)) => c < w,
+        _ => cached != written,
+    }
+}
+
+impl PerObject {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PerObjectInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keep the map in step with the CR watch: forget deleted workloads, and after a re-list
+    /// (a watch gap may hide deletions) every workload that is no longer listed.
+    fn observe(&self, event: &watcher::Event<Workload>) {
+        let mut inner = self.lock();
+        match event {
+            watcher::Event::Delete(mw) => inner.forget(mw.uid().as_deref()),
+            watcher::Event::Init => inner.listing = Some(HashSet::new()),
+            watcher::Event::InitApply(mw) => {
+                if let (Some(listing), Some(uid)) = (inner.listing.as_mut(), mw.uid()) {
+                    listing.insert(uid);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = inner.listing.take() {
+                    inner.failures.retain(|uid, _| listed.contains(uid));
+                    inner.written.retain(|uid, _| listed.contains(uid));
+                }
+            }
+            watcher::Event::Apply(_) => {}
+        }
+    }
+
+    /// The status the CR has as far as the operator knows: the one it last wrote while the
+    /// cached CR predates that write, else the cached one.
+    fn previous_status(&self, mw: &ManagedWorkload) -> Option<ManagedWorkloadStatus> {
+        let uid = mw.uid()?;
+        let mut inner = self.lock();
+        match inner.written.get(&uid) {
+            Some(w) if older(mw.metadata.resource_version.as_deref(), w.version.as_deref()) => Some(w.status.clone()),
+            Some(_) => {
+                inner.written.remove(&uid);
+                mw.status.clone()
+            }
+            None => mw.status.clone(),
+        }
+    }
+
+    fn wrote(&self, mw: &ManagedWorkload, version: Option<String>, status: ManagedWorkloadStatus) {
+        if let Some(uid) = mw.uid() {
+            self.lock().written.insert(uid, Written { version, status });
+        }
+    }
+
+    fn failed(&self, uid: Option<String>) -> u32 {
+        let mut inner = self.lock();
+        let n = inner.failures.entry(uid.unwrap_or_default()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    fn succeeded(&self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.lock().failures.remove(uid);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> (usize, usize) {
+        let inner = self.lock();
+        (inner.failures.len(), inner.written.len())
+    }
+}
+
+impl PerObjectInner {
+    fn forget(&mut self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.failures.remove(uid);
+            self.written.remove(uid);
+        }
+    }
+}
+
+/// Names of the managed Pods per (namespace, workload), from the Pod watch. A superset: a
+/// name whose Pod is gone or relabelled is skipped and dropped when looked up, so a watch gap
+/// that hides a deletion costs nothing but a stale name until the next look-up.
+#[derive(Default)]
+struct PodIndex {
+    names: Mutex<HashMap<(String, String), BTreeSet<String>>>,
+}
+
+impl PodIndex {
+    fn key(pod: &Pod) -> Option<(String, String)> {
+        Some((pod.namespace()?, pod.labels().get(INSTANCE_LABEL)?.clone()))
+    }
+
+    fn observe(&self, event: &watcher::Event<Pod>) {
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                if let Some(key) = Self::key(pod) {
+                    names.entry(key).or_default().insert(pod.name_any());
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some(key) = Self::key(pod)
+                    && let Some(set) = names.get_mut(&key)
+                {
+                    set.remove(&pod.name_any());
+                    if set.is_empty() {
+                        names.remove(&key);
+                    }
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+
+    /// The workload's Pods from `store`, in name order (so an unchanged world reads the same).
+    fn pods(&self, store: &Store<Pod>, namespace: &str, workload: &str) -> Vec<Arc<Pod>> {
+        let key = (namespace.to_string(), workload.to_string());
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(set) = names.get_mut(&key) else { return Vec::new() };
+        let mut pods = Vec::with_capacity(set.len());
+        set.retain(|name| match store.get(&ObjectRef::new(name).within(namespace)) {
+            Some(pod) if Self::key(&pod).as_ref() == Some(&key) => {
+                pods.push(pod);
+                true
+            }
+            _ => false,
+        });
+        if set.is_empty() {
+            names.remove(&key);
+        }
+        pods
+    }
 }
 
 /// Run the controller until SIGTERM/SIGINT.
@@ -106,20 +280,32 @@ async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) 
     let ns = namespace.as_deref();
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
 
+    // Of the managedFields, only the operator's own apply record is kept: it is how drift is
+    // told from server-side normalisation (see drift.rs). The rest would only cost memory.
     let (deployments, writer) = reflector::store();
     let deployment_events = watcher(api::<Deployment>(&client, ns), managed.clone())
         .default_backoff()
-        .modify(|d| d.managed_fields_mut().clear())
+        .modify(|d| {
+            d.managed_fields_mut()
+                .retain(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply"))
+        })
         .reflect(writer)
         .touched_objects();
 
     // Only metadata and status of Pods are read; dropping the spec keeps the cache small.
     let (pods, writer) = reflector::store();
+    let pod_index = Arc::new(PodIndex::default());
+    let indexer = pod_index.clone();
     let pod_events = watcher(api::<Pod>(&client, ns), managed)
         .default_backoff()
         .modify(|p| {
             p.managed_fields_mut().clear();
             p.spec = None;
+        })
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                indexer.observe(event);
+            }
         })
         .reflect(writer)
         .touched_objects();
@@ -128,9 +314,16 @@ async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) 
     // as reconciles. DeserializeGuard: one object the operator cannot parse (say, stored under
     // an older schema) is reported on its own instead of failing the whole watch.
     let (workloads, writer) = reflector::store();
+    let objects = Arc::new(PerObject::default());
+    let pruner = objects.clone();
     let workload_events = watcher(api::<Workload>(&client, ns), watcher::Config::default().any_semantic())
         .default_backoff()
         .modify(|mw| mw.managed_fields_mut().clear())
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                pruner.observe(event);
+            }
+        })
         .reflect(writer)
         .applied_objects()
         .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
@@ -141,7 +334,8 @@ async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) 
         client,
         deployments,
         pods,
-        failures: Mutex::default(),
+        pod_index,
+        objects,
     });
 
     Controller::for_stream(workload_events, workloads)
@@ -177,8 +371,8 @@ async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Er
         Err(invalid) => return report_invalid(&ctx, &guard, invalid).instrument(span).await,
     };
     let result = reconcile_one(mw, &ctx, &namespace, &name).instrument(span).await;
-    if let (Ok(_), Some(uid)) = (&result, mw.uid()) {
-        ctx.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid);
+    if result.is_ok() {
+        ctx.objects.succeeded(mw.uid().as_deref());
     }
     result
 }
@@ -192,6 +386,12 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     let Some(desired) = desired::deployment(mw) else {
         return Ok(Action::await_change());
     };
+    // The decision reads both caches: a reconcile before they are filled would take "not in
+    // the cache" for "absent" (and, after a restart, report Running workloads as Creating).
+    // Only the first reconciles wait; afterwards these return at once.
+    if ctx.deployments.wait_until_ready().await.is_err() || ctx.pods.wait_until_ready().await.is_err() {
+        return Err(Error::CacheClosed);
+    }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
 
     let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| (*d).clone());
@@ -209,17 +409,11 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     let mut blocked = None;
     let observed_deployment = match live {
         Some(live) if !is_controlled_by(&live, mw) => {
-            blocked = Some(Blocked {
-                reason: "DeploymentConflict",
-                message: format!(
-                    "a Deployment named {name} already exists and is not controlled by this ManagedWorkload; \
-                     delete or rename it, or rename the ManagedWorkload"
-                ),
-            });
+            blocked = Some(conflict(name));
             None
         }
         Some(live) if drift::up_to_date(&desired, &live) => Some(live),
-        live => match apply(&deployments, name, &desired).await {
+        live => match apply(&deployments, name, &desired, live.is_some()).await {
             Ok(applied) => {
                 let verb = if live.is_some() { "updated" } else { "created" };
                 info!(verb, "applied Deployment");
@@ -231,10 +425,17 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
                 }
                 Some(applied)
             }
+            // Creation is not forced: a Deployment that appeared since the GET conflicts
+            // instead of being merged into. Whose it is, the next reconcile tells (soon: a
+            // blocked workload is rechecked within seconds).
+            Err(kube::Error::Api(status)) if status.code == 409 && live.is_none() => {
+                info!("a Deployment appeared while creating it; rechecking");
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
             Err(kube::Error::Api(status)) if status.code == 400 || status.code == 422 => {
-                // The API server refused the Deployment built from this spec: only a spec
-                // change can fix that, so report it instead of retrying.
-                blocked = Some(Blocked { reason: "DeploymentRejected", message: status.message });
+                // The API server refused the Deployment built from this spec: a spec change
+                // retries at once; other causes are rechecked below.
+                blocked = Some(Blocked { reason: REJECTED, message: status.message });
                 live
             }
             Err(source) => {
@@ -243,29 +444,62 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         },
     };
 
-    let pods: Vec<Arc<Pod>> = ctx
-        .pods
-        .state()
-        .into_iter()
-        .filter(|p| {
-            p.namespace().as_deref() == Some(namespace)
-                && p.labels().get(INSTANCE_LABEL).map(String::as_str) == Some(name)
-        })
-        .collect();
+    let pods = ctx.pod_index.pods(&ctx.pods, namespace, name);
+    let recheck = match &blocked {
+        Some(b) if b.reason == REJECTED => Some(REJECTED_RECHECK),
+        Some(_) => Some(CONFLICT_RECHECK),
+        None => None,
+    };
     let observed =
         Observed { deployment: observed_deployment.as_ref(), pods: pods.iter().map(AsRef::as_ref).collect(), blocked };
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
-    let status = status::derive(mw, &observed, &now);
+    // Compared with what the operator last wrote, not only with the cache, which may not
+    // hold that write yet: a stale cache would mean a duplicate write and phase Event.
+    let mut known = mw.clone();
+    known.status = ctx.objects.previous_status(mw);
+    let status = status::derive(&known, &observed, &now);
 
-    if mw.status.as_ref() != Some(&status) {
-        write_status(ctx, namespace, name, &status).await?;
-        announce_phase_change(ctx, mw, &status).await;
+    if known.status.as_ref() != Some(&status) {
+        let version = write_status(ctx, namespace, name, &status).await?;
+        ctx.objects.wrote(mw, version, status.clone());
+        announce_phase_change(ctx, &known, &status).await;
     }
-    Ok(Action::requeue(RESYNC))
+    let revisit = status::revisit_after(&known, &observed, &now);
+    Ok(Action::requeue([Some(RESYNC), recheck, revisit].into_iter().flatten().min().unwrap_or(RESYNC)))
 }
 
-async fn apply(api: &Api<Deployment>, name: &str, desired: &Deployment) -> Result<Deployment, kube::Error> {
-    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(desired)).await
+/// Reason reported when the API server refuses the Deployment built from the spec.
+const REJECTED: &str = "DeploymentRejected";
+
+fn conflict(name: &str) -> Blocked {
+    Blocked {
+        reason: "DeploymentConflict",
+        message: format!(
+            "a Deployment named {name} already exists and is not controlled by this ManagedWorkload; \
+             delete or rename it, or rename the ManagedWorkload"
+        ),
+    }
+}
+
+/// Server-side apply of the desired Deployment. Forced once the Deployment is known to be
+/// ours (controllers own their fields). Creating, it is neither forced nor able to touch an
+/// existing object: the resourceVersion precondition "1" matches no stored object (etcd's
+/// first write is revision 2) and is ignored when the object is created, so a Deployment
+/// that appeared since the GET answers 409 instead of being merged into.
+async fn apply(
+    api: &Api<Deployment>,
+    name: &str,
+    desired: &Deployment,
+    force: bool,
+) -> Result<Deployment, kube::Error> {
+    let mut params = PatchParams::apply(FIELD_MANAGER);
+    params.force = force;
+    if force {
+        return api.patch(name, &params, &Patch::Apply(desired)).await;
+    }
+    let mut create_only = desired.clone();
+    create_only.metadata.resource_version = Some("1".into());
+    api.patch(name, &params, &Patch::Apply(&create_only)).await
 }
 
 fn is_controlled_by(deployment: &Deployment, mw: &ManagedWorkload) -> bool {
@@ -273,7 +507,13 @@ fn is_controlled_by(deployment: &Deployment, mw: &ManagedWorkload) -> bool {
     deployment.owner_references().iter().any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
 }
 
-async fn write_status(ctx: &Context, namespace: &str, name: &str, status: &ManagedWorkloadStatus) -> Result<(), Error> {
+/// Returns the resourceVersion the write produced.
+async fn write_status(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    status: &ManagedWorkloadStatus,
+) -> Result<Option<String>, Error> {
     let api: Api<ManagedWorkload> = Api::namespaced(ctx.client.clone(), namespace);
     // Server-side apply: fields we stop setting (a pod IP that is gone) are removed, and no
     // resourceVersion is needed, so there are no 409 conflicts with spec writers.
@@ -282,11 +522,12 @@ async fn write_status(ctx: &Context, namespace: &str, name: &str, status: &Manag
         "kind": ManagedWorkload::kind(&()),
         "status": status,
     });
-    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+    let written = api
+        .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
         .map_err(|source| Error::WriteStatus { namespace: namespace.into(), name: name.into(), source })?;
     debug!(phase = ?status.phase, "status written");
-    Ok(())
+    Ok(written.metadata.resource_version)
 }
 
 async fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {
@@ -331,12 +572,7 @@ async fn report_invalid(ctx: &Context, guard: &Workload, invalid: &InvalidObject
 }
 
 fn error_policy(mw: Arc<Workload>, err: &Error, ctx: Arc<Context>) -> Action {
-    let failures = {
-        let mut map = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let n = map.entry(mw.uid().unwrap_or_default()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    };
+    let failures = ctx.objects.failed(mw.uid());
     let delay = backoff(failures);
     warn!(namespace = mw.namespace().as_deref(), name = %mw.name_any(), error = %err, kind = err.kind(), failures, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
@@ -351,6 +587,100 @@ fn backoff(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::runtime::reflector::store::Writer;
+
+    fn pod(namespace: &str, name: &str, instance: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some(namespace.into());
+        p.metadata.name = Some(name.into());
+        p.metadata.labels = Some([(INSTANCE_LABEL.to_string(), instance.to_string())].into());
+        p
+    }
+
+    #[test]
+    fn pods_are_found_per_workload_and_forgotten_when_gone() {
+        let index = PodIndex::default();
+        let mut writer: Writer<Pod> = Writer::default();
+        let store = writer.as_reader();
+        let events = [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod("a", "web-2", "web")),
+            watcher::Event::InitApply(pod("a", "web-1", "web")),
+            watcher::Event::InitApply(pod("a", "db-1", "db")),
+            watcher::Event::InitApply(pod("b", "web-1", "web")),
+            watcher::Event::InitDone,
+        ];
+        for e in &events {
+            index.observe(e);
+            writer.apply_watcher_event(e);
+        }
+        let names = |ns, w| index.pods(&store, ns, w).iter().map(|p| p.name_any()).collect::<Vec<_>>();
+        assert_eq!(names("a", "web"), ["web-1", "web-2"], "name order, this namespace only");
+        assert_eq!(names("b", "web"), ["web-1"]);
+
+        let gone = watcher::Event::Delete(pod("a", "web-1", "web"));
+        index.observe(&gone);
+        writer.apply_watcher_event(&gone);
+        assert_eq!(names("a", "web"), ["web-2"]);
+
+        // Relabelled to another workload: found there, not here.
+        let moved = watcher::Event::Apply(pod("a", "web-2", "db"));
+        index.observe(&moved);
+        writer.apply_watcher_event(&moved);
+        assert_eq!(names("a", "web"), Vec::<String>::new());
+        assert_eq!(names("a", "db"), ["db-1", "web-2"]);
+        // A deletion the watch never delivered (a gap, then a re-list without it).
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(pod("a", "db-1", "db")));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert_eq!(names("a", "db"), ["db-1"]);
+        let entries = index.names.lock().unwrap();
+        assert_eq!(entries.len(), 2, "emptied keys are dropped: {:?}", entries.keys());
+    }
+
+    fn workload(uid: &str, rv: &str) -> Workload {
+        let mut mw = ManagedWorkload::new("web", Default::default());
+        mw.metadata.uid = Some(uid.into());
+        mw.metadata.resource_version = Some(rv.into());
+        DeserializeGuard(Ok(mw))
+    }
+
+    #[test]
+    fn the_last_written_status_counts_until_the_cache_moves_past_it() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
+        let written = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
+        objects.wrote(&mw, Some("12".into()), written.clone());
+        assert_eq!(objects.previous_status(&mw), Some(written.clone()), "the cache still holds version 10");
+        let mut between = mw.clone();
+        between.metadata.resource_version = Some("11".into());
+        assert_eq!(objects.previous_status(&between), Some(written), "version 11 (a spec change) predates it too");
+        let mut caught_up = mw.clone();
+        caught_up.metadata.resource_version = Some("12".into());
+        assert_eq!(objects.previous_status(&caught_up), None, "the cache's own status once it has the write");
+        assert_eq!(objects.len(), (0, 0));
+        assert!(older(Some("9"), Some("10")) && !older(Some("10"), Some("10")) && !older(Some("11"), Some("10")));
+        assert!(older(Some("x"), Some("y")) && !older(Some("y"), Some("y")), "opaque versions: only equality");
+    }
+
+    #[test]
+    fn per_object_state_goes_with_the_object() {
+        let objects = PerObject::default();
+        for uid in ["u1", "u2", "u3"] {
+            objects.failed(Some(uid.into()));
+            let Ok(mw) = workload(uid, "1").0 else { unreachable!() };
+            objects.wrote(&mw, Some("2".into()), Default::default());
+        }
+        objects.observe(&watcher::Event::Delete(workload("u1", "2")));
+        assert_eq!(objects.len(), (2, 2));
+        // A re-list after a watch gap that hid u2's deletion.
+        objects.observe(&watcher::Event::Init);
+        objects.observe(&watcher::Event::InitApply(workload("u3", "1")));
+        objects.observe(&watcher::Event::InitDone);
+        assert_eq!(objects.len(), (1, 1));
+        objects.succeeded(Some("u3"));
+        assert_eq!(objects.len(), (0, 1));
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

@@ -162,7 +162,9 @@ fn non_empty(list: &[String]) -> Option<Vec<String>> {
 fn env_var(var: &crate::resource::EnvVar) -> EnvVar {
     EnvVar {
         name: var.name.clone(),
-        value: var.value.clone(),
+        // The API server drops an empty value (`value: ""` means unset to a Pod anyway);
+        // sending it would make the stored object differ from the applied one.
+        value: var.value.clone().filter(|v| !v.is_empty()),
         value_from: var.value_from.as_ref().map(|from| EnvVarSource {
             secret_key_ref: from.secret_key_ref.as_ref().map(|r| SecretKeySelector {
                 name: r.name.clone(),
@@ -194,6 +196,11 @@ pub fn fingerprint(value: &impl serde::Serialize) -> String {
     let bytes = serde_json::to_vec(value).unwrap_or_default();
     let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
     format!("{hash:016x}")
+}
+
+/// The fingerprint of the desired object a Deployment was applied from.
+pub fn applied_hash(deployment: &Deployment) -> Option<&str> {
+    deployment.metadata.annotations.as_ref()?.get(APPLIED_HASH_ANNOTATION).map(String::as_str)
 }
 
 /// The template hash the desired Deployment carries, for comparing against Pods.

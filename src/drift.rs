@@ -3,123 +3,113 @@
 //!
 //! Two checks, both pure:
 //! - the live object carries the fingerprint of the desired object (catches every change of
-//!   ours, including removed fields, which a subset check cannot see);
-//! - every field we set has the same value live (catches hand edits: `kubectl scale`,
-//!   `kubectl set image`, edited labels). Fields the API server defaulted or another manager
-//!   added are ignored: re-applying would not change them.
+//!   ours, including removed fields);
+//! - the operator's field manager still owns every field it sets, by the Deployment's own
+//!   server-side apply record (`metadata.managedFields`). Another writer who changes a field
+//!   the operator owns (`kubectl scale`, `kubectl set image`, an edited label) takes that
+//!   field over, so losing one is exactly "someone changed what we set". Values the API
+//!   server normalises (quantities, defaults, empty strings) and list entries that other
+//!   managers add (`kubectl set env`, a mutating webhook) change no ownership of ours, so they
+//!   are not drift: re-applying could not change them anyway.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use crate::desired::APPLIED_HASH_ANNOTATION;
+use crate::desired::applied_hash;
+
+/// The field manager whose ownership is checked (the operator's).
+pub const FIELD_MANAGER: &str = "mw-operator";
 
 /// True when applying `desired` would change nothing on `live`.
 pub fn up_to_date(desired: &Deployment, live: &Deployment) -> bool {
-    let annotation =
-        |d: &Deployment| d.metadata.annotations.as_ref().and_then(|a| a.get(APPLIED_HASH_ANNOTATION)).cloned();
-    if annotation(desired).is_none() || annotation(desired) != annotation(live) {
-        return false;
-    }
-    match (serde_json::to_value(desired), serde_json::to_value(live)) {
-        (Ok(mut d), Ok(l)) => {
-            // Status is not ours, and kind/apiVersion are the same type by construction.
-            if let Value::Object(map) = &mut d {
-                map.remove("status");
-            }
-            contains(&d, &l, false)
-        }
-        _ => false,
-    }
+    same_desired(desired, live) && owns_everything(desired, live)
 }
 
 /// `live` was last applied from exactly this desired object, so any difference between them is
 /// someone else's edit (drift) rather than a change of the workload's spec.
 pub fn same_desired(desired: &Deployment, live: &Deployment) -> bool {
-    let fingerprint = |d: &Deployment| d.metadata.annotations.as_ref()?.get(APPLIED_HASH_ANNOTATION).cloned();
-    fingerprint(desired).is_some() && fingerprint(desired) == fingerprint(live)
+    applied_hash(desired).is_some() && applied_hash(desired) == applied_hash(live)
 }
 
-/// `want` is contained in `have`: objects key by key (extra keys in `have` allowed), arrays
-/// element by element with equal length, scalars equal. `resource_list` marks the value of a
-/// `requests`/`limits` key, whose quantities the API server rewrites (`1000m` becomes `1`).
-fn contains(want: &Value, have: &Value, resource_list: bool) -> bool {
-    match (want, have) {
-        (Value::Object(w), Value::Object(h)) if resource_list => w.iter().all(|(k, wv)| {
-            h.get(k).is_some_and(|hv| match (wv, hv) {
-                (Value::String(a), Value::String(b)) => a == b || quantity_eq(a, b),
-                _ => wv == hv,
-            })
-        }),
-        (Value::Object(w), Value::Object(h)) => {
-            w.iter().all(|(k, wv)| h.get(k).is_some_and(|hv| contains(wv, hv, k == "requests" || k == "limits")))
+/// The operator's `Apply` entry in `live`'s managedFields still covers every field `desired`
+/// sets.
+fn owns_everything(desired: &Deployment, live: &Deployment) -> bool {
+    let Some(owned) = owned_fields(live) else { return false };
+    let Ok(mut want) = serde_json::to_value(desired) else { return false };
+    if let Value::Object(map) = &mut want {
+        // Never part of a field set: the type, the identity, and status (reset on apply).
+        for key in ["apiVersion", "kind", "status"] {
+            map.remove(key);
         }
-        (Value::Array(w), Value::Array(h)) => w.len() == h.len() && w.iter().zip(h).all(|(a, b)| contains(a, b, false)),
-        _ => want == have,
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            for key in ["name", "namespace"] {
+                meta.remove(key);
+            }
+        }
+    }
+    covers(owned, &want)
+}
+
+/// The fields the operator's field manager owns through server-side apply (the main resource,
+/// not a subresource).
+pub fn owned_fields(live: &Deployment) -> Option<&Value> {
+    let entries = live.metadata.managed_fields.as_ref()?;
+    let entry = entries.iter().find(|m| {
+        m.manager.as_deref() == Some(FIELD_MANAGER)
+            && m.operation.as_deref() == Some("Apply")
+            && m.subresource.as_deref().is_none_or(str::is_empty)
+    })?;
+    entry.fields_v1.as_ref().map(|f| &f.0)
+}
+
+/// `fields` (a FieldsV1 set: `f:<name>` for fields, `k:<json>` for keyed list entries,
+/// `v:<json>` for set entries, `.` for the entry itself) contains every field of `want`.
+fn covers(fields: &Value, want: &Value) -> bool {
+    let Value::Object(set) = fields else { return false };
+    // A member with no children is owned as a whole: a leaf, or an atomic struct or list
+    // (a LabelSelector, an ownerReference, `command`).
+    if set.is_empty() {
+        return true;
+    }
+    match want {
+        Value::Object(map) => {
+            map.iter().all(|(name, value)| set.get(&format!("f:{name}")).is_some_and(|child| covers(child, value)))
+        }
+        Value::Array(items) => items.iter().all(|item| match item {
+            Value::Object(entry) => keyed_entry(set, entry).is_some_and(|child| covers(child, item)),
+            scalar => set.contains_key(&format!("v:{scalar}")),
+        }),
+        // A scalar field: owning its path is owning it.
+        _ => true,
     }
 }
 
-fn quantity_eq(a: &str, b: &str) -> bool {
-    matches!((parse_quantity(a), parse_quantity(b)), (Some(x), Some(y)) if x == y)
-}
-
-/// A resource quantity in nano-units (so `1`, `1000m` and `1000000000n` are all 10^9), or
-/// None if it is not one. Exact for every value a CPU or memory field can hold.
-pub fn parse_quantity(s: &str) -> Option<i128> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')).unwrap_or(s.len());
-    let (number, suffix) = s.split_at(split);
-    let (multiplier, exp10): (i128, i32) = match suffix {
-        "" => (1, 0),
-        "n" => (1, -9),
-        "u" => (1, -6),
-        "m" => (1, -3),
-        "k" => (1, 3),
-        "M" => (1, 6),
-        "G" => (1, 9),
-        "T" => (1, 12),
-        "P" => (1, 15),
-        "E" => (1, 18),
-        "Ki" => (1 << 10, 0),
-        "Mi" => (1 << 20, 0),
-        "Gi" => (1 << 30, 0),
-        "Ti" => (1 << 40, 0),
-        "Pi" => (1 << 50, 0),
-        "Ei" => (1 << 60, 0),
-        e if e.starts_with(['e', 'E']) => (1, e[1..].parse().ok()?),
-        _ => return None,
-    };
-    let (negative, number) = match number.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, number.strip_prefix('+').unwrap_or(number)),
-    };
-    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
-    if int.is_empty() && frac.is_empty() {
-        return None;
-    }
-    let digits: i128 = format!("{int}{frac}").parse().ok()?;
-    // value = digits * 10^(exp10 - len(frac)) * multiplier, expressed in units of 10^-9.
-    let scale = exp10 - frac.len() as i32 + 9;
-    let scaled = if scale >= 0 {
-        digits.checked_mul(10_i128.checked_pow(scale as u32)?)?
-    } else {
-        digits / 10_i128.checked_pow((-scale) as u32)?
-    };
-    let value = scaled.checked_mul(multiplier)?;
-    Some(if negative { -value } else { value })
+/// The `k:{...}` child of a keyed list's field set whose key fields all match `entry`.
+fn keyed_entry<'a>(set: &'a Map<String, Value>, entry: &Map<String, Value>) -> Option<&'a Value> {
+    set.iter().find_map(|(name, child)| {
+        let key: Map<String, Value> = serde_json::from_str(name.strip_prefix("k:")?).ok()?;
+        key.iter().all(|(k, v)| entry.get(k) == Some(v)).then_some(child)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::desired;
-    use crate::resource::{ManagedWorkload, ManagedWorkloadSpec, Quantity, ResourceList, Resources};
+    use crate::resource::{EnvVar, ManagedWorkload, ManagedWorkloadSpec, Quantity, ResourceList, Resources};
     use k8s_openapi::api::core::v1::Container;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 
     fn workload() -> ManagedWorkload {
         let mut mw = ManagedWorkload::new(
             "web",
             ManagedWorkloadSpec {
                 image: "nginx:latest".into(),
+                command: vec!["/bin/sh".into()],
+                env: vec![
+                    EnvVar { name: "A".into(), value: Some("1".into()), value_from: None },
+                    EnvVar { name: "EMPTY".into(), value: Some(String::new()), value_from: None },
+                ],
                 resources: Some(Resources {
                     requests: Some(ResourceList {
                         cpu: Some(Quantity("1000m".into())),
@@ -127,6 +117,7 @@ mod tests {
                     }),
                     limits: None,
                 }),
+                ports: vec![crate::resource::ContainerPort { container_port: 80, name: None, protocol: None }],
                 ..Default::default()
             },
         );
@@ -135,13 +126,72 @@ mod tests {
         mw
     }
 
+    /// The FieldsV1 set server-side apply records for an applied object, as the API server
+    /// wrote it for a real Deployment: `f:` per field, `k:` per keyed list entry, atomic
+    /// lists and structs (the selector, each ownerReference) as a leaf.
+    fn field_set(value: &Value, field: &str) -> Value {
+        match value {
+            _ if field == "selector" => Value::Object(Map::new()),
+            Value::Object(map) => {
+                let mut set = Map::new();
+                for (k, v) in map {
+                    set.insert(format!("f:{k}"), field_set(v, k));
+                }
+                Value::Object(set)
+            }
+            Value::Array(items) => {
+                let keys: &[&str] = match field {
+                    "containers" | "env" => &["name"],
+                    "ports" => &["containerPort", "protocol"],
+                    "ownerReferences" => &["uid"],
+                    _ => return Value::Object(Map::new()),
+                };
+                let mut set = Map::new();
+                for item in items {
+                    let key: Map<String, Value> = keys.iter().map(|k| (k.to_string(), item[*k].clone())).collect();
+                    let mut entry = Map::new();
+                    if field != "ownerReferences" {
+                        entry = field_set(item, "").as_object().cloned().unwrap_or_default();
+                        entry.insert(".".into(), Value::Object(Map::new()));
+                    }
+                    set.insert(format!("k:{}", Value::Object(key)), Value::Object(entry));
+                }
+                Value::Object(set)
+            }
+            _ => Value::Object(Map::new()),
+        }
+    }
+
+    fn entry(manager: &str, operation: &str, fields: Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..Default::default()
+        }
+    }
+
     /// What the API server returns for an applied Deployment: defaults filled in, quantities
-    /// canonicalized, system metadata added.
+    /// canonicalized, system metadata added, and the operator's ownership recorded.
     fn as_stored(d: &Deployment) -> Deployment {
+        let mut applied = serde_json::to_value(d).unwrap();
+        let map = applied.as_object_mut().unwrap();
+        map.remove("apiVersion");
+        map.remove("kind");
+        let meta = map.get_mut("metadata").unwrap().as_object_mut().unwrap();
+        meta.remove("name");
+        meta.remove("namespace");
+        let ours = entry(FIELD_MANAGER, "Apply", field_set(&applied, ""));
+
         let mut live = d.clone();
         live.metadata.uid = Some("dep-uid".into());
         live.metadata.resource_version = Some("42".into());
         live.metadata.generation = Some(1);
+        live.metadata.managed_fields = Some(vec![
+            ours,
+            entry("kube-controller-manager", "Update", serde_json::json!({"f:status": {"f:replicas": {}}})),
+        ]);
         let spec = live.spec.as_mut().unwrap();
         let pod = spec.template.spec.as_mut().unwrap();
         pod.restart_policy = Some("Always".into());
@@ -156,33 +206,71 @@ mod tests {
         live
     }
 
+    /// Another writer changed `path` (as field names): server-side apply moves the field from
+    /// the operator's set to theirs.
+    fn taken_over(mut live: Deployment, path: &[&str]) -> Deployment {
+        let entries = live.metadata.managed_fields.as_mut().unwrap();
+        let mut node = &mut entries[0].fields_v1.as_mut().unwrap().0;
+        for (i, name) in path.iter().enumerate() {
+            let map = node.as_object_mut().unwrap();
+            if i + 1 == path.len() {
+                assert!(map.remove(*name).is_some(), "{name} not in the set");
+                break;
+            }
+            node = map.get_mut(*name).unwrap();
+        }
+        live
+    }
+
+    const CONTAINER: &str = r#"k:{"name":"workload"}"#;
+
     #[test]
-    fn server_defaults_and_canonical_quantities_are_up_to_date() {
+    fn normalised_values_and_defaults_are_up_to_date() {
         let desired = desired::deployment(&workload()).unwrap();
         assert!(up_to_date(&desired, &as_stored(&desired)));
     }
 
     #[test]
+    fn entries_other_managers_add_are_not_drift() {
+        let desired = desired::deployment(&workload()).unwrap();
+        let mut live = as_stored(&desired);
+        // kubectl set env deployment/web EXTRA=1
+        live.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].env.as_mut().unwrap().push(
+            k8s_openapi::api::core::v1::EnvVar { name: "EXTRA".into(), value: Some("1".into()), value_from: None },
+        );
+        let theirs = serde_json::json!({"f:spec": {"f:template": {"f:spec": {"f:containers": {CONTAINER: {
+            "f:env": {r#"k:{"name":"EXTRA"}"#: {".": {}, "f:name": {}, "f:value": {}}}
+        }}}}}});
+        live.metadata.managed_fields.as_mut().unwrap().push(entry("kubectl-set", "Update", theirs));
+        assert!(up_to_date(&desired, &live));
+    }
+
+    #[test]
     fn hand_edits_of_our_fields_are_drift() {
         let desired = desired::deployment(&workload()).unwrap();
-        let mut scaled = as_stored(&desired);
-        scaled.spec.as_mut().unwrap().replicas = Some(3);
-        assert!(!up_to_date(&desired, &scaled));
+        let stored = as_stored(&desired);
+        for path in [
+            &["f:spec", "f:replicas"][..],
+            &["f:spec", "f:template", "f:spec", "f:containers", CONTAINER, "f:image"],
+            &["f:spec", "f:template", "f:spec", "f:containers", CONTAINER, "f:env", r#"k:{"name":"A"}"#],
+            &["f:spec", "f:template", "f:spec", "f:containers", CONTAINER, "f:command"],
+            &["f:metadata", "f:labels", &format!("f:{}", desired::MANAGED_LABEL)],
+        ] {
+            let edited = taken_over(stored.clone(), path);
+            assert!(!up_to_date(&desired, &edited), "{path:?}");
+            assert!(same_desired(&desired, &edited), "a hand edit leaves our fingerprint in place");
+        }
+    }
 
-        let mut reimaged = as_stored(&desired);
-        reimaged.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].image = Some("evil:1".into());
-        assert!(!up_to_date(&desired, &reimaged));
-
-        let mut relabelled = as_stored(&desired);
-        relabelled.metadata.labels.as_mut().unwrap().remove(desired::MANAGED_LABEL);
-        assert!(!up_to_date(&desired, &relabelled));
-
-        assert!(same_desired(&desired, &scaled), "a hand edit leaves our fingerprint in place");
-
-        let mut extra_env = as_stored(&desired);
-        extra_env.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].env =
-            Some(vec![Default::default()]);
-        assert!(up_to_date(&desired, &extra_env), "a field we never set is not ours to fight over");
+    #[test]
+    fn without_the_operators_ownership_record_it_reapplies() {
+        let desired = desired::deployment(&workload()).unwrap();
+        let mut live = as_stored(&desired);
+        live.metadata.managed_fields = None;
+        assert!(!up_to_date(&desired, &live));
+        let mut live = as_stored(&desired);
+        live.metadata.managed_fields.as_mut().unwrap()[0].operation = Some("Update".into());
+        assert!(!up_to_date(&desired, &live), "only the Apply entry counts");
     }
 
     #[test]
@@ -193,20 +281,6 @@ mod tests {
         mw.spec.hostname = None;
         let after = desired::deployment(&mw).unwrap();
         assert!(!up_to_date(&after, &as_stored(&before)));
-    }
-
-    #[test]
-    fn quantities_compare_by_value() {
-        let q = |s| parse_quantity(s).unwrap();
-        assert_eq!(q("1"), q("1000m"));
-        assert_eq!(q("0.5"), q("500m"));
-        assert_eq!(q("1Gi"), q("1024Mi"));
-        assert_eq!(q("1k"), q("1e3"));
-        assert_eq!(q("1.5Gi"), q("1536Mi"));
-        assert_ne!(q("1G"), q("1Gi"));
-        assert_eq!(q("-1"), -q("1"));
-        for bad in ["", "abc", "1x", "1.2.3", "Mi"] {
-            assert_eq!(parse_quantity(bad), None, "{bad}");
-        }
+        assert!(!same_desired(&after, &as_stored(&before)));
     }
 }

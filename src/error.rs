@@ -31,6 +31,9 @@ pub enum Error {
         source: kube::Error,
     },
 
+    #[error("the watch caches closed; the controller is shutting down")]
+    CacheClosed,
+
     #[error("loading Kubernetes client configuration: {0}")]
     Config(String),
 
@@ -52,6 +55,7 @@ impl Error {
             Error::GetDeployment { .. } => "get_deployment",
             Error::ApplyDeployment { .. } => "apply_deployment",
             Error::WriteStatus { .. } => "write_status",
+            Error::CacheClosed => "cache_closed",
             Error::Config(_) => "config",
             Error::Client(_) => "client",
             Error::CrdMissing(_) => "crd_missing",

@@ -13,3 +13,6 @@ pub mod drift;
 pub mod error;
 pub mod resource;
 pub mod status;
+
+#[cfg(test)]
+mod properties;

@@ -61,7 +61,11 @@ pub const CONTAINER_ID_LABEL: &str = "opensource-server.mieweb.org/container-id"
         priority = 1,
         description = "Container image"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    // The name becomes a label value on the Deployment and its Pods (at most 63 characters);
+    // reject a longer one at admission instead of failing later as DeploymentRejected.
+    validation = Rule::new("self.metadata.name.size() <= 63")
+        .message("metadata.name must be at most 63 characters: it is used as a label value")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ManagedWorkloadSpec {

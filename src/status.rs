@@ -2,8 +2,10 @@
 //! of the CR, its Deployment and its Pods (plus the clock, passed in), so the DESIGN's truth
 //! table is unit-tested case by case.
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
@@ -14,6 +16,14 @@ use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phas
 /// `Failed` at once instead of after the rollout's progress deadline.
 pub const FAILURE_REASONS: [&str; 5] =
     ["ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError", "InvalidImageName"];
+
+/// How long a container that restarted after a termination must have been running before it
+/// counts as recovered rather than crash-looping. A kubelet cycles a crash-looping container
+/// through waiting → running → terminated; judging from the current state alone would flap
+/// between Failed and Creating on every cycle. Two minutes covers the usual loop (a crash
+/// within seconds of starting, back-off growing to five minutes) while a one-off restart is
+/// reported Failed for at most two minutes after the container came back.
+pub const CRASH_LOOP_RECOVERY: Duration = Duration::from_secs(120);
 
 pub const READY: &str = "Ready";
 pub const RECONCILING: &str = "Reconciling";
@@ -48,46 +58,48 @@ struct Verdict {
     message: String,
 }
 
-/// The full status the CR should have. `now` stamps conditions whose status changed;
-/// unchanged conditions keep their lastTransitionTime, so an unchanged world derives an
-/// identical status and nothing is written.
+impl Verdict {
+    fn new(phase: Phase, reason: &str, message: impl Into<String>) -> Self {
+        Verdict { phase, reason: reason.into(), message: message.into() }
+    }
+}
+
+/// The full status the CR should have. `mw.status` is the status last written (the caller
+/// makes sure of that: the cache may lag behind the operator's own writes). `now` stamps
+/// conditions whose status changed; unchanged conditions keep their lastTransitionTime, so an
+/// unchanged world derives an identical status and nothing is written.
 pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> ManagedWorkloadStatus {
     let generation = mw.metadata.generation;
     let previous = mw.status.as_ref();
     let desired = desired::desired_replicas(mw);
-    let verdict = verdict(mw, observed);
+    let verdict = verdict(mw, observed, now);
 
-    let dep_status = observed.deployment.and_then(|d| d.status.as_ref());
     let replicas = |f: fn(&DeploymentStatus) -> Option<i32>| observed.deployment.map_or(0, |d| count(d, f));
 
-    let mut conditions = Vec::new();
     let phase = verdict.phase;
     let ready = matches!(phase, Phase::Running | Phase::Stopped);
     let reconciling = matches!(phase, Phase::Creating | Phase::Updating | Phase::Stopping);
     let stalled = phase == Phase::Failed;
-    conditions.push(condition(READY, ready, &verdict.reason, &verdict.message));
-    conditions.push(condition(
-        RECONCILING,
-        reconciling,
-        if reconciling { &verdict.reason } else { "Idle" },
-        if reconciling { &verdict.message } else { "No change in progress" },
-    ));
-    conditions.push(condition(
-        STALLED,
-        stalled,
-        if stalled { &verdict.reason } else { "Healthy" },
-        if stalled { &verdict.message } else { "No failure observed" },
-    ));
-    if let Some(dep_conditions) = dep_status.and_then(|s| s.conditions.as_ref()) {
-        for type_ in MIRRORED {
-            if let Some(c) = dep_conditions.iter().find(|c| c.type_ == type_) {
-                conditions.push(mirror(c));
-            }
-        }
-    }
+    let mut conditions = vec![
+        condition(READY, ready, &verdict.reason, &verdict.message, generation),
+        condition(
+            RECONCILING,
+            reconciling,
+            if reconciling { &verdict.reason } else { "Idle" },
+            if reconciling { &verdict.message } else { "No change in progress" },
+            generation,
+        ),
+        condition(
+            STALLED,
+            stalled,
+            if stalled { &verdict.reason } else { "Healthy" },
+            if stalled { &verdict.message } else { "No failure observed" },
+            generation,
+        ),
+    ];
+    conditions.extend(mirrored(mw, observed.deployment));
     let previous_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
     for c in &mut conditions {
-        c.observed_generation = generation;
         c.last_transition_time = previous_conditions
             .iter()
             .find(|p| p.type_ == c.type_ && p.status == c.status)
@@ -110,6 +122,28 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
     }
 }
 
+/// When the same world, unchanged, would derive a different status: a restarted container
+/// that is still inside its crash-loop window stops counting as a failure once the window
+/// ends, and no watch event marks that moment. None when only a change can alter the status.
+pub fn revisit_after(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Option<Duration> {
+    if mw.spec.desired_state() == DesiredState::Stopped || observed.blocked.is_some() {
+        return None;
+    }
+    current_pods(observed)
+        .flat_map(container_statuses)
+        .filter_map(|cs| {
+            let started = cs.state.as_ref()?.running.as_ref()?.started_at.as_ref()?;
+            if !restarted(cs) {
+                return None;
+            }
+            let ends = started.0.as_second().saturating_add(CRASH_LOOP_RECOVERY.as_secs() as i64);
+            let left = ends.saturating_sub(now.0.as_second());
+            // One second late rather than early: at the boundary the window has ended.
+            (left >= 0).then(|| Duration::from_secs(left as u64 + 1))
+        })
+        .min()
+}
+
 /// The permanent id Manager stores for the container: `namespace/name`.
 pub fn provider_id(mw: &ManagedWorkload) -> String {
     format!("{}/{}", mw.namespace().unwrap_or_default(), mw.name_any())
@@ -118,20 +152,53 @@ pub fn provider_id(mw: &ManagedWorkload) -> String {
 /// Placeholder time for conditions whose transition time is filled in by `derive`.
 const UNSET: Time = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
 
-fn condition(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
+fn condition(type_: &str, status: bool, reason: &str, message: &str, generation: Option<i64>) -> Condition {
     Condition {
         type_: type_.into(),
         status: if status { "True" } else { "False" }.into(),
         reason: reason.into(),
         message: message.into(),
         last_transition_time: UNSET,
-        observed_generation: None,
+        observed_generation: generation,
     }
+}
+
+/// The Deployment's conditions in metav1.Condition shape, each stamped with the CR generation
+/// it truly reflects. That is the current one only once the Deployment controller has observed
+/// a Deployment built from the current spec; before that (a spec change not yet rolled into
+/// the Deployment, or not yet seen by its controller) the conditions still describe the
+/// previous template, so they keep the generation they had, and are left out when they never
+/// had one. `kubectl wait --for=condition=Available` then cannot return on the old
+/// ReplicaSet's state.
+fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>) -> Vec<Condition> {
+    let Some(conditions) = deployment.and_then(|d| d.status.as_ref()?.conditions.as_ref()) else {
+        return Vec::new();
+    };
+    let current = deployment.is_some_and(|d| rolled_out(d) && built_from_current_spec(mw, d));
+    let previous = mw.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    MIRRORED
+        .iter()
+        .filter_map(|type_| {
+            let c = conditions.iter().find(|c| c.type_ == *type_)?;
+            let generation = if current {
+                mw.metadata.generation
+            } else {
+                previous.iter().find(|p| p.type_ == *type_)?.observed_generation
+            };
+            Some(mirror(c, generation))
+        })
+        .collect()
+}
+
+/// The live Deployment was applied from the desired object of the CR's current spec.
+fn built_from_current_spec(mw: &ManagedWorkload, deployment: &Deployment) -> bool {
+    desired::deployment(mw)
+        .is_some_and(|d| desired::applied_hash(&d).is_some_and(|h| Some(h) == desired::applied_hash(deployment)))
 }
 
 /// A Deployment condition in metav1.Condition shape. Its own transition time is kept: it says
 /// when the Deployment changed, which is what the condition reports.
-fn mirror(c: &DeploymentCondition) -> Condition {
+fn mirror(c: &DeploymentCondition, generation: Option<i64>) -> Condition {
     Condition {
         type_: c.type_.clone(),
         status: c.status.clone(),
@@ -139,56 +206,64 @@ fn mirror(c: &DeploymentCondition) -> Condition {
         reason: c.reason.clone().filter(|r| !r.is_empty()).unwrap_or_else(|| c.type_.clone()),
         message: c.message.clone().unwrap_or_default(),
         last_transition_time: c.last_transition_time.clone().unwrap_or(UNSET),
-        observed_generation: None,
+        observed_generation: generation,
     }
 }
 
-fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>) -> Verdict {
+/// A Pod that has run to completion or was failed by the kubelet (evicted, node shutdown):
+/// history, never a live copy of the workload. It stays until Pod garbage collection.
+pub fn finished(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Failed" | "Succeeded"))
+}
+
+/// Not finished and not being deleted: a copy of the workload that runs or is about to.
+fn live(pod: &Pod) -> bool {
+    !finished(pod) && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// Live Pods of the Deployment's current template.
+fn current_pods<'a>(observed: &'a Observed<'_>) -> impl Iterator<Item = &'a Pod> + 'a {
+    let hash = observed.deployment.and_then(desired::current_template_hash);
+    observed.pods.iter().copied().filter(move |p| live(p) && hash.is_some() && pod_hash(p) == hash)
+}
+
+fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict {
     if let Some(blocked) = &observed.blocked {
-        return Verdict { phase: Phase::Failed, reason: blocked.reason.into(), message: blocked.message.clone() };
+        return Verdict::new(Phase::Failed, blocked.reason, blocked.message.clone());
     }
     let deployment = observed.deployment;
-    let hash = deployment.and_then(desired::current_template_hash);
-    let live: Vec<&Pod> = observed.pods.iter().copied().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+    // Pods still holding resources: running, starting or terminating. Finished ones are not.
+    let unfinished = observed.pods.iter().filter(|p| !finished(p)).count();
 
     match mw.spec.desired_state() {
         DesiredState::Stopped => {
-            let remaining = observed.pods.len();
             let scaled_down = deployment.is_some_and(|d| rolled_out(d) && count(d, |s| s.replicas) == 0);
-            if remaining == 0 && (scaled_down || deployment.is_none()) {
-                Verdict {
-                    phase: Phase::Stopped,
-                    reason: "Stopped".into(),
-                    message: "Stopped: no Pods are running".into(),
-                }
+            if unfinished == 0 && (scaled_down || deployment.is_none()) {
+                Verdict::new(Phase::Stopped, "Stopped", "Stopped: no Pods are running")
+            } else if unfinished == 0 {
+                Verdict::new(
+                    Phase::Stopping,
+                    "Stopping",
+                    "Stopping: waiting for the Deployment controller to scale down",
+                )
             } else {
-                Verdict {
-                    phase: Phase::Stopping,
-                    reason: "Stopping".into(),
-                    message: if remaining == 0 {
-                        "Stopping: waiting for the Deployment controller to scale down".to_string()
-                    } else {
-                        format!("Stopping: waiting for {remaining} Pod(s) to terminate")
-                    },
-                }
+                Verdict::new(Phase::Stopping, "Stopping", "Stopping: waiting for the workload's Pods to terminate")
             }
         }
         DesiredState::Running => {
-            let current: Vec<&Pod> = live.iter().copied().filter(|p| hash.is_some() && pod_hash(p) == hash).collect();
-            if let Some(failure) = current.iter().find_map(|p| pod_failure(p)) {
+            let current: Vec<&Pod> = current_pods(observed).collect();
+            if let Some(failure) = current.iter().find_map(|p| pod_failure(mw, p, now)) {
                 return failure;
             }
             if let Some(failure) = deployment.and_then(deployment_failure) {
                 return failure;
             }
             let Some(deployment) = deployment else {
-                return Verdict {
-                    phase: Phase::Creating,
-                    reason: "Creating".into(),
-                    message: "Creating: the Deployment does not exist yet".into(),
-                };
+                return Verdict::new(Phase::Creating, "Creating", "Creating: the Deployment does not exist yet");
             };
-            let old_pods = observed.pods.len() - current.len();
+            // Unfinished Pods that are not live copies of the current template: an older
+            // template's, or terminating ones.
+            let others = unfinished - current.len();
             let complete = rolled_out(deployment)
                 && [
                     count(deployment, |s| s.replicas),
@@ -197,27 +272,34 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>) -> Verdict {
                 ]
                 .iter()
                 .all(|&n| n == 1)
-                && old_pods == 0
+                && others == 0
                 && current.len() == 1;
             if complete {
-                return Verdict {
-                    phase: Phase::Running,
-                    reason: "Running".into(),
-                    message: "Running: 1 of 1 Pod available".into(),
-                };
+                return Verdict::new(Phase::Running, "Running", "Running: 1 of 1 Pod available");
             }
-            let had_run =
-                mw.status.as_ref().and_then(|s| s.phase).is_some_and(|p| matches!(p, Phase::Running | Phase::Updating));
-            let (phase, word) = if had_run { (Phase::Updating, "Updating") } else { (Phase::Creating, "Creating") };
+            let (phase, word) =
+                if updating(mw) { (Phase::Updating, "Updating") } else { (Phase::Creating, "Creating") };
             let detail = if !rolled_out(deployment) {
-                "waiting for the Deployment controller to observe the new spec".to_string()
-            } else if old_pods > 0 {
-                format!("waiting for {old_pods} old Pod(s) to terminate")
+                "waiting for the Deployment controller to observe the new spec"
+            } else if others > 0 {
+                "waiting for old Pods to terminate"
             } else {
-                "waiting for the new Pod to become available".to_string()
+                "waiting for the new Pod to become available"
             };
-            Verdict { phase, reason: word.into(), message: format!("{word}: {detail}") }
+            Verdict::new(phase, word, format!("{word}: {detail}"))
         }
+    }
+}
+
+/// A spec change is rolling out over a workload that ran: the last status was Running for an
+/// older generation, or already Updating. A Pod replaced while the spec stayed the same
+/// (evicted, deleted, lost with its node) is not an update: that is `Creating` again.
+fn updating(mw: &ManagedWorkload) -> bool {
+    let Some(previous) = mw.status.as_ref() else { return false };
+    match previous.phase {
+        Some(Phase::Updating) => true,
+        Some(Phase::Running) => previous.observed_generation != mw.metadata.generation,
+        _ => false,
     }
 }
 
@@ -235,23 +317,87 @@ fn pod_hash(pod: &Pod) -> Option<&str> {
     pod.annotations().get(TEMPLATE_HASH_ANNOTATION).map(String::as_str)
 }
 
+fn container_statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
+    let statuses = pod.status.as_ref();
+    let init = statuses.and_then(|s| s.init_container_statuses.as_ref()).into_iter().flatten();
+    init.chain(statuses.and_then(|s| s.container_statuses.as_ref()).into_iter().flatten())
+}
+
+/// The container was restarted after a termination (a crash, an OOM kill, or an exit that
+/// restartPolicy Always turns into a restart).
+fn restarted(cs: &ContainerStatus) -> bool {
+    cs.restart_count > 0 && cs.last_state.as_ref().is_some_and(|s| s.terminated.is_some())
+}
+
 /// A container of this Pod stuck in a state that needs a change to the spec or the cluster.
-fn pod_failure(pod: &Pod) -> Option<Verdict> {
-    let statuses = pod.status.as_ref()?;
-    let all = statuses.init_container_statuses.iter().flatten().chain(statuses.container_statuses.iter().flatten());
-    all.filter_map(|cs| {
-        let waiting = cs.state.as_ref()?.waiting.as_ref()?;
-        let reason = waiting.reason.as_deref()?;
-        FAILURE_REASONS.contains(&reason).then(|| Verdict {
-            phase: Phase::Failed,
-            reason: reason.to_string(),
-            message: match waiting.message.as_deref() {
-                Some(m) if !m.is_empty() => format!("container {}: {reason}: {m}", cs.name),
-                _ => format!("container {}: {reason}", cs.name),
-            },
-        })
+/// Reasons and messages are stable across the kubelet's retry cycle: ErrImagePull and
+/// ImagePullBackOff alternate on a real kubelet, so both read `ImagePullBackOff`; a crash
+/// loop is recognised in every state of its cycle (waiting, running, terminated); messages
+/// carry no Pod names, UIDs, back-off durations or counters.
+fn pod_failure(mw: &ManagedWorkload, pod: &Pod, now: &Time) -> Option<Verdict> {
+    container_statuses(pod).find_map(|cs| {
+        let waiting = cs.state.as_ref().and_then(|s| s.waiting.as_ref());
+        let reason = waiting.and_then(|w| w.reason.as_deref()).filter(|r| FAILURE_REASONS.contains(r));
+        let name = &cs.name;
+        match reason {
+            Some("ErrImagePull" | "ImagePullBackOff") => Some(Verdict::new(
+                Phase::Failed,
+                "ImagePullBackOff",
+                format!("container {name}: ImagePullBackOff: image {:?} cannot be pulled", mw.spec.image),
+            )),
+            Some("CrashLoopBackOff") => Some(crash_loop(cs)),
+            Some(reason) => {
+                // These kubelet messages name what is wrong (a missing ConfigMap key, an
+                // unparsable image) and stay the same while it is; scrub the Pod's identity
+                // in case a kubelet adds it.
+                let message = waiting.and_then(|w| w.message.as_deref()).map(|m| scrub(m, pod)).unwrap_or_default();
+                Some(Verdict::new(
+                    Phase::Failed,
+                    reason,
+                    if message.is_empty() {
+                        format!("container {name}: {reason}")
+                    } else {
+                        format!("container {name}: {reason}: {message}")
+                    },
+                ))
+            }
+            None if restarted(cs) && !recovered(cs, now) => Some(crash_loop(cs)),
+            None => None,
+        }
     })
-    .next()
+}
+
+fn crash_loop(cs: &ContainerStatus) -> Verdict {
+    let last = cs.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+    let how = match last.and_then(|t| t.reason.as_deref()).filter(|r| !r.is_empty()) {
+        Some(reason) => format!("; last termination: {reason}"),
+        None => String::new(),
+    };
+    Verdict::new(
+        Phase::Failed,
+        "CrashLoopBackOff",
+        format!(
+            "container {}: CrashLoopBackOff: the container keeps exiting and is restarted with back-off{how}",
+            cs.name
+        ),
+    )
+}
+
+/// A restarted container has been running for the whole recovery window.
+fn recovered(cs: &ContainerStatus, now: &Time) -> bool {
+    let started = cs.state.as_ref().and_then(|s| s.running.as_ref()).and_then(|r| r.started_at.as_ref());
+    started.is_some_and(|t| now.0.as_second().saturating_sub(t.0.as_second()) >= CRASH_LOOP_RECOVERY.as_secs() as i64)
+}
+
+/// The message without the Pod's name or UID.
+fn scrub(message: &str, pod: &Pod) -> String {
+    let mut out = message.to_string();
+    for id in [pod.metadata.uid.as_deref(), pod.metadata.name.as_deref()].into_iter().flatten() {
+        if !id.is_empty() {
+            out = out.replace(id, "<pod>");
+        }
+    }
+    out
 }
 
 /// The Deployment itself reports a failure for its current spec.
@@ -281,7 +427,7 @@ fn pod_ip(mw: &ManagedWorkload, observed: &Observed<'_>) -> Option<String> {
         return None;
     }
     let hash = observed.deployment.and_then(desired::current_template_hash);
-    let candidates = observed.pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).filter_map(|p| {
+    let candidates = observed.pods.iter().filter(|p| live(p)).filter_map(|p| {
         let status = p.status.as_ref()?;
         let ip = status.pod_ip.as_ref().filter(|ip| !ip.is_empty())?;
         if status.phase.as_deref() != Some("Running") {

@@ -95,6 +95,20 @@ async fn a_deployment_it_does_not_control_is_never_modified() {
     assert_eq!(image(&after).as_deref(), Some("redis:7"));
     let writes = audit::operator_writes(&ns.name);
     assert!(writes.iter().all(|w| w.resource != "deployments"), "the operator wrote to their Deployment: {writes:?}");
+
+    // Their Deployment goes: the workload recovers within seconds, far sooner than the
+    // 10-minute resync (that Deployment was outside the operator's label-selected watch).
+    deployments.delete("web", &DeleteParams::foreground()).await.unwrap();
+    let started = std::time::Instant::now();
+    let recovered = wait_until(&workloads, "web", "Running after the conflict went", Duration::from_secs(30), |mw| {
+        mw.is_some_and(|mw| support::workload::condition_current(mw, "Ready", "True"))
+    })
+    .await
+    .unwrap();
+    eprintln!("recovered {:?} after the foreign Deployment's deletion", started.elapsed());
+    assert_eq!(recovered.status.unwrap().phase, Some(Phase::Running));
+    let ours = deployments.get("web").await.unwrap();
+    assert_eq!(ours.owner_references()[0].uid, mw.uid().unwrap(), "now the workload's own Deployment");
 }
 
 #[tokio::test]

@@ -9,6 +9,8 @@ use serde_json::json;
 use support::TestNamespace;
 use support::workload::{apply, condition, wait_condition, wait_ready};
 
+/// `reason` is the Stalled reason reported; ErrImagePull and ImagePullBackOff, which a kubelet
+/// alternates between, are both reported as ImagePullBackOff.
 async fn fails_with(image: &str, reason: &str) {
     let ns = TestNamespace::new(&format!("fail-{reason}")).await;
     let workloads = ns.api::<ManagedWorkload>();
@@ -35,7 +37,7 @@ async fn image_pull_back_off() {
 
 #[tokio::test]
 async fn err_image_pull() {
-    fails_with("kwok.example/err-image-pull", "ErrImagePull").await;
+    fails_with("kwok.example/err-image-pull", "ImagePullBackOff").await;
 }
 
 #[tokio::test]

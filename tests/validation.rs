@@ -148,6 +148,22 @@ async fn bad_manifests_are_rejected_with_the_field_named() {
 }
 
 #[tokio::test]
+async fn a_name_longer_than_a_label_value_is_rejected_naming_metadata_name() {
+    let ns = TestNamespace::new("validation-name").await;
+    let long = "w".repeat(64);
+    match create_strict(&ns.client, &ns.name, &long, json!({"image": "nginx"})).await {
+        Ok(_) => panic!("a 64-character name was accepted"),
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(status.message.contains("metadata.name must be at most 63 characters"), "{}", status.message);
+        }
+        Err(e) => panic!("unexpected error {e}"),
+    }
+    let longest = "w".repeat(63);
+    create_strict(&ns.client, &ns.name, &longest, json!({"image": "nginx"})).await.expect("63 characters is fine");
+}
+
+#[tokio::test]
 async fn good_manifests_are_accepted() {
     let ns = TestNamespace::new("validation-ok").await;
     let workloads = ns.api::<ManagedWorkload>();

@@ -1,0 +1,286 @@
+//! What every real cluster produces and the happy path does not: evicted Pods, values the API
+//! server normalises, other field managers' list entries, a kubelet's crash-loop and
+//! image-pull cycles, a blocking Deployment that goes away, an apply rejected by admission.
+//! Write counts come from the API server's audit log.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use mw_operator::resource::{ManagedWorkload, Phase};
+use serde_json::json;
+use support::workload::{PhaseLog, TIMEOUT, apply, condition, wait_condition, wait_ready};
+use support::{TestNamespace, audit, eventually, wait_until};
+
+async fn pods_of(pods: &Api<Pod>, name: &str) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"))).await.unwrap().items
+}
+
+fn event_reasons(writes: &[audit::Write]) -> usize {
+    writes.iter().filter(|w| w.resource == "events").count()
+}
+
+/// Condition messages are stable: nothing that names one Pod, or changes with time or tries.
+fn assert_stable_messages(mw: &ManagedWorkload, pods: &[Pod]) {
+    let duration = |m: &str| {
+        m.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| {
+            w.len() > 1 && w.ends_with(['s', 'm', 'h']) && w[..w.len() - 1].chars().all(|c| c.is_ascii_digit())
+        })
+    };
+    for c in &mw.status.as_ref().unwrap().conditions {
+        for p in pods {
+            assert!(!c.message.contains(&p.name_any()), "{} names the Pod: {}", c.type_, c.message);
+            assert!(!c.message.contains(p.uid().unwrap().as_str()), "{} names the Pod's UID: {}", c.type_, c.message);
+        }
+        assert!(!duration(&c.message), "{} carries a duration: {}", c.type_, c.message);
+    }
+}
+
+#[tokio::test]
+async fn an_evicted_pod_is_history_and_a_stopped_workload_with_only_finished_pods_is_stopped() {
+    let ns = TestNamespace::new("evicted").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
+    wait_ready(&workloads, "web", Phase::Running).await;
+    let phases = PhaseLog::start(&workloads, "web").await;
+
+    // What the kubelet leaves after an eviction: phase Failed, reason Evicted, until Pod GC.
+    let victim = pods_of(&pods, "web").await.remove(0).name_any();
+    let evicted = json!({"status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory.",
+        "conditions": [{"type": "Ready", "status": "False"}]}});
+    pods.patch_status(&victim, &PatchParams::default(), &Patch::Merge(&evicted)).await.unwrap();
+
+    eventually("a Ready replacement next to the evicted Pod", TIMEOUT, || async {
+        let all = pods_of(&pods, "web").await;
+        let ready = all.iter().filter(|p| {
+            p.name_any() != victim
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        });
+        if ready.count() == 1 && all.iter().any(|p| p.name_any() == victim) {
+            Ok(())
+        } else {
+            Err(format!("{} Pods", all.len()))
+        }
+    })
+    .await;
+    let mw = wait_ready(&workloads, "web", Phase::Running).await;
+    let seen = phases.until(Phase::Running).await;
+    assert!(!seen.contains(&Phase::Updating), "a replacement without a spec change is no update: {seen:?}");
+    assert_eq!(seen, [Phase::Running, Phase::Creating, Phase::Running], "replaced Pod: Creating until Ready");
+    assert_stable_messages(&mw, &pods_of(&pods, "web").await);
+    drop(phases);
+
+    // Stopped: the replacement goes, the evicted Pod stays (Pod GC's job), and it is Stopped.
+    apply(&workloads, "web", json!({"image": "nginx:latest", "state": "Stopped"})).await.unwrap();
+    wait_ready(&workloads, "web", Phase::Stopped).await;
+    let left = pods_of(&pods, "web").await;
+    assert_eq!(left.len(), 1, "only the evicted Pod is left");
+    assert_eq!(left[0].name_any(), victim);
+}
+
+#[tokio::test]
+async fn normalised_values_and_other_managers_entries_are_not_drift_but_a_hand_edit_is() {
+    let ns = TestNamespace::new("normalised").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let deployments = ns.api::<Deployment>();
+    let spec = json!({
+        "image": "nginx:latest",
+        "env": [{"name": "EMPTY", "value": ""}, {"name": "A", "value": "1"}],
+        "resources": {"requests": {"cpu": "1000m", "memory": "1024Mi"}},
+    });
+    apply(&workloads, "web", spec).await.unwrap();
+    wait_ready(&workloads, "web", Phase::Running).await;
+    let before = audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+    let count = |writes: &[audit::Write], resource: &str| writes.iter().filter(|w| w.resource == resource).count();
+    assert_eq!(count(&before, "deployments"), 1, "one apply created it: {before:?}");
+    assert_eq!(event_reasons(&before), 2, "one Event per phase (Creating, Running): {before:?}");
+
+    // `kubectl set env deployment/web EXTRA=1`: another manager's entry in a list we set.
+    let set_env = json!({"spec": {"template": {"spec": {"containers": [{"name": "workload", "env": [{"name": "EXTRA", "value": "1"}]}]}}}});
+    let params = PatchParams { field_manager: Some("kubectl-set".into()), ..Default::default() };
+    deployments.patch("web", &params, &Patch::Strategic(&set_env)).await.unwrap();
+    // The Deployment rolls that out (a new ReplicaSet): the workload comes back to Running.
+    wait_until(&deployments, "web", "the foreign rollout to finish", TIMEOUT, |d: Option<&Deployment>| {
+        d.and_then(|d| d.status.as_ref()).is_some_and(|s| s.updated_replicas == Some(1) && s.replicas == Some(1))
+    })
+    .await;
+    wait_ready(&workloads, "web", Phase::Running).await;
+    let after = audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+    let new = &after[before.len()..];
+    assert_eq!(count(new, "deployments"), 0, "nothing to correct: {new:?}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = ns.api();
+    let drift_events = || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("DriftCorrected"))
+            .count()
+    };
+    assert_eq!(drift_events().await, 0);
+    let env =
+        deployments.get("web").await.unwrap().spec.unwrap().template.spec.unwrap().containers[0].env.clone().unwrap();
+    assert!(env.iter().any(|e| e.name == "EXTRA"), "their entry stays: {env:?}");
+
+    // A real hand edit of a field the operator owns is reverted, with one DriftCorrected.
+    let edit = json!({"spec": {"template": {"spec": {"containers": [{"name": "workload", "image": "evil:1"}]}}}});
+    deployments.patch("web", &PatchParams::default(), &Patch::Strategic(&edit)).await.unwrap();
+    wait_until(&deployments, "web", "image restored", TIMEOUT, |d: Option<&Deployment>| {
+        d.and_then(|d| d.spec.as_ref()?.template.spec.as_ref()?.containers[0].image.clone()).as_deref()
+            == Some("nginx:latest")
+    })
+    .await;
+    wait_ready(&workloads, "web", Phase::Running).await;
+    audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+    assert_eq!(drift_events().await, 1, "exactly one DriftCorrected");
+    let all = audit::operator_writes(&ns.name);
+    assert_eq!(count(&all[after.len()..], "deployments"), 1, "one apply restored it: {:?}", &all[after.len()..]);
+}
+
+/// Reach Failed with `reason`, then hold still while the kubelet (kwok) cycles: the status
+/// and Events written in that window are counted.
+/// `cycling` names the Pod's state; at least `states` distinct ones must be seen.
+async fn failure_cycle_writes_nothing(image: &str, reason: &str, cycling: fn(&Pod) -> String, states: usize) {
+    let ns = TestNamespace::new(&format!("cycle-{reason}")).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    apply(&workloads, "web", json!({"image": image, "progressDeadlineSeconds": 3600})).await.unwrap();
+    let mw = wait_condition(&workloads, "web", "Stalled", "True").await;
+    assert_eq!(condition(&mw, "Stalled").reason, reason);
+    let before = audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+
+    // Watch the Pod go through its cycle for a while.
+    let min_states = states;
+    let mut states = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        for p in pods_of(&pods, "web").await {
+            states.insert(cycling(&p));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let after = audit::operator_writes(&ns.name);
+    let window = &after[before.len()..];
+    let mw = workloads.get("web").await.unwrap();
+    assert_eq!(mw.status.as_ref().unwrap().phase, Some(Phase::Failed));
+    assert_eq!(condition(&mw, "Stalled").reason, reason);
+    eprintln!("{image}: Pod states seen in 10 s: {states:?}; operator writes in that window: {}", window.len());
+    assert!(states.len() >= min_states, "the Pod was meant to cycle: {states:?}");
+    assert_eq!(window, [], "status writes or Events while the Pod cycled ({states:?})");
+    assert_stable_messages(&mw, &pods_of(&pods, "web").await);
+}
+
+fn container_state(p: &Pod) -> String {
+    let cs = &p.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
+    let Some(cs) = cs.first() else { return "none".into() };
+    let state = cs.state.clone().unwrap_or_default();
+    let step = if let Some(w) = state.waiting {
+        w.reason.unwrap_or_default()
+    } else if state.running.is_some() {
+        "running".into()
+    } else {
+        "terminated".into()
+    };
+    format!("{step} #{}", cs.restart_count)
+}
+
+#[tokio::test]
+async fn a_crash_loop_stays_failed_through_the_kubelets_cycle_with_no_writes() {
+    failure_cycle_writes_nothing("kwok.example/crash-loop-backoff", "CrashLoopBackOff", container_state, 6).await;
+}
+
+#[tokio::test]
+async fn alternating_image_pull_errors_write_nothing() {
+    let reason = |p: &Pod| container_state(p).split(' ').next().unwrap_or_default().to_string();
+    failure_cycle_writes_nothing("kwok.example/err-image-pull", "ImagePullBackOff", reason, 2).await;
+}
+
+/// A ValidatingAdmissionPolicy that refuses Deployments running `image` in `namespace`, bound
+/// for the life of the returned guard's namespace.
+async fn refuse_image(client: &kube::Client, namespace: &str, image: &str) -> (String, String) {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    let name = format!("refuse-{namespace}");
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]}]},
+            "validations": [{"expression": format!("object.spec.template.spec.containers.all(c, c.image != '{image}')"), "message": "this image is not allowed here"}]
+        }
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+        }
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // Policies take effect asynchronously: wait until a dry run is refused.
+    let probe: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": image}]}}}
+    }))
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    eventually("the admission policy to take effect", TIMEOUT, || async {
+        match deployments.create(&PostParams { dry_run: true, ..Default::default() }, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains("not allowed here") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    (name.clone(), name)
+}
+
+#[tokio::test]
+async fn a_rejected_spec_keeps_mirrored_conditions_at_their_generation_and_recovers_when_admitted() {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    let ns = TestNamespace::new("rejected").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
+    let first = wait_ready(&workloads, "web", Phase::Running).await;
+    let generation_1 = first.metadata.generation;
+    let (policy, binding) = refuse_image(&ns.client, &ns.name, "nginx:1.27").await;
+
+    let updated = apply(&workloads, "web", json!({"image": "nginx:1.27"})).await.unwrap();
+    let mw = wait_condition(&workloads, "web", "Stalled", "True").await;
+    assert_eq!(condition(&mw, "Stalled").reason, "DeploymentRejected");
+    assert!(condition(&mw, "Stalled").message.contains("not allowed here"), "{}", condition(&mw, "Stalled").message);
+    assert_eq!(condition(&mw, "Ready").observed_generation, updated.metadata.generation);
+    for type_ in ["Available", "Progressing"] {
+        assert_eq!(
+            condition(&mw, type_).observed_generation,
+            generation_1,
+            "{type_} describes the Deployment still built from the first spec"
+        );
+    }
+
+    // The cause goes away: the workload rolls out within seconds, with no spec change.
+    Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone())
+        .delete(&binding, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(ns.client.clone()).delete(&policy, &DeleteParams::default()).await.unwrap();
+    let started = std::time::Instant::now();
+    let mw = wait_ready(&workloads, "web", Phase::Running).await;
+    eprintln!("rolled out {:?} after the policy was removed", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(condition(&mw, "Available").observed_generation, updated.metadata.generation);
+}
