@@ -198,7 +198,9 @@ async fn bad_rows(engine: Engine) {
     let db = ManagerDb::new(engine).await;
     let workloads = ns.api::<ManagedWorkload>();
     db.insert_node("k8s-unmapped").await;
-    let bad: [(&str, &str, Option<&str>, Option<&str>, &str); 6] = [
+    // (node, hostname, template, environmentVars, the reason it is reported with)
+    type BadRow = (&'static str, &'static str, Option<&'static str>, Option<&'static str>, &'static str);
+    let bad: [BadRow; 6] = [
         ("k8s-lab-1", "no-image", None, None, "missing_image"),
         ("k8s-lab-1", "proxmox-tpl", Some("local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"), None, "bad_image"),
         ("k8s-lab-1", "bad-env-key", Some("docker.io/library/nginx:1.27"), Some(r#"{"1BAD":"x"}"#), "bad_env_key"),
