@@ -13,6 +13,7 @@ pub mod drift;
 pub mod error;
 pub mod resource;
 pub mod status;
+pub mod telemetry;
 
 #[cfg(test)]
 mod properties;

@@ -111,6 +111,23 @@ async fn end_to_end(engine: Engine) {
     );
     wait_row(&db, &workloads, "team-wiki", true).await;
 
+    // A hostname changes (or a node is mapped elsewhere): the new CR runs, the old one goes.
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET hostname = 'pg-renamed', "updatedAt" = '{}' WHERE hostname = 'pg-analytics'"#,
+        now()
+    ))
+    .await;
+    wait_ready(&workloads, "pg-renamed", Phase::Running).await;
+    wait_until(
+        &workloads,
+        "pg-analytics",
+        "the CR of the old hostname to go",
+        TIMEOUT,
+        |mw: Option<&ManagedWorkload>| mw.is_none(),
+    )
+    .await;
+    wait_row(&db, &workloads, "pg-renamed", true).await;
+
     // Stopped by hand (as Manager's backend or kubectl would): later syncs leave it stopped,
     // and the row's IP goes NULL.
     workloads
@@ -246,6 +263,13 @@ async fn bad_rows(engine: Engine) {
     })
     .await;
     bridge.wait_for_line(&["row synced again", "hostname=no-image"], TIMEOUT).await;
+    // The counter by reason, once per row and reason.
+    for (_, _, _, _, reason) in bad {
+        let sample = format!("mw_bridge_row_errors_total{{reason=\"{reason}\"}}");
+        assert_eq!(bridge.metric(&sample).await, Some(1.0), "{sample}");
+    }
+    let (status, _) = bridge.http_get("/readyz").await;
+    assert_eq!(status, 200, "bad rows do not make the bridge unready");
     // Counted once per row and reason, not once per poll.
     let output = bridge.output();
     let reports = output.lines().filter(|l| l.contains("row not synced") && l.contains("hostname=bad-json")).count();

@@ -47,10 +47,21 @@ async fn an_evicted_pod_is_history_and_a_stopped_workload_with_only_finished_pod
     let pods = ns.api::<Pod>();
     apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
     wait_ready(&workloads, "web", Phase::Running).await;
+    // kwok writes a new Pod's status in several patches; one landing after the eviction patch
+    // below would undo it. Wait until the Pod has not changed for a second.
+    let victim = pods_of(&pods, "web").await.remove(0).name_any();
+    let mut version = pods.get(&victim).await.unwrap().metadata.resource_version;
+    for _ in 0..30 {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let now = pods.get(&victim).await.unwrap().metadata.resource_version;
+        if now == version {
+            break;
+        }
+        version = now;
+    }
     let phases = PhaseLog::start(&workloads, "web").await;
 
     // What the kubelet leaves after an eviction: phase Failed, reason Evicted, until Pod GC.
-    let victim = pods_of(&pods, "web").await.remove(0).name_any();
     let evicted = json!({"status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory.",
         "conditions": [{"type": "Ready", "status": "False"}]}});
     pods.patch_status(&victim, &PatchParams::default(), &Patch::Merge(&evicted)).await.unwrap();

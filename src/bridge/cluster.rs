@@ -16,6 +16,7 @@ use tracing::warn;
 
 use super::error::BridgeError;
 use super::mapping::SYNCED_BY_LABEL;
+use super::metrics::Metrics;
 use crate::resource::ManagedWorkload;
 
 pub struct Cluster {
@@ -23,6 +24,7 @@ pub struct Cluster {
     field_manager: String,
     workloads: HashMap<String, Store<ManagedWorkload>>,
     secrets: HashMap<String, Store<PartialObjectMeta<Secret>>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Cluster {
@@ -33,6 +35,7 @@ impl Cluster {
         namespaces: &[String],
         field_manager: &str,
         changed: Arc<Notify>,
+        metrics: Arc<Metrics>,
     ) -> Result<Cluster, BridgeError> {
         let selector = format!("{SYNCED_BY_LABEL}={field_manager}");
         let mut workloads = HashMap::new();
@@ -75,7 +78,7 @@ impl Cluster {
             tokio::spawn(stream);
             secrets.insert(ns.clone(), store);
         }
-        Ok(Cluster { client, field_manager: field_manager.to_string(), workloads, secrets })
+        Ok(Cluster { client, field_manager: field_manager.to_string(), workloads, secrets, metrics })
     }
 
     /// Wait until every cache holds a first complete list.
@@ -123,13 +126,17 @@ impl Cluster {
     pub async fn apply_workload(&self, mw: &ManagedWorkload, force: bool) -> Result<ManagedWorkload, kube::Error> {
         let (namespace, name) = names(&mw.metadata);
         let api = Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace);
-        api.patch(name, &self.apply_params(force), &Patch::Apply(mw)).await
+        let applied = api.patch(name, &self.apply_params(force), &Patch::Apply(mw)).await?;
+        self.metrics.wrote("workload_apply");
+        Ok(applied)
     }
 
     pub async fn apply_secret(&self, secret: &Secret, force: bool) -> Result<(), kube::Error> {
         let (namespace, name) = names(&secret.metadata);
         let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
-        api.patch(name, &self.apply_params(force), &Patch::Apply(secret)).await.map(|_| ())
+        api.patch(name, &self.apply_params(force), &Patch::Apply(secret)).await?;
+        self.metrics.wrote("secret_apply");
+        Ok(())
     }
 
     /// Delete a ManagedWorkload if it is still the object `uid` names (never one someone
@@ -142,7 +149,7 @@ impl Cluster {
             ..Default::default()
         };
         let api = Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace);
-        ignore_gone(api.delete(name, &params).await.map(|_| ()))
+        ignore_gone(api.delete(name, &params).await.map(|_| self.metrics.wrote("workload_delete")))
     }
 
     pub async fn delete_secret(&self, namespace: &str, name: &str, uid: &str) -> Result<(), kube::Error> {
@@ -151,7 +158,7 @@ impl Cluster {
             ..Default::default()
         };
         let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
-        ignore_gone(api.delete(name, &params).await.map(|_| ()))
+        ignore_gone(api.delete(name, &params).await.map(|_| self.metrics.wrote("secret_delete")))
     }
 
     fn apply_params(&self, force: bool) -> PatchParams {

@@ -309,12 +309,16 @@ pub enum WriteBackError {
     Bridge(BridgeError),
 }
 
-/// `scheme://user:password@host`: a password in the URL would end up in process listings,
-/// shell history and logs.
+/// `scheme://user:password@host` or `?password=`: a password in the URL would end up in
+/// process listings, shell history and logs.
 fn url_has_password(url: &str) -> bool {
     let Some((_, rest)) = url.split_once("://") else { return false };
     let authority = rest.split(['/', '?']).next().unwrap_or("");
-    authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':'))
+    let in_userinfo = authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':'));
+    let in_query = rest.split_once('?').is_some_and(|(_, query)| {
+        query.split('&').any(|pair| pair.split('=').next().is_some_and(|k| k.eq_ignore_ascii_case("password")))
+    });
+    in_userinfo || in_query
 }
 
 #[cfg(test)]
@@ -324,6 +328,7 @@ mod tests {
     #[test]
     fn passwords_in_urls_are_refused() {
         assert!(url_has_password("postgres://mw:secret@db:5432/manager"));
+        assert!(url_has_password("postgres://mw@db/manager?sslmode=require&password=secret"));
         assert!(!url_has_password("postgres://mw@db:5432/manager?sslmode=verify-full"));
         assert!(!url_has_password("postgres://db/manager"));
         assert!(!url_has_password("sqlite:///var/lib/manager/database.sqlite"));

@@ -32,8 +32,8 @@ pub enum RowError {
     HostnameCollision { namespace: String, name: String, other: String },
     #[error("Secret {namespace}/{name} exists and was not created by the bridge; rename or delete it")]
     SecretTaken { namespace: String, name: String },
-    #[error("the API server rejected the ManagedWorkload: {0}")]
-    Rejected(String),
+    #[error("the API server rejected {object}: {message}")]
+    Rejected { object: String, message: String },
     #[error("ManagedWorkload {namespace}/{name} of an earlier container is still being deleted; retrying")]
     Replacing { namespace: String, name: String },
     #[error("writing back containerId/ipv4Address violates {constraint}: another row holds the same value; retrying")]
@@ -55,7 +55,7 @@ impl RowError {
             RowError::NameTaken { .. } => "name_taken",
             RowError::HostnameCollision { .. } => "hostname_collision",
             RowError::SecretTaken { .. } => "secret_taken",
-            RowError::Rejected(_) => "rejected",
+            RowError::Rejected { .. } => "rejected",
             RowError::Replacing { .. } => "replacing",
             RowError::UniqueWriteBack { .. } => "unique_violation",
         }

@@ -12,6 +12,7 @@ pub mod env;
 pub mod error;
 pub mod image;
 pub mod mapping;
+pub mod metrics;
 pub mod plan;
 pub mod rows;
 pub mod sync;
@@ -25,7 +26,7 @@ use tracing::info;
 
 use crate::client;
 pub use error::{BridgeError, RowError};
-pub use sync::{NodeMapping, Settings, Stats};
+pub use sync::{NodeMapping, Settings};
 
 /// `mw-operator bridge` flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -58,6 +59,9 @@ pub struct BridgeArgs {
     /// workload reserves all it may use).
     #[arg(long, default_value_t = 100, env = "MW_REQUESTS_PERCENT", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub requests_percent: u32,
+    /// Where to serve /healthz, /readyz (ready while sync passes succeed) and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
+    pub metrics_address: std::net::SocketAddr,
     /// API requests in flight at once while syncing.
     #[arg(long, default_value_t = 16, env = "MW_BRIDGE_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
@@ -109,8 +113,15 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
     let mut namespaces: Vec<String> = args.nodes.iter().map(|m| m.namespace.clone()).collect();
     namespaces.sort();
     namespaces.dedup();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = metrics::Metrics::register(&mut registry);
+    let health = Arc::new(crate::telemetry::Health::default());
+    crate::telemetry::serve(args.metrics_address, Arc::new(registry), health.clone())
+        .await
+        .map_err(|e| BridgeError::Config(format!("serving probes and metrics on {}: {e}", args.metrics_address)))?;
     let changed = Arc::new(Notify::new());
-    let cluster = cluster::Cluster::start(client, &namespaces, &args.field_manager, changed.clone()).await?;
+    let cluster =
+        cluster::Cluster::start(client, &namespaces, &args.field_manager, changed.clone(), metrics.clone()).await?;
     cluster.ready().await;
     info!(
         engine = ?database.engine(),
@@ -128,7 +139,7 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         requests_percent: args.requests_percent,
         concurrency: usize::from(args.concurrency),
     };
-    let bridge = sync::Bridge::new(database, Arc::new(cluster), settings, Arc::new(Stats::default()));
+    let bridge = sync::Bridge::new(database, Arc::new(cluster), settings, metrics, health);
     bridge.run(changed, shutdown_signal()).await;
     Ok(())
 }

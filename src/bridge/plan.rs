@@ -12,23 +12,40 @@ use crate::resource::{ManagedWorkload, Phase};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Existing {
     pub uid: Option<String>,
+    pub namespace: Option<String>,
+    pub name: String,
     /// Made by this bridge (its field manager is on the ownership label).
     pub ours: bool,
     pub key: Option<RowKey>,
     pub created_at: Option<String>,
     pub hash: Option<String>,
     pub deleting: bool,
+    /// The live spec, to notice hand edits of fields the bridge sets.
+    pub spec: serde_json::Value,
 }
 
 impl Existing {
     pub fn of(mw: &ManagedWorkload, field_manager: &str) -> Self {
         Existing {
             uid: mw.uid(),
+            namespace: mw.namespace(),
+            name: mw.name_any(),
             ours: mw.labels().get(SYNCED_BY_LABEL).map(String::as_str) == Some(field_manager),
             key: key_of(mw.labels()),
             created_at: mw.annotations().get(ROW_CREATED_ANNOTATION).cloned(),
             hash: mw.annotations().get(BRIDGE_HASH_ANNOTATION).cloned(),
             deleting: mw.metadata.deletion_timestamp.is_some(),
+            spec: serde_json::to_value(&mw.spec).unwrap_or_default(),
+        }
+    }
+
+    /// Every spec field the bridge sets holds what it would set: a hand edit of one of them
+    /// (`kubectl edit` of the image) is undone; fields it does not set (`state`, `args`,
+    /// `ports`) are others' and never compared.
+    fn spec_matches(&self, desired: &Desired) -> bool {
+        match serde_json::to_value(&desired.workload.spec) {
+            Ok(serde_json::Value::Object(want)) => want.iter().all(|(k, v)| self.spec.get(k) == Some(v)),
+            _ => false,
         }
     }
 }
@@ -78,7 +95,11 @@ pub fn plan(
             None => Plan::Update,
         };
     }
-    if cr.hash.as_deref() == Some(desired.hash.as_str()) && secret_present { Plan::UpToDate } else { Plan::Update }
+    if cr.hash.as_deref() == Some(desired.hash.as_str()) && secret_present && cr.spec_matches(desired) {
+        Plan::UpToDate
+    } else {
+        Plan::Update
+    }
 }
 
 /// What the row's written-back columns should hold for this CR (DESIGN §5): the permanent
@@ -95,12 +116,22 @@ pub fn row_state(mw: &ManagedWorkload) -> RowState {
     }
 }
 
+/// Where a row's CR belongs now: the row's `createdAt`, namespace and hostname.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowTarget {
+    pub created_at: String,
+    pub namespace: String,
+    pub name: String,
+}
+
 /// Should this CR of ours be deleted? Only when its node is one this bridge serves (a node
-/// dropped from the configuration leaves its workloads alone) and no row is left for it.
+/// dropped from the configuration leaves its workloads alone) and its row is gone, or the
+/// row now belongs elsewhere (its node was mapped to another namespace, its hostname
+/// changed) so the row has, or gets, a CR of its own there.
 pub fn is_orphan(
     existing: &Existing,
     serves_node: impl Fn(i64) -> bool,
-    row_created_at: impl Fn(RowKey) -> Option<String>,
+    row: impl Fn(RowKey) -> Option<RowTarget>,
 ) -> bool {
     if !existing.ours || existing.deleting {
         return false;
@@ -109,10 +140,14 @@ pub fn is_orphan(
     if !serves_node(key.node_id) {
         return false;
     }
-    match row_created_at(key) {
+    match row(key) {
         None => true,
-        // The id was re-used: the CR's container is gone, the new row gets its own CR.
-        Some(created) => existing.created_at.as_deref().is_some_and(|c| c != created),
+        Some(target) => {
+            // The id was re-used: the CR's container is gone, the new row gets its own CR.
+            existing.created_at.as_deref().is_some_and(|c| c != target.created_at)
+                || existing.namespace.as_deref() != Some(target.namespace.as_str())
+                || existing.name != target.name
+        }
     }
 }
 
@@ -159,11 +194,14 @@ mod tests {
     fn existing(d: &Desired) -> Existing {
         Existing {
             uid: Some("uid-1".into()),
+            namespace: Some("ns".into()),
+            name: "app".into(),
             ours: true,
             key: Some(d.key),
             created_at: Some(d.created_at.clone()),
             hash: Some(d.hash.clone()),
             deleting: false,
+            spec: serde_json::to_value(&d.workload.spec).unwrap(),
         }
     }
 
@@ -177,6 +215,14 @@ mod tests {
         assert_eq!(plan(&d, Some(&stale), true, |_| false), Plan::Update);
         // What the bridge applies reads back the same.
         assert_eq!(Existing::of(&d.workload, "mw-bridge"), Existing { uid: None, ..existing(&d) });
+        // A hand edit of the image is undone; a hand stop is not the bridge's business.
+        let mut edited = existing(&d);
+        edited.spec["image"] = "nginx:hacked".into();
+        assert_eq!(plan(&d, Some(&edited), true, |_| false), Plan::Update);
+        let mut stopped = existing(&d);
+        stopped.spec["state"] = "Stopped".into();
+        stopped.spec["args"] = serde_json::json!(["-v"]);
+        assert_eq!(plan(&d, Some(&stopped), true, |_| false), Plan::UpToDate);
     }
 
     #[test]
@@ -204,10 +250,20 @@ mod tests {
     fn orphans_are_ours_on_served_nodes_without_a_row() {
         let d = desired();
         let e = existing(&d);
-        let created = d.created_at.clone();
-        assert!(!is_orphan(&e, |_| true, |_| Some(created.clone())));
+        let target = RowTarget { created_at: d.created_at.clone(), namespace: "ns".into(), name: "app".into() };
+        let at = |t: RowTarget| move |_| Some(t.clone());
+        assert!(!is_orphan(&e, |_| true, at(target.clone())));
         assert!(is_orphan(&e, |_| true, |_| None));
-        assert!(is_orphan(&e, |_| true, |_| Some("2027-01-01 00:00:00.000 +00:00".into())), "id re-used");
+        let reused = RowTarget { created_at: "2027-01-01 00:00:00.000 +00:00".into(), ..target.clone() };
+        assert!(is_orphan(&e, |_| true, at(reused)), "id re-used");
+        assert!(
+            is_orphan(&e, |_| true, at(RowTarget { namespace: "elsewhere".into(), ..target.clone() })),
+            "node remapped"
+        );
+        assert!(
+            is_orphan(&e, |_| true, at(RowTarget { name: "renamed".into(), ..target.clone() })),
+            "hostname changed"
+        );
         assert!(!is_orphan(&e, |_| false, |_| None), "node no longer served: left alone");
         assert!(!is_orphan(&Existing { ours: false, ..e.clone() }, |_| true, |_| None));
     }

@@ -9,8 +9,8 @@
 //! Nothing is lost on failure: changed rows stay pending in memory until they are synced, and
 //! a failed pass (database or API server down) is retried with exponential backoff.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -25,8 +25,10 @@ use super::db::{self, Database, WriteBackError};
 use super::env::{self, DefaultEnv};
 use super::error::{BridgeError, RowError};
 use super::mapping::{self, Context, Desired, SYNCED_BY_LABEL};
+use super::metrics::Metrics;
 use super::plan::{self, Existing, Plan};
 use super::rows::{ContainerRow, Fingerprint, Grants, RowKey};
+use crate::telemetry::Health;
 
 /// Rows committed a little after a later `updatedAt` was already seen are still found: each
 /// incremental poll looks this far back (rows already seen unchanged cost nothing).
@@ -55,30 +57,6 @@ pub struct Settings {
     pub concurrency: usize,
 }
 
-/// Counters for logs and tests: what the bridge did, and row errors by reason.
-#[derive(Debug, Default)]
-pub struct Stats {
-    inner: Mutex<StatsInner>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StatsInner {
-    pub row_errors: BTreeMap<&'static str, u64>,
-    pub applied: u64,
-    pub deleted: u64,
-    pub written_back: u64,
-    pub full_resyncs: u64,
-}
-
-impl Stats {
-    fn update(&self, f: impl FnOnce(&mut StatsInner)) {
-        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()));
-    }
-    pub fn snapshot(&self) -> StatsInner {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
 /// What the bridge remembers of one row.
 struct Tracked {
     row: ContainerRow,
@@ -99,6 +77,9 @@ pub struct Bridge {
     /// Served node id → namespace, resolved from `Nodes` on each full resync.
     served: HashMap<i64, String>,
     defaults: DefaultEnv,
+    /// The system env defaults were read at least once (or are absent). Until then no row is
+    /// synced: syncing without them would roll every workload out without its system env.
+    defaults_known: bool,
     defaults_error: Option<String>,
     grants: Grants,
     rows: HashMap<RowKey, Tracked>,
@@ -106,7 +87,8 @@ pub struct Bridge {
     watermark: Option<Timestamp>,
     fingerprint: Option<Fingerprint>,
     next_full: Instant,
-    stats: Arc<Stats>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
 }
 
 /// How one row's sync ended.
@@ -117,13 +99,20 @@ enum Outcome {
 }
 
 impl Bridge {
-    pub fn new(db: Database, cluster: Arc<Cluster>, settings: Settings, stats: Arc<Stats>) -> Self {
+    pub fn new(
+        db: Database,
+        cluster: Arc<Cluster>,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+    ) -> Self {
         Bridge {
             db,
             cluster,
             settings,
             served: HashMap::new(),
             defaults: DefaultEnv::default(),
+            defaults_known: false,
             defaults_error: None,
             grants: Grants::default(),
             rows: HashMap::new(),
@@ -131,7 +120,8 @@ impl Bridge {
             watermark: None,
             fingerprint: None,
             next_full: Instant::now(),
-            stats,
+            metrics,
+            health,
         }
     }
 
@@ -181,6 +171,19 @@ impl Bridge {
 
     /// One pass: find changes, sync pending rows, write back.
     async fn poll(&mut self) -> Result<(), BridgeError> {
+        let result = self.pass().await;
+        self.metrics.pass(result.is_ok());
+        let failing = self.rows.values().filter(|t| t.error.is_some() || t.write_back_error.is_some()).count();
+        self.metrics.rows.set(i64::try_from(self.rows.len()).unwrap_or(i64::MAX));
+        self.metrics.rows_failing.set(i64::try_from(failing).unwrap_or(i64::MAX));
+        // Ready while passes succeed: a bridge that cannot reach its database or the API
+        // server says so on /readyz (and in its log).
+        self.health.set_ready(result.is_ok());
+        result
+    }
+
+    async fn pass(&mut self) -> Result<(), BridgeError> {
+        let started = Instant::now();
         let fingerprint = self.db.fingerprint(&self.served_ids()).await?;
         let mut full = Instant::now() >= self.next_full || self.outside_containers_changed(&fingerprint);
         if !full {
@@ -197,6 +200,8 @@ impl Bridge {
         if full {
             self.collect_orphans().await?;
             self.next_full = Instant::now() + self.settings.resync_interval;
+            self.metrics.full_resync_seconds.observe(started.elapsed().as_secs_f64());
+            info!(rows = self.rows.len(), took = ?started.elapsed(), "full resync done");
         }
         self.write_back().await
     }
@@ -224,19 +229,27 @@ impl Bridge {
         let started = Instant::now();
         self.resolve_nodes().await?;
         match self.db.default_env_setting().await? {
-            None => self.defaults = DefaultEnv::default(),
+            None => {
+                self.defaults = DefaultEnv::default();
+                self.defaults_known = true;
+            }
             Some(setting) => match env::parse_defaults(&setting) {
                 Ok(defaults) => {
                     if !defaults.skipped_keys.is_empty() && defaults != self.defaults {
                         warn!(keys = ?defaults.skipped_keys, "Settings.default_container_env_vars has keys that are not variable names; skipped, as Manager skips them");
                     }
                     self.defaults = defaults;
+                    self.defaults_known = true;
                     self.defaults_error = None;
                 }
                 Err(why) => {
                     if self.defaults_error.as_deref() != Some(why.as_str()) {
-                        error!(error = %why, "Settings.default_container_env_vars cannot be read; keeping the last good defaults");
-                        self.stats.update(|s| *s.row_errors.entry("bad_settings").or_default() += 1);
+                        if self.defaults_known {
+                            error!(error = %why, "Settings.default_container_env_vars cannot be read; keeping the last good defaults");
+                        } else {
+                            error!(error = %why, "Settings.default_container_env_vars cannot be read and no earlier value is known; no row is synced until it is fixed");
+                        }
+                        self.metrics.row_error("bad_settings");
                     }
                     self.defaults_error = Some(why);
                 }
@@ -250,7 +263,6 @@ impl Bridge {
             self.track(row, true);
         }
         self.report_unmapped().await?;
-        self.stats.update(|s| s.full_resyncs += 1);
         info!(rows = self.rows.len(), nodes = self.served.len(), took = ?started.elapsed(), "full resync read");
         Ok(())
     }
@@ -290,7 +302,7 @@ impl Bridge {
         for key in unmapped.difference(&self.unmapped) {
             let err = RowError::UnmappedNode { node_id: key.node_id };
             warn!(row = %key, reason = %err.reason(), error = %err, "row not synced");
-            self.stats.update(|s| *s.row_errors.entry(err.reason()).or_default() += 1);
+            self.metrics.row_error(err.reason());
         }
         self.unmapped = unmapped;
         Ok(())
@@ -303,9 +315,13 @@ impl Bridge {
             self.watermark = Some(self.watermark.map_or(at, |w| w.max(at)));
         }
         let Some(namespace) = self.served.get(&row.node_id).cloned() else { return };
+        let mut moved = false;
         match self.rows.get_mut(&row.key()) {
             Some(t) if t.row == row && t.namespace == namespace => t.pending |= recheck,
             Some(t) => {
+                // A new hostname means a new CR; the old one goes at the next full resync,
+                // which is made the next pass so two copies do not run for long.
+                moved = t.row.hostname != row.hostname;
                 t.row = row;
                 t.namespace = namespace;
                 t.pending = true;
@@ -324,10 +340,16 @@ impl Bridge {
                 self.rows.insert(tracked.row.key(), tracked);
             }
         }
+        if moved {
+            self.next_full = Instant::now();
+        }
     }
 
     /// Map every pending row and apply what differs, a bounded number of requests at once.
     async fn sync_pending(&mut self) -> Result<(), BridgeError> {
+        if !self.defaults_known {
+            return Ok(());
+        }
         let now = Instant::now();
         let live: Arc<HashSet<RowKey>> = Arc::new(self.rows.keys().copied().collect());
         let fm = self.settings.field_manager.clone();
@@ -394,7 +416,7 @@ impl Bridge {
                     );
                     t.pending = retry;
                     t.retry_at = retry.then(|| Instant::now() + ROW_RETRY);
-                    report(&self.stats, key, &t.row.hostname, &mut t.error, err);
+                    report(&self.metrics, key, &t.row.hostname, &mut t.error, err);
                 }
                 Outcome::Transient(err) => {
                     transient.get_or_insert(err);
@@ -411,10 +433,16 @@ impl Bridge {
     /// came (a crash between the two writes).
     async fn collect_orphans(&mut self) -> Result<(), BridgeError> {
         let fm = &self.settings.field_manager;
-        let created = |key: RowKey| self.rows.get(&key).map(|t| t.row.created_at.clone());
+        let target = |key: RowKey| {
+            self.rows.get(&key).map(|t| plan::RowTarget {
+                created_at: t.row.created_at.clone(),
+                namespace: t.namespace.clone(),
+                name: t.row.hostname.clone(),
+            })
+        };
         for mw in self.cluster.workloads() {
             let existing = Existing::of(&mw, fm);
-            if !plan::is_orphan(&existing, |node| self.served.contains_key(&node), created) {
+            if !plan::is_orphan(&existing, |node| self.served.contains_key(&node), target) {
                 continue;
             }
             let (Some(ns), Some(uid)) = (mw.namespace(), existing.uid.as_deref()) else { continue };
@@ -423,7 +451,6 @@ impl Bridge {
                 operation: format!("deleting ManagedWorkload {ns}/{}", mw.name_any()),
                 source,
             })?;
-            self.stats.update(|s| s.deleted += 1);
         }
         let grace = k8s_openapi::jiff::Timestamp::now()
             .saturating_sub(SignedDuration::from_mins(5))
@@ -481,7 +508,7 @@ impl Bridge {
                     if let Some(updated_at) = written {
                         info!(row = %key, hostname = %t.row.hostname, container_id = ?target.container_id, ipv4_address = ?target.ipv4_address, "wrote back to Manager");
                         t.row.updated_at = updated_at;
-                        self.stats.update(|s| s.written_back += 1);
+                        self.metrics.wrote("row_update");
                     }
                     // Also when nothing was written (the row already held it): do not retry.
                     t.row.container_id = target.container_id;
@@ -492,7 +519,7 @@ impl Bridge {
                     }
                 }
                 Err(WriteBackError::Row(err)) => {
-                    report(&self.stats, *key, &t.row.hostname, &mut t.write_back_error, err)
+                    report(&self.metrics, *key, &t.row.hostname, &mut t.write_back_error, err)
                 }
                 Err(WriteBackError::Bridge(err)) => return Err(err),
             }
@@ -503,10 +530,10 @@ impl Bridge {
 
 /// Log and count a row error once per change, so a row stuck on the same error does not
 /// flood the log every poll.
-fn report(stats: &Stats, key: RowKey, hostname: &str, slot: &mut Option<RowError>, err: RowError) {
+fn report(metrics: &Metrics, key: RowKey, hostname: &str, slot: &mut Option<RowError>, err: RowError) {
     if slot.as_ref() != Some(&err) {
         warn!(row = %key, %hostname, reason = %err.reason(), error = %err, "row not synced");
-        stats.update(|s| *s.row_errors.entry(err.reason()).or_default() += 1);
+        metrics.row_error(err.reason());
     }
     *slot = Some(err);
 }
@@ -631,9 +658,12 @@ async fn try_sync_one(
 
 /// The API server refusing the object (400, 422) is the row's problem and waits for the row
 /// to change; anything else (down, throttled, a 5xx) is retried with the whole pass.
+/// `operation` names the object ("applying Secret ns/x-manager-env").
 fn classify(err: kube::Error, operation: String) -> Failure {
     match err {
-        kube::Error::Api(s) if s.code == 400 || s.code == 422 => Failure::Row(RowError::Rejected(s.message)),
+        kube::Error::Api(s) if s.code == 400 || s.code == 422 => {
+            Failure::Row(RowError::Rejected { object: operation, message: s.message })
+        }
         other => Failure::Api(operation, other),
     }
 }

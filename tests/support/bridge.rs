@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use kube::api::{ObjectMeta, PostParams};
 
@@ -49,6 +50,28 @@ pub async fn grant(ns: &TestNamespace) {
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => panic!("binding the bridge's role in {}: {e}", ns.name),
     }
+    // The API server's RBAC cache takes a moment to see a new binding; the bridge checks its
+    // access at start-up and would (rightly) exit on a denial.
+    let reviews: kube::Api<SubjectAccessReview> = kube::Api::all(ns.client.clone());
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some("mw-bridge".into()),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.name.clone()),
+                verb: Some("list".into()),
+                group: Some("opensource-server.mieweb.org".into()),
+                resource: Some("managedworkloads".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    super::eventually("the bridge's RoleBinding to take effect", Duration::from_secs(30), || async {
+        let answer = reviews.create(&PostParams::default(), &review).await.map_err(|e| e.to_string())?;
+        if answer.status.is_some_and(|s| s.allowed) { Ok(()) } else { Err("not allowed yet".into()) }
+    })
+    .await;
 }
 
 impl Bridge {
@@ -63,6 +86,7 @@ impl Bridge {
             .args(["--database-url", &db.url])
             .args(["--node", &format!("k8s-lab-1={}", ns.name)])
             .args(["--poll-interval", POLL, "--resync-interval", RESYNC, "--requests-percent", "1"])
+            .args(["--metrics-address", "127.0.0.1:0"])
             .args(extra)
             .env_remove("MW_DATABASE_PASSWORD")
             .env("RUST_LOG", "info,mw_operator=debug,kube=warn,sqlx=warn")
@@ -102,6 +126,30 @@ impl Bridge {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// GET `path` from the bridge's probe/metrics server: (status code, body).
+    pub async fn http_get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let line = self.wait_for_line(&["serving /healthz"], Duration::from_secs(30)).await;
+        let address =
+            line.split("address=").nth(1).and_then(|s| s.split_whitespace().next()).expect("the bound address");
+        let mut stream = tokio::net::TcpStream::connect(address).await.expect("connecting to the metrics server");
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .expect("sending the request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.expect("reading the response");
+        let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (status, body)
+    }
+
+    /// The value of one metric sample (`name{labels}`), if exported.
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        let (_, body) = self.http_get("/metrics").await;
+        body.lines().find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
     }
 
     pub async fn stop(mut self) {

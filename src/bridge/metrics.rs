@@ -1,0 +1,69 @@
+//! The bridge's Prometheus metrics (served by `telemetry` on `--metrics-address`).
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+#[derive(Debug)]
+pub struct Metrics {
+    /// Rows that could not be synced, by reason (`RowError::reason`), counted once per row
+    /// and change of reason, not per poll.
+    pub row_errors: Family<Labels, Counter>,
+    /// API and database writes, by what was written.
+    pub writes: Family<Labels, Counter>,
+    /// Sync passes by result (`ok`, `error`).
+    pub passes: Family<Labels, Counter>,
+    /// Wall time of full resyncs (read, map, compare, apply what differs, delete orphans).
+    pub full_resync_seconds: Histogram,
+    /// Rows of served nodes the bridge tracks, and how many of them are failing.
+    pub rows: Gauge,
+    pub rows_failing: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            row_errors: Family::default(),
+            writes: Family::default(),
+            passes: Family::default(),
+            full_resync_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 16)),
+            rows: Gauge::default(),
+            rows_failing: Gauge::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Create the metrics and register them under the `mw_bridge` prefix.
+    pub fn register(registry: &mut Registry) -> std::sync::Arc<Metrics> {
+        let m = Metrics::default();
+        let r = registry.sub_registry_with_prefix("mw_bridge");
+        r.register("row_errors", "Rows not synced, by reason (once per row and reason)", m.row_errors.clone());
+        r.register(
+            "writes",
+            "Writes made, by kind (workload_apply, secret_apply, workload_delete, secret_delete, row_update)",
+            m.writes.clone(),
+        );
+        r.register("sync_passes", "Sync passes, by result", m.passes.clone());
+        r.register("full_resync_duration_seconds", "Wall time of full resyncs", m.full_resync_seconds.clone());
+        r.register("rows", "Rows of served nodes tracked", m.rows.clone());
+        r.register("rows_failing", "Tracked rows that currently fail to sync", m.rows_failing.clone());
+        std::sync::Arc::new(m)
+    }
+
+    pub fn row_error(&self, reason: &'static str) {
+        self.row_errors.get_or_create(&vec![("reason", reason.to_string())]).inc();
+    }
+
+    pub fn wrote(&self, kind: &'static str) {
+        self.writes.get_or_create(&vec![("kind", kind.to_string())]).inc();
+    }
+
+    pub fn pass(&self, ok: bool) {
+        self.passes.get_or_create(&vec![("result", if ok { "ok" } else { "error" }.to_string())]).inc();
+    }
+}
