@@ -363,3 +363,56 @@ async fn sqlite_database_outage() {
 async fn postgres_database_outage() {
     database_outage(Engine::Postgres).await;
 }
+
+/// The API server goes away for 30 s (connections reset, new ones refused) while Manager's
+/// rows change; when it is back, the bridge converges without a restart.
+#[tokio::test]
+async fn api_server_outage() {
+    const OUTAGE: Duration = Duration::from_secs(30);
+    let ns = TestNamespace::new("bridge-api-outage").await;
+    let db = ManagerDb::new(Engine::Sqlite).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let proxy = support::proxy::Proxy::start(support::proxy::api_server()).await;
+    let kubeconfig = std::path::PathBuf::from(support::log_dir()).join(format!("bridge-{}.kubeconfig", ns.name));
+    proxy.kubeconfig(&support::bridge::kubeconfig(), &kubeconfig);
+    let mut bridge = Bridge::start_with(&ns, &db, kubeconfig.to_str().unwrap(), &[]).await;
+    for name in SAMPLES {
+        wait_ready(&workloads, name, Phase::Running).await;
+    }
+
+    proxy.cut();
+    db.insert_container("k8s-lab-1", "while-away", Some("docker.io/library/redis:7"), None).await;
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "environmentVars" = '{{"CHANGED":"yes"}}', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
+        now()
+    ))
+    .await;
+    bridge.wait_for_line(&["sync pass failed", "Kubernetes API"], TIMEOUT).await;
+    let (status, _) = bridge.http_get("/readyz").await;
+    assert_eq!(status, 503, "unready while the API server is unreachable");
+    tokio::time::sleep(OUTAGE).await;
+    assert!(bridge.alive(), "the bridge exited while the API server was away");
+    proxy.restore();
+
+    wait_ready(&workloads, "while-away", Phase::Running).await;
+    wait_row(&db, &workloads, "while-away", true).await;
+    wait_until(&workloads, "team-wiki", "the env change made while away", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| mw.spec.env.iter().any(|e| e.name == "CHANGED"))
+    })
+    .await;
+    bridge.wait_for_line(&["sync recovered"], TIMEOUT).await;
+    eventually("/readyz to answer 200 again", TIMEOUT, || async {
+        let (status, _) = bridge.http_get("/readyz").await;
+        if status == 200 { Ok(()) } else { Err(format!("{status}")) }
+    })
+    .await;
+    // The status watch came back too: a stop made now reaches the row.
+    workloads
+        .patch("team-wiki", &PatchParams::default(), &Patch::Merge(json!({"spec": {"state": "Stopped"}})))
+        .await
+        .unwrap();
+    wait_ready(&workloads, "team-wiki", Phase::Stopped).await;
+    wait_row(&db, &workloads, "team-wiki", false).await;
+    bridge.stop().await;
+    db.close().await;
+}

@@ -23,7 +23,7 @@ pub struct Bridge {
 }
 
 /// Kubeconfig of user mw-bridge, written by hack/controlplane.sh beside the admin's.
-fn kubeconfig() -> String {
+pub fn kubeconfig() -> String {
     let admin = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
     let dir = std::path::Path::new(&admin).parent().expect("kubeconfig directory");
     dir.join("bridge.kubeconfig").display().to_string()
@@ -77,12 +77,17 @@ pub async fn grant(ns: &TestNamespace) {
 impl Bridge {
     /// Start a bridge serving Manager node `k8s-lab-1` (the sample rows' node) into `ns`.
     pub async fn start(ns: &TestNamespace, db: &ManagerDb, extra: &[&str]) -> Bridge {
+        Self::start_with(ns, db, &kubeconfig(), extra).await
+    }
+
+    /// The same, reaching the API server through `kubeconfig` (e.g. a cuttable proxy).
+    pub async fn start_with(ns: &TestNamespace, db: &ManagerDb, kubeconfig: &str, extra: &[&str]) -> Bridge {
         grant(ns).await;
         let log = PathBuf::from(super::log_dir()).join(format!("bridge-{}.log", ns.name));
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("opening the bridge log");
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_mw-operator"));
         cmd.arg("bridge")
-            .args(["--kubeconfig", &kubeconfig()])
+            .args(["--kubeconfig", kubeconfig])
             .args(["--database-url", &db.url])
             .args(["--node", &format!("k8s-lab-1={}", ns.name)])
             .args(["--poll-interval", POLL, "--resync-interval", RESYNC, "--requests-percent", "1"])
