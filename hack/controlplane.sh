@@ -12,6 +12,8 @@
 #   hack/controlplane.sh log-dir [NAME]   print where its components log
 #   hack/controlplane.sh install-operator [NAME]       CRD + RBAC for the operator
 #   hack/controlplane.sh start-operator NAME BINARY    (re)start the operator as mw-operator
+#   hack/controlplane.sh start-bridge NAME BINARY NS ARGS...  (re)start the bridge as mw-bridge,
+#                                                    granted its role in namespace NS
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
 #
 # NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
@@ -113,7 +115,7 @@ free_port() {
 stop_recorded() {
   local state=$1 wave refused=0
   [ -d "$state/pids" ] || return 0
-  for wave in "operator kwok kube-scheduler kube-controller-manager" "kube-apiserver" "etcd"; do
+  for wave in "bridge operator kwok kube-scheduler kube-controller-manager" "kube-apiserver" "etcd"; do
     stop_wave "$state" $wave || refused=1
   done
   # Anything else recorded (nothing today) goes last.
@@ -400,6 +402,28 @@ cmd_start_operator() {
   echo $!
 }
 
+# (Re)start the bridge BINARY against control plane NAME as user mw-bridge, with its
+# ClusterRole bound in namespace NS only (as a namespace-scoped install does), and ARGS
+# (database URL, --node mappings...). Recorded like the operator, so `down` stops it.
+cmd_start_bridge() {
+  local name=$1 binary=$2 ns=$3; shift 3
+  local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
+  [ -d "$state/pids" ] || die "control plane '$name' is not up"
+  [ -x "$binary" ] || die "no binary at $binary"
+  local kubectl=("$(bin_dir)/kubectl" --kubeconfig "$state/kubeconfig")
+  "${kubectl[@]}" create namespace "$ns" --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
+  "${kubectl[@]}" -n "$ns" create rolebinding mw-bridge --clusterrole=mw-bridge --user=mw-bridge \
+    --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
+  # RBAC is cached by the API server: wait until the binding is in effect.
+  wait_for "the bridge's RoleBinding" 30 "$logs" "${kubectl[@]}" auth can-i list managedworkloads.opensource-server.mieweb.org \
+    -n "$ns" --as mw-bridge
+  stop_wave "$state" bridge || die "the bridge recorded for '$name' could not be stopped"
+  setsid "$binary" bridge --kubeconfig "$state/bridge.kubeconfig" "$@" >>"$logs/bridge.log" 2>&1 </dev/null &
+  echo $! >"$state/pids/bridge.pid"
+  readlink -f "$binary" >"$state/pids/bridge.exe"
+  echo $!
+}
+
 cmd_status() {
   local name=${1:-default}
   local state="$RUN_ROOT/$name"
@@ -421,7 +445,8 @@ main() {
     log-dir) echo "$LOG_ROOT/${2:-default}" ;;
     install-operator) cmd_install_operator "${2:-}" ;;
     start-operator) cmd_start_operator "${2:?NAME}" "${3:?operator binary}" ;;
-    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    start-bridge) shift; cmd_start_bridge "$@" ;;
+    *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 }
 

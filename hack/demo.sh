@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # `make demo`: start the local control plane, install the CRD and RBAC, run the operator
-# against it, apply config/samples/ and show the workloads reaching Running. Everything stays
-# up afterwards so you can try kubectl on it; `make demo-down` (or `make cluster-down`) stops it.
+# against it, apply config/samples/ and show the workloads reaching Running. Then the bridge:
+# a SQLite Manager database built from Manager's real schema, seeded with three containers on
+# a `kubernetes` node, synced into namespace `manager`; the demo shows them Running and the
+# rows' containerId/ipv4Address filled in. Everything stays up afterwards so you can try
+# kubectl (and sqlite3) on it; `make demo-down` (or `make cluster-down`) stops it.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -41,12 +44,38 @@ fi
 "${KUBECTL[@]}" get managedworkloads -o wide
 "${KUBECTL[@]}" get deployments,pods -o wide
 
+step "bridge: Manager's SQLite database → ManagedWorkloads in namespace manager (logs: $LOGS/bridge.log)"
+DB=$(bash "$HERE/manager-db.sh" sqlite "$REPO/target/demo-$NAME/manager.sqlite")
+echo "before: $(sqlite3 "$DB" 'SELECT group_concat(hostname || " containerId=" || ifnull(containerId, "NULL") || " ipv4Address=" || ifnull(ipv4Address, "NULL"), "; ") FROM Containers')"
+bash "$CP" start-bridge "$NAME" "$REPO/target/debug/mw-operator" manager \
+  --database-url "sqlite://$DB" --node k8s-lab-1=manager --requests-percent 1 --metrics-address 127.0.0.1:0 >/dev/null
+# The bridge creates the CRs within a poll or two; wait for them, then for Ready.
+for _ in $(seq 1 60); do
+  [ "$("${KUBECTL[@]}" -n manager get managedworkloads -o name 2>/dev/null | wc -l)" -ge 3 ] && break
+  sleep 1
+done
+if ! "${KUBECTL[@]}" -n manager wait --for=condition=Ready managedworkloads --all --timeout=120s; then
+  echo "the bridged workloads did not become Ready; bridge log: $LOGS/bridge.log" >&2
+  exit 1
+fi
+"${KUBECTL[@]}" -n manager get managedworkloads -o wide
+# Write-back follows the Running phase within a moment.
+for _ in $(seq 1 30); do
+  [ "$(sqlite3 "$DB" "SELECT COUNT(*) FROM Containers WHERE ipv4Address LIKE '10.244.%'")" = 3 ] && break
+  sleep 1
+done
+echo "Manager's rows now (sqlite3 $DB):"
+sqlite3 -header -column "$DB" 'SELECT id, hostname, containerId, ipv4Address, macAddress, updatedAt FROM Containers'
+
 cat <<MSG
 
 The demo is running. Point kubectl at it:
   export KUBECONFIG=$KCFG
   alias kubectl=$("$CP" bin-dir)/kubectl     # the matching v1.36 client, if you have none
-  kubectl get mw
+  kubectl get mw -A
   kubectl patch mw nginx --type merge -p '{"spec":{"state":"Stopped"}}'
+Manager's database (the bridge polls it every 2 s):
+  sqlite3 $DB "UPDATE Containers SET environmentVars='{\"TZ\":\"UTC\"}', updatedAt='\$(date -u +'%Y-%m-%d %H:%M:%S.000 +00:00')' WHERE hostname='team-wiki'"
+  kubectl -n manager patch mw team-wiki --type merge -p '{"spec":{"state":"Stopped"}}'   # its ipv4Address goes NULL
 Logs: $LOGS/   Stop everything: make demo-down
 MSG
