@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# `make bench`: the operator at scale on the local control plane, with figures that are stable
-# from run to run (API writes counted in the API server's audit log, operator memory) and wall
-# times for information only. N workloads (MW_BENCH_WORKLOADS, default 200):
+# `make bench`: the operator and the bridge at scale on the local control plane, with figures
+# that are stable from run to run (API writes counted in the API server's audit log, memory,
+# CPU seconds) and wall times for information.
+# The bridge first (MW_BENCH_BRIDGE=0 skips it): MW_BENCH_BRIDGE_ROWS (default 10,000) Manager
+# rows in PostgreSQL → first sync, a full resync with nothing to do, row change → CR applied
+# (tests/bench_bridge.rs; target/bench/bridge.json). The operator is not running meanwhile,
+# so the figures are the bridge's own.
+# Then the operator, N workloads (MW_BENCH_WORKLOADS, default 200):
 #   create N → all Ready; 30 s idle; restart the operator; stop all → all Ready (Stopped).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,6 +27,21 @@ K=("$("$CP" bin-dir)/kubectl" --kubeconfig "$KCFG")
 bash "$CP" install-operator "$NAME"
 "${K[@]}" create namespace "$NS" >/dev/null
 until "${K[@]}" -n "$NS" get serviceaccount default >/dev/null 2>&1; do sleep 0.2; done
+
+if [ "${MW_BENCH_BRIDGE:-1}" != 0 ]; then
+  bash "$HERE/postgres.sh" down "$NAME" >/dev/null 2>&1 || true
+  bash "$HERE/postgres.sh" up "$NAME"
+  trap 'bash "$CP" down "$NAME" >/dev/null 2>&1; bash "$HERE/postgres.sh" down "$NAME" >/dev/null 2>&1' EXIT
+  echo "== bridge: ${MW_BENCH_BRIDGE_ROWS:-10000} rows (release build; takes a few minutes)"
+  MW_TEST_KUBECONFIG="$KCFG" MW_TEST_LOG_DIR="$LOGS" \
+    MW_TEST_PG_URL=$(bash "$HERE/postgres.sh" url "$NAME") \
+    MW_TEST_PG_PASSWORD_FILE=$(bash "$HERE/postgres.sh" password-file "$NAME") \
+    MW_TEST_PG_CA=$(bash "$HERE/postgres.sh" ca "$NAME") \
+    cargo test --release --locked --test bench_bridge -- --ignored --nocapture 2>&1 | sed -n '/^## Bridge/,/^| memory/p'
+  bash "$HERE/postgres.sh" down "$NAME" >/dev/null 2>&1 || true
+  # The bench namespace (and its CRs) is being deleted; the operator starts only once it is gone.
+  while "${K[@]}" get namespaces -o name | grep -q 'bench-bridge'; do sleep 1; done
+fi
 
 start_operator() { OPERATOR=$(bash "$CP" start-operator "$NAME" "$REPO/target/release/mw-operator"); }
 

@@ -164,6 +164,30 @@ stop_server() {
   fi
 }
 
+# Start the server of STATE on PORT, appending to LOGFILE, and wait (60 s at most) until it
+# accepts connections: 0 when it does, 1 when it exited, 2 when it is still not accepting.
+launch() {
+  local bin=$1 state=$2 port=$3 logfile=$4 pid
+  local cmd=("$bin/postgres" -D "$state/data" -p "$port")
+  [ "$(id -u)" != 0 ] || cmd=(setpriv --reuid="$PG_USER" --regid="$PG_USER" --init-groups -- "${cmd[@]}")
+  (
+    cd "$state"
+    # setsid: the server outlives the shell that started it and is not hit by Ctrl-C;
+    # teardown is by PID. setsid and setpriv exec, so $! is the postmaster's PID. fd 9
+    # (the lock) is closed or the server would hold it for its whole life.
+    setsid "${cmd[@]}" >>"$logfile" 2>&1 </dev/null 9>&- &
+    echo $! >"$state/postgres.pid"
+  )
+  pid=$(cat "$state/postgres.pid")
+  local deadline=$((SECONDS + 60))
+  while ((SECONDS < deadline)); do
+    kill -0 "$pid" 2>/dev/null || return 1
+    "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" -t 2 && return 0
+    sleep 0.2
+  done
+  return 2
+}
+
 cmd_up() {
   local name=$1
   local state logs; state=$(state_dir "$name"); logs="$LOG_ROOT/$name"
@@ -226,29 +250,13 @@ host    all       all   127.0.0.1/32  scram-sha-256
 HBA
 
   # The chosen port may be taken by the time postgres binds it: retry with another.
-  local port pid started=0
+  local port started=0 rc
   for _ in 1 2 3; do
     port=$(free_port)
     echo "$port" >"$state/port"
-    local cmd=("$bin/postgres" -D "$data" -p "$port")
-    [ "$(id -u)" != 0 ] || cmd=(setpriv --reuid="$PG_USER" --regid="$PG_USER" --init-groups -- "${cmd[@]}")
-    (
-      cd "$state"
-      # setsid: the server outlives the shell that started it and is not hit by Ctrl-C;
-      # teardown is by PID. setsid and setpriv exec, so $! is the postmaster's PID. fd 9
-      # (the lock) is closed or the server would hold it for its whole life.
-      setsid "${cmd[@]}" >>"$logfile" 2>&1 </dev/null 9>&- &
-      echo $! >"$state/postgres.pid"
-    )
-    pid=$(cat "$state/postgres.pid")
-    local deadline=$((SECONDS + 60))
-    while ((SECONDS < deadline)); do
-      if ! kill -0 "$pid" 2>/dev/null; then break; fi
-      if "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" -t 2; then started=1; break; fi
-      sleep 0.2
-    done
-    ((started)) && break
-    if kill -0 "$pid" 2>/dev/null; then
+    rc=0; launch "$bin" "$state" "$port" "$logfile" || rc=$?
+    ((rc == 0)) && { started=1; break; }
+    if ((rc == 2)); then
       log "postgres did not accept connections within 60s; see $logfile"
       stop_server "$state"; rm -rf "$state"; return 1
     fi
@@ -298,21 +306,10 @@ cmd_resume() {
   lock "$name"
   [ -f "$state/port" ] || die "postgres '$name' was never started"
   if healthy "$state"; then log "postgres '$name' is already up"; return 0; fi
-  local bin; bin=$(bindir)
   local port; port=$(cat "$state/port")
-  local cmd=("$bin/postgres" -D "$state/data" -p "$port")
-  [ "$(id -u)" != 0 ] || cmd=(setpriv --reuid="$PG_USER" --regid="$PG_USER" --init-groups -- "${cmd[@]}")
-  (
-    cd "$state"
-    setsid "${cmd[@]}" >>"$LOG_ROOT/$name/postgres.log" 2>&1 </dev/null 9>&- &
-    echo $! >"$state/postgres.pid"
-  )
-  local deadline=$((SECONDS + 60))
-  while ((SECONDS < deadline)); do
-    if "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" -t 2; then log "postgres '$name' resumed on port $port"; return 0; fi
-    sleep 0.2
-  done
-  die "postgres '$name' did not come back within 60s; see $LOG_ROOT/$name/postgres.log"
+  launch "$(bindir)" "$state" "$port" "$LOG_ROOT/$name/postgres.log" ||
+    die "postgres '$name' did not come back within 60s; see $LOG_ROOT/$name/postgres.log"
+  log "postgres '$name' resumed on port $port"
 }
 
 require_up() {

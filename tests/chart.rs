@@ -274,9 +274,12 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
             "--field-manager=mw-bridge",
             "--requests-percent=100",
             "--concurrency=16",
+            "--metrics-address=0.0.0.0:8080",
             "--database-password-file=/etc/mw/password",
         ]
     );
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     // The URL from its Secret; no value of the database's in the pod spec.
     let env = container["env"].as_array().unwrap();
     let url: Vec<&Value> = env.iter().filter(|e| e["name"] == "MW_DATABASE_URL").collect();

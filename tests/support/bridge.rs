@@ -82,6 +82,14 @@ impl Bridge {
 
     /// The same, reaching the API server through `kubeconfig` (e.g. a cuttable proxy).
     pub async fn start_with(ns: &TestNamespace, db: &ManagerDb, kubeconfig: &str, extra: &[&str]) -> Bridge {
+        let mut args = vec!["--poll-interval", POLL, "--resync-interval", RESYNC, "--requests-percent", "1"];
+        args.extend_from_slice(extra);
+        Self::spawn(ns, db, kubeconfig, &args).await
+    }
+
+    /// Run `mw-operator bridge` serving node `k8s-lab-1` into `ns` with exactly `args` beyond
+    /// the connection and node flags (the benchmark runs it with its defaults).
+    pub async fn spawn(ns: &TestNamespace, db: &ManagerDb, kubeconfig: &str, args: &[&str]) -> Bridge {
         grant(ns).await;
         let log = PathBuf::from(super::log_dir()).join(format!("bridge-{}.log", ns.name));
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("opening the bridge log");
@@ -90,9 +98,8 @@ impl Bridge {
             .args(["--kubeconfig", kubeconfig])
             .args(["--database-url", &db.url])
             .args(["--node", &format!("k8s-lab-1={}", ns.name)])
-            .args(["--poll-interval", POLL, "--resync-interval", RESYNC, "--requests-percent", "1"])
             .args(["--metrics-address", "127.0.0.1:0"])
-            .args(extra)
+            .args(args)
             .env_remove("MW_DATABASE_PASSWORD")
             .env("RUST_LOG", "info,mw_operator=debug,kube=warn,sqlx=warn")
             .stdin(Stdio::null())
@@ -104,6 +111,11 @@ impl Bridge {
         }
         let child = cmd.spawn().expect("starting mw-operator bridge");
         Bridge { child, log }
+    }
+
+    /// The bridge's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or_default()
     }
 
     /// Everything the bridge printed so far.
