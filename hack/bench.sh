@@ -1,101 +1,91 @@
 #!/usr/bin/env bash
-# `make bench`: the operator and the bridge at scale on the local control plane, with figures
-# that are stable from run to run (API writes counted in the API server's audit log, memory,
-# CPU seconds) and wall times for information.
-# The bridge first (MW_BENCH_BRIDGE=0 skips it): MW_BENCH_BRIDGE_ROWS (default 10,000) Manager
-# rows in PostgreSQL → first sync, a full resync with nothing to do, row change → CR applied
-# (tests/bench_bridge.rs; target/bench/bridge.json). The operator is not running meanwhile,
-# so the figures are the bridge's own.
-# Then the operator, N workloads (MW_BENCH_WORKLOADS, default 200):
-#   create N → all Ready; 30 s idle; restart the operator; stop all → all Ready (Stopped).
+# `make bench`: the bridge and the operator at scale on the local control plane (release
+# build). Figures that are stable from run to run (API writes counted in the API server's
+# audit log, CPU seconds, memory) beside wall times; everything is written to target/bench/
+# (JSON per part, summary.md) and printed. docs/performance.md holds the latest figures.
+#
+# 1. The bridge (MW_BENCH_BRIDGE=0 skips it): MW_BENCH_BRIDGE_ROWS (10,000) Manager rows in
+#    PostgreSQL → first sync, a full resync with nothing to do, row change → CR applied
+#    (tests/bench_bridge.rs). The operator is not running meanwhile.
+# 2. The operator against the floor (tests/bench_operator.rs), on a control plane whose
+#    kube-controller-manager and kube-scheduler have no client-side rate limit
+#    (MW_CP_UNLIMITED_QPS=1): N = 100 and 1000 (MW_BENCH_5000=1 adds 5000) ManagedWorkloads
+#    applied at once vs the same pod templates as plain Deployments; 60 s steady state; 200
+#    start/stop flips vs the same flips on plain Deployments; an operator restart.
+# 3. The same convergence at N = 1000 with the control plane's default rate limits.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 cd "$REPO"
 CP="$HERE/controlplane.sh"
-NAME=bench
-N=${MW_BENCH_WORKLOADS:-200}
-NS=bench
+OUT=target/bench
+mkdir -p "$OUT"
+rm -f "$OUT"/*.md "$OUT"/*.json
 
 bash "$HERE/ensure-tools.sh"
 cargo build --release --locked --bin mw-operator
-bash "$CP" down "$NAME" >/dev/null 2>&1 || true
-bash "$CP" up "$NAME" 2>/dev/null
-trap 'bash "$CP" down "$NAME" >/dev/null 2>&1' EXIT
-KCFG=$("$CP" kubeconfig "$NAME"); LOGS=$("$CP" log-dir "$NAME")
-K=("$("$CP" bin-dir)/kubectl" --kubeconfig "$KCFG")
-bash "$CP" install-operator "$NAME"
-"${K[@]}" create namespace "$NS" >/dev/null
-until "${K[@]}" -n "$NS" get serviceaccount default >/dev/null 2>&1; do sleep 0.2; done
+# Build the benchmark binaries once, before anything is timed.
+cargo test --release --locked --no-run --test bench_bridge --test bench_operator 2>&1 | tail -1
 
-if [ "${MW_BENCH_BRIDGE:-1}" != 0 ]; then
-  bash "$HERE/postgres.sh" down "$NAME" >/dev/null 2>&1 || true
-  bash "$HERE/postgres.sh" up "$NAME"
-  trap 'bash "$CP" down "$NAME" >/dev/null 2>&1; bash "$HERE/postgres.sh" down "$NAME" >/dev/null 2>&1' EXIT
-  echo "== bridge: ${MW_BENCH_BRIDGE_ROWS:-10000} rows (release build; takes a few minutes)"
+cleanup() {
+  for name in bench bench-default; do bash "$CP" down "$name" >/dev/null 2>&1 || true; done
+  bash "$HERE/postgres.sh" down bench >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# A fresh control plane NAME with the operator's CRD and RBAC; sets KCFG, LOGS, K.
+control_plane() {
+  local name=$1
+  bash "$CP" down "$name" >/dev/null 2>&1 || true
+  bash "$CP" up "$name" 2>/dev/null
+  KCFG=$("$CP" kubeconfig "$name"); LOGS=$("$CP" log-dir "$name")
+  K=("$("$CP" bin-dir)/kubectl" --kubeconfig "$KCFG")
+  bash "$CP" install-operator "$name"
+}
+
+bench_test() { # TEST: run one benchmark binary against the current control plane
   MW_TEST_KUBECONFIG="$KCFG" MW_TEST_LOG_DIR="$LOGS" \
-    MW_TEST_PG_URL=$(bash "$HERE/postgres.sh" url "$NAME") \
-    MW_TEST_PG_PASSWORD_FILE=$(bash "$HERE/postgres.sh" password-file "$NAME") \
-    MW_TEST_PG_CA=$(bash "$HERE/postgres.sh" ca "$NAME") \
-    cargo test --release --locked --test bench_bridge -- --ignored --nocapture 2>&1 | sed -n '/^## Bridge/,/^| memory/p'
-  bash "$HERE/postgres.sh" down "$NAME" >/dev/null 2>&1 || true
-  # The bench namespace (and its CRs) is being deleted; the operator starts only once it is gone.
+    cargo test --release --locked --test "$1" -- --ignored --nocapture --test-threads=1 >"$OUT/$1.log" 2>&1 ||
+    { tail -n 40 "$OUT/$1.log" >&2; echo "$1 failed; full output in $OUT/$1.log" >&2; return 1; }
+}
+
+operator_bench() { # NAME LABEL SIZES FLIPS
+  local name=$1 pid_file
+  pid_file="$(dirname "$KCFG")/pids/operator.pid"
+  bash "$CP" start-operator "$name" "$REPO/target/release/mw-operator" >/dev/null
+  MW_BENCH_OPERATOR_PIDFILE="$pid_file" MW_BENCH_LABEL=$2 MW_BENCH_SIZES=$3 MW_BENCH_FLIPS=$4 \
+    MW_BENCH_RESTART_CMD="bash $CP start-operator $name $REPO/target/release/mw-operator >/dev/null" \
+    bench_test bench_operator
+  cat "$OUT/operator-$2.md"
+}
+
+export MW_CP_UNLIMITED_QPS=1
+control_plane bench
+if [ "${MW_BENCH_BRIDGE:-1}" != 0 ]; then
+  echo "== bridge: ${MW_BENCH_BRIDGE_ROWS:-10000} rows in PostgreSQL"
+  bash "$HERE/postgres.sh" down bench >/dev/null 2>&1 || true
+  bash "$HERE/postgres.sh" up bench
+  MW_TEST_PG_URL=$(bash "$HERE/postgres.sh" url bench) \
+    MW_TEST_PG_PASSWORD_FILE=$(bash "$HERE/postgres.sh" password-file bench) \
+    MW_TEST_PG_CA=$(bash "$HERE/postgres.sh" ca bench) \
+    bench_test bench_bridge
+  sed -n '/^## Bridge/,/^| memory/p' "$OUT/bench_bridge.log" | tee "$OUT/bridge.md"
+  bash "$HERE/postgres.sh" down bench >/dev/null 2>&1 || true
+  # Its namespace (10,000 CRs) is being deleted; the operator starts only once it is gone.
   while "${K[@]}" get namespaces -o name | grep -q 'bench-bridge'; do sleep 1; done
 fi
 
-start_operator() { OPERATOR=$(bash "$CP" start-operator "$NAME" "$REPO/target/release/mw-operator"); }
+sizes="100,1000"; [ "${MW_BENCH_5000:-0}" = 0 ] || sizes="100,1000,5000"
+echo "== operator, no client-side rate limit on the control plane's controllers"
+operator_bench bench unlimited "$sizes" 1
+bash "$CP" down bench >/dev/null 2>&1 || true
 
-writes() { # operator writes in the bench namespace so far, by verb/resource
-  python3 - "$LOGS/audit.log" "$NS" <<'PY'
-import json, sys, collections
-counts = collections.Counter()
-for line in open(sys.argv[1]):
-    e = json.loads(line)
-    ref = e.get("objectRef", {})
-    if e.get("stage") != "ResponseComplete" or e["user"]["username"] != "mw-operator" or ref.get("namespace") != sys.argv[2]:
-        continue
-    if e["verb"] in ("create", "update", "patch", "delete"):
-        res = ref.get("resource", "") + ("/" + ref["subresource"] if ref.get("subresource") else "")
-        counts[f'{e["verb"]} {res}'] += 1
-print(json.dumps(counts))
-PY
-}
-total() { python3 -c 'import json,sys; print(sum(json.loads(sys.argv[1]).values()))' "$1"; }
-delta() { python3 -c '
-import json,sys
-a,b,n=json.loads(sys.argv[1]),json.loads(sys.argv[2]),int(sys.argv[3])
-for k in sorted(set(a)|set(b)):
-    d=b.get(k,0)-a.get(k,0)
-    if d: print(f"    {k:<40} {d:>6}  ({d/n:.2f} per workload)")
-' "$1" "$2" "$N"; }
-rss() { awk '/^(VmRSS|VmHWM)/ {printf "%s %.1f MiB  ", $1, $2/1024}' "/proc/$OPERATOR/status"; }
+echo "== operator, the control plane's default rate limits (kube-controller-manager 20/s)"
+MW_CP_UNLIMITED_QPS=0 control_plane bench-default
+operator_bench bench-default default-limits 1000 0
 
-start_operator
-sleep 1
-manifest=$(for i in $(seq 1 "$N"); do
-  printf -- '---\napiVersion: opensource-server.mieweb.org/v1alpha1\nkind: ManagedWorkload\nmetadata: {name: w%d, labels: {opensource-server.mieweb.org/container-id: "%d"}}\nspec: {image: "nginx:latest", env: [{name: ID, value: "%d"}], resources: {requests: {cpu: 10m, memory: 16Mi}}}\n' "$i" "$i" "$i"
-done)
-w0=$(writes); t0=$(date +%s.%N)
-echo "$manifest" | "${K[@]}" -n "$NS" apply -f - >/dev/null
-"${K[@]}" -n "$NS" wait --for=condition=Ready mw --all --timeout=600s >/dev/null
-t1=$(date +%s.%N); w1=$(writes)
-echo "== create $N workloads → all Ready: $(python3 -c "print(f'{$t1-$t0:.1f}')") s (wall, informational)"
-delta "$w0" "$w1"
-echo "    operator memory: $(rss)"
-
-sleep 30; w2=$(writes)
-echo "== 30 s idle with $N Running workloads: $(( $(total "$w2") - $(total "$w1") )) writes"
-
-start_operator # stops the running one first
-sleep 20; w3=$(writes)
-echo "== operator restart, 20 s to resync $N workloads: $(( $(total "$w3") - $(total "$w2") )) writes; memory: $(rss)"
-
-t2=$(date +%s.%N)
-"${K[@]}" -n "$NS" get mw -o name | sed 's|.*/||' | while read -r mw; do
-  "${K[@]}" -n "$NS" patch mw "$mw" --type merge -p '{"spec":{"state":"Stopped"}}' >/dev/null
-done
-"${K[@]}" -n "$NS" wait --for=condition=Ready mw --all --timeout=600s >/dev/null
-t3=$(date +%s.%N); w4=$(writes)
-echo "== stop $N workloads → all Stopped: $(python3 -c "print(f'{$t3-$t2:.1f}')") s (wall, includes $N kubectl calls)"
-delta "$w3" "$w4"
-echo "    operator memory: $(rss)"
+{
+  echo "# make bench, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
+  cat "$OUT"/bridge.md "$OUT"/operator-*.md 2>/dev/null
+} >"$OUT/summary.md"
+echo; echo "Summary: $OUT/summary.md"

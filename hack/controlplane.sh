@@ -314,7 +314,12 @@ cmd_up() {
   wait_for "kube-apiserver" 120 "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
     --request-timeout=3s get --raw=/readyz || { cmd_down "$name"; return 1; }
 
-  start "$state" "$logs" kube-controller-manager "$bin/kube-controller-manager" \
+  # MW_CP_UNLIMITED_QPS=1 lifts the client-side rate limits of kube-controller-manager (20/s
+  # by default) and kube-scheduler (50/s), as `kwokctl --disable-qps-limits` does, so that a
+  # benchmark measures the API server and etcd rather than a client throttle. (kwok has none.)
+  local qps=()
+  [ "${MW_CP_UNLIMITED_QPS:-0}" = 0 ] || qps=(--kube-api-qps=5000 --kube-api-burst=10000)
+  start "$state" "$logs" kube-controller-manager "$bin/kube-controller-manager" "${qps[@]}" \
     --kubeconfig="$state/controller-manager.kubeconfig" \
     --authentication-kubeconfig="$state/controller-manager.kubeconfig" \
     --authorization-kubeconfig="$state/controller-manager.kubeconfig" \
@@ -323,7 +328,7 @@ cmd_up() {
     --leader-elect=false --use-service-account-credentials=false \
     --service-cluster-ip-range=10.96.0.0/16 --profiling=false
 
-  start "$state" "$logs" kube-scheduler "$bin/kube-scheduler" \
+  start "$state" "$logs" kube-scheduler "$bin/kube-scheduler" "${qps[@]}" \
     --kubeconfig="$state/scheduler.kubeconfig" \
     --authentication-kubeconfig="$state/scheduler.kubeconfig" \
     --authorization-kubeconfig="$state/scheduler.kubeconfig" \

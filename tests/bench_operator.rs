@@ -1,0 +1,385 @@
+//! The operator at scale against the control plane's own floor, for `make bench` (ignored by
+//! `make test`). For each N in MW_BENCH_SIZES (default "100,1000"):
+//! - floor: N plain Deployments with the pod templates the operator would build, created at
+//!   once by a plain client; time until all are Available;
+//! - operator: N ManagedWorkloads applied at once; time until all are Ready; its API writes
+//!   (from the audit log, by resource), CPU seconds and memory.
+//!
+//! Then, on the last N: 60 s of steady state, 200 start/stop flips against the same flips on
+//! plain Deployments (p50/p99), and an operator restart. The operator is the one `make bench`
+//! started (its PID file in MW_BENCH_OPERATOR_PIDFILE). Figures go to
+//! target/bench/operator-$MW_BENCH_LABEL.json and are printed as Markdown.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, Phase};
+use serde_json::{Value, json};
+use support::TestNamespace;
+use support::workload::condition_current;
+
+const IN_FLIGHT: usize = 32;
+const FLIPS: usize = 200;
+
+fn operator_pid() -> u32 {
+    let file = std::env::var("MW_BENCH_OPERATOR_PIDFILE").expect("MW_BENCH_OPERATOR_PIDFILE");
+    std::fs::read_to_string(&file).expect("the operator's PID file").trim().parse().expect("a PID")
+}
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0 // utime + stime, USER_HZ = 100
+}
+
+/// (VmRSS, VmHWM) in KiB.
+fn memory_kib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The operator's writes in `namespace`, by "verb resource[/subresource]".
+fn writes(namespace: &str) -> BTreeMap<String, usize> {
+    let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
+    let mut counts = BTreeMap::new();
+    for w in support::audit::writes_by(&user, namespace) {
+        let resource = match &w.subresource {
+            Some(sub) => format!("{}/{sub}", w.resource),
+            None => w.resource.clone(),
+        };
+        *counts.entry(format!("{} {resource}", w.verb)).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn total(counts: &BTreeMap<String, usize>) -> usize {
+    counts.values().sum()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn spec(i: usize) -> Value {
+    json!({"image": "nginx:latest", "env": [{"name": "ID", "value": i.to_string()}],
+           "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}})
+}
+
+/// The Deployment the operator would build for workload `i`, as a plain client would create
+/// it: no owner, no operator annotations.
+fn plain_deployment(namespace: &str, i: usize) -> Deployment {
+    let spec: ManagedWorkloadSpec = serde_json::from_value(spec(i)).expect("a valid spec");
+    let mut mw = ManagedWorkload::new(&format!("w{i}"), spec);
+    mw.metadata.namespace = Some(namespace.into());
+    mw.metadata.uid = Some("00000000-0000-0000-0000-000000000000".into());
+    let mut d = mw_operator::desired::deployment(&mw).expect("a desired Deployment");
+    d.metadata.owner_references = None;
+    d.metadata.annotations = None;
+    d
+}
+
+/// Run `f` over 0..n with IN_FLIGHT at once.
+async fn each<F, Fut>(n: usize, f: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    futures::stream::iter(0..n).map(f).buffer_unordered(IN_FLIGHT).collect::<Vec<()>>().await;
+}
+
+/// Watch `api` until `done(obj)` holds for `n` distinct objects; the instant each first did.
+async fn until_all<K>(api: Api<K>, n: usize, done: impl Fn(&K) -> bool) -> HashMap<String, Instant>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let mut seen = HashMap::new();
+    let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);
+    while seen.len() < n {
+        let event = tokio::time::timeout_at(deadline, stream.try_next()).await.expect("convergence within 30 min");
+        if let Ok(Some(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) = event
+            && done(&obj)
+        {
+            seen.entry(obj.name_any()).or_insert_with(Instant::now);
+        }
+    }
+    seen
+}
+
+fn deployment_available(d: &Deployment) -> bool {
+    let (Some(spec), Some(status)) = (&d.spec, &d.status) else { return false };
+    let want = spec.replicas.unwrap_or(1);
+    status.observed_generation >= d.metadata.generation
+        && status.available_replicas.unwrap_or(0) == want
+        && status.updated_replicas.unwrap_or(0) == want
+        && status.replicas.unwrap_or(0) == want
+}
+
+/// Delete a namespace and wait until it is gone, so its Pods and garbage collection do not
+/// overlap the next measurement.
+async fn gone(ns: TestNamespace) {
+    let (client, name) = (ns.client.clone(), ns.name.clone());
+    drop(ns);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while namespaces.get_opt(&name).await.ok().flatten().is_some() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+struct Run {
+    floor_s: f64,
+    operator_s: f64,
+    writes: BTreeMap<String, usize>,
+    cpu_s: f64,
+    rss_kib: f64,
+}
+
+async fn converge(n: usize, pid: u32) -> (Run, TestNamespace) {
+    // Floor: plain Deployments.
+    let floor_ns = TestNamespace::new(&format!("floor-{n}")).await;
+    let deployments = floor_ns.api::<Deployment>();
+    let watch = tokio::spawn(until_all(deployments.clone(), n, deployment_available));
+    let t = Instant::now();
+    each(n, |i| {
+        let api = deployments.clone();
+        let d = plain_deployment(&floor_ns.name, i);
+        async move {
+            api.create(&PostParams::default(), &d).await.expect("creating a Deployment");
+        }
+    })
+    .await;
+    let ready = watch.await.expect("the floor watch");
+    let floor_s = ready.values().max().map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0);
+    gone(floor_ns).await;
+
+    // The operator.
+    let ns = TestNamespace::new(&format!("operator-{n}")).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let watch = tokio::spawn(until_all(workloads.clone(), n, |mw: &ManagedWorkload| {
+        condition_current(mw, "Ready", "True") && mw.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
+    }));
+    let cpu0 = cpu_seconds(pid);
+    let t = Instant::now();
+    each(n, |i| {
+        let api = workloads.clone();
+        async move {
+            let body = json!({"apiVersion": "opensource-server.mieweb.org/v1alpha1", "kind": "ManagedWorkload",
+                              "metadata": {"name": format!("w{i}")}, "spec": spec(i)});
+            api.patch(&format!("w{i}"), &PatchParams::apply("bench"), &Patch::Apply(&body))
+                .await
+                .expect("applying a CR");
+        }
+    })
+    .await;
+    let ready = watch.await.expect("the operator watch");
+    let operator_s = ready.values().max().map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0);
+    // Let trailing writes (the last status, Events) land before counting.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let run = Run {
+        floor_s,
+        operator_s,
+        writes: writes(&ns.name),
+        cpu_s: cpu_seconds(pid) - cpu0,
+        rss_kib: memory_kib(pid).0,
+    };
+    (run, ns)
+}
+
+/// Flip `FLIPS` objects one by one, 50 ms apart; latency from each flip to `done`.
+async fn flips<K, P, D>(api: Api<K>, names: Vec<String>, patch: P, done: D) -> Vec<f64>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default,
+    P: Fn(usize) -> Value,
+    D: Fn(&K, usize) -> bool + Send + Sync + 'static,
+{
+    let flipped: Arc<Mutex<HashMap<String, (usize, Instant)>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let (f2, l2) = (flipped.clone(), latencies.clone());
+    let watch_api = api.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher(watch_api, watcher::Config::default()));
+        while let Some(Ok(event)) = stream.next().await {
+            if let watcher::Event::Apply(obj) = event {
+                let mut f = f2.lock().unwrap();
+                if let Some((k, at)) = f.get(&obj.name_any()).copied()
+                    && done(&obj, k)
+                {
+                    l2.lock().unwrap().push(at.elapsed().as_secs_f64());
+                    f.remove(&obj.name_any());
+                }
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await; // the watch has listed
+    for (k, name) in names.iter().enumerate().take(FLIPS) {
+        flipped.lock().unwrap().insert(name.clone(), (k, Instant::now()));
+        api.patch(name, &PatchParams::default(), &Patch::Merge(patch(k))).await.expect("a flip");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !flipped.lock().unwrap().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    task.abort();
+    let mut l = latencies.lock().unwrap().clone();
+    l.sort_by(f64::total_cmp);
+    l
+}
+
+#[tokio::test]
+#[ignore = "a benchmark: `make bench` runs it"]
+async fn operator_against_the_floor() {
+    let label = std::env::var("MW_BENCH_LABEL").unwrap_or_else(|_| "bench".into());
+    let sizes: Vec<usize> = std::env::var("MW_BENCH_SIZES")
+        .unwrap_or_else(|_| "100,1000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let with_flips = std::env::var("MW_BENCH_FLIPS").map(|v| v != "0").unwrap_or(true);
+    let pid = operator_pid();
+    let mut report = json!({"label": label, "sizes": {}});
+    let mut table = format!(
+        "\n## Operator ({label})\n\n| N | floor: all Available | operator: all Ready | ratio | writes per workload | of which Deployment / status / Events | operator CPU per 1000 | RSS after |\n|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut kept = Vec::new();
+    let mut last_rss = None;
+    for &n in &sizes {
+        let (run, ns) = converge(n, pid).await;
+        let per = |pred: &dyn Fn(&str) -> bool| {
+            run.writes.iter().filter(|(k, _)| pred(k)).map(|(_, v)| *v).sum::<usize>() as f64 / n as f64
+        };
+        let deploy = per(&|k| k.ends_with(" deployments"));
+        let status = per(&|k| k.ends_with("managedworkloads/status"));
+        let events = per(&|k| k.ends_with(" events"));
+        let ratio = if run.floor_s > 0.0 { run.operator_s / run.floor_s } else { 0.0 };
+        table.push_str(&format!(
+            "| {n} | {:.1} s | {:.1} s | {ratio:.2} | {:.2} | {deploy:.2} / {status:.2} / {events:.2} | {:.1} s | {:.1} MiB |\n",
+            run.floor_s,
+            run.operator_s,
+            total(&run.writes) as f64 / n as f64,
+            run.cpu_s * 1000.0 / n as f64,
+            run.rss_kib / 1024.0
+        ));
+        // The earlier sizes' workloads are kept, so the RSS growth is n more workloads' worth.
+        let per_workload_kib = last_rss.map(|rss: f64| (run.rss_kib - rss) / n as f64);
+        report["sizes"][n.to_string()] = json!({
+            "floor_s": run.floor_s, "operator_s": run.operator_s, "ratio": ratio,
+            "writes": run.writes, "writes_per_workload": total(&run.writes) as f64 / n as f64,
+            "cpu_s": run.cpu_s, "rss_kib_after": run.rss_kib, "kib_per_additional_workload": per_workload_kib,
+        });
+        last_rss = Some(run.rss_kib);
+        kept.push(ns);
+    }
+    let (_, hwm) = memory_kib(pid);
+    report["peak_rss_kib"] = json!(hwm);
+    table.push_str(&format!("\nOperator peak RSS: {:.1} MiB.\n", hwm / 1024.0));
+
+    let ns = kept.last().expect("at least one size");
+    let n = *sizes.last().unwrap();
+    // Steady state: 60 s with every workload Ready.
+    let before = total(&writes(&ns.name));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let steady = total(&writes(&ns.name)) - before;
+    report["steady_60s_writes"] = json!(steady);
+    table.push_str(&format!("Steady state, 60 s with {n} Ready: {steady} writes.\n"));
+
+    if with_flips {
+        // Flips: stop FLIPS workloads one by one; the floor scales as many plain Deployments to 0.
+        let names: Vec<String> = (0..FLIPS.min(n)).map(|i| format!("w{i}")).collect();
+        let writes_before = writes(&ns.name);
+        let workloads = ns.api::<ManagedWorkload>();
+        let generations: HashMap<String, i64> = {
+            let list = workloads.list(&Default::default()).await.unwrap();
+            list.items.iter().map(|mw| (mw.name_any(), mw.metadata.generation.unwrap_or(0))).collect()
+        };
+        let op = flips(
+            workloads,
+            names.clone(),
+            |_| json!({"spec": {"state": "Stopped"}}),
+            move |mw: &ManagedWorkload, _| {
+                let target = generations.get(&mw.name_any()).copied().unwrap_or(0) + 1;
+                mw.metadata.generation >= Some(target)
+                    && mw.status.as_ref().is_some_and(|s| {
+                        s.observed_generation >= Some(target)
+                            && matches!(s.phase, Some(Phase::Stopping | Phase::Stopped))
+                    })
+            },
+        )
+        .await;
+        let flip_writes = total(&writes(&ns.name)) - total(&writes_before);
+        let floor_ns = TestNamespace::new("floor-flips").await;
+        let deployments = floor_ns.api::<Deployment>();
+        each(FLIPS, |i| {
+            let api = deployments.clone();
+            let d = plain_deployment(&floor_ns.name, i);
+            async move {
+                api.create(&PostParams::default(), &d).await.expect("creating a Deployment");
+            }
+        })
+        .await;
+        until_all(deployments.clone(), FLIPS, deployment_available).await;
+        let floor = flips(
+            deployments,
+            names,
+            |_| json!({"spec": {"replicas": 0}}),
+            |d: &Deployment, _| {
+                let (Some(spec), Some(status)) = (&d.spec, &d.status) else { return false };
+                spec.replicas == Some(0) && status.observed_generation >= d.metadata.generation
+            },
+        )
+        .await;
+        let (p50, p99, f50, f99) =
+            (percentile(&op, 50.0), percentile(&op, 99.0), percentile(&floor, 50.0), percentile(&floor, 99.0));
+        report["flips"] = json!({"count": op.len(), "p50_s": p50, "p99_s": p99, "floor_p50_s": f50, "floor_p99_s": f99,
+                                  "writes_per_flip": flip_writes as f64 / op.len().max(1) as f64});
+        table.push_str(&format!(
+            "Flips ({} stops, 50 ms apart): flip → new phase at the new generation p50 {:.3} s, p99 {:.3} s; floor (plain Deployment scaled to 0, status observed) p50 {:.3} s, p99 {:.3} s; ratios {:.2} / {:.2}; {:.2} operator writes per flip.\n",
+            op.len(), p50, p99, f50, f99,
+            if f50 > 0.0 { p50 / f50 } else { 0.0 },
+            if f99 > 0.0 { p99 / f99 } else { 0.0 },
+            flip_writes as f64 / op.len().max(1) as f64
+        ));
+    }
+
+    // Restart: the operator resyncs every workload and should write nothing.
+    let restart = std::env::var("MW_BENCH_RESTART_CMD").ok();
+    if let Some(cmd) = restart {
+        let before = total(&writes(&ns.name));
+        let status = std::process::Command::new("bash").arg("-c").arg(&cmd).status().expect("restarting the operator");
+        assert!(status.success(), "{cmd} failed");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let after = total(&writes(&ns.name)) - before;
+        report["restart_30s_writes"] = json!(after);
+        table.push_str(&format!("Operator restart, 30 s to resync {n}: {after} writes.\n"));
+    }
+
+    let dir = std::path::Path::new("target/bench");
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join(format!("operator-{label}.json")), serde_json::to_string_pretty(&report).unwrap()).unwrap();
+    std::fs::write(dir.join(format!("operator-{label}.md")), &table).unwrap();
+    println!("{table}");
+}
