@@ -229,7 +229,41 @@ async fn bad_rows(engine: Engine) {
         db.insert_container(node, host, template, env).await;
     }
     let foreign = support::workload::apply(&workloads, "taken", json!({"image": "nginx:latest"})).await.unwrap();
-    let bridge = Bridge::start(&ns, &db, &[]).await;
+    // PostgreSQL: the same hostname in another site, whose node maps to the same namespace.
+    // (SQLite's hostname is unique across the whole table, so this cannot happen there.)
+    let second_node = format!("--node=k8s-other-site={}", ns.name);
+    let mut extra = vec![];
+    if engine == Engine::Postgres {
+        db.exec(&format!(
+            r#"INSERT INTO "Sites" ("name", "internalDomain", "dhcpRange", "subnetMask", "gateway", "dnsForwarders",
+                 "createdAt", "updatedAt") VALUES ('other-site', 'other.internal', '10.16.0.100,10.16.0.200',
+                 '255.255.255.0', '10.16.0.1', '1.1.1.1', '{0}', '{0}');
+               INSERT INTO "Nodes" ("name", "nodeType", "siteId", "imageStorage", "volumeStorage", "networkBridge",
+                 "nvidiaAvailable", "createdAt", "updatedAt") VALUES ('k8s-other-site', 'kubernetes',
+                 (SELECT "id" FROM "Sites" WHERE "name" = 'other-site'), 'local', 'local-lvm', 'vmbr0', false, '{0}', '{0}');
+               INSERT INTO "Containers" ("hostname", "username", "nodeId", "siteId", "aiContainer", "template",
+                 "nvidiaRequested", "createdAt", "updatedAt") VALUES ('team-wiki', 'other',
+                 (SELECT "id" FROM "Nodes" WHERE "name" = 'k8s-other-site'), (SELECT "id" FROM "Sites" WHERE "name" = 'other-site'),
+                 'N', 'docker.io/library/nginx:1.27', false, '{0}', '{0}')"#,
+            now()
+        ))
+        .await;
+        extra.push(second_node.as_str());
+    }
+    let bridge = Bridge::start(&ns, &db, &extra).await;
+    if engine == Engine::Postgres {
+        let id = db.count(r#"SELECT CAST(MAX(id) AS BIGINT) FROM "Containers" WHERE hostname = 'team-wiki'"#).await;
+        bridge
+            .wait_for_line(&["row not synced", &format!("Containers.id={id} "), "reason=hostname_collision"], TIMEOUT)
+            .await;
+        assert_eq!(bridge.metric("mw_bridge_row_errors_total{reason=\"hostname_collision\"}").await, Some(1.0));
+        let wiki = workloads.get("team-wiki").await.unwrap();
+        assert_ne!(
+            wiki.labels()["opensource-server.mieweb.org/container-id"],
+            id.to_string(),
+            "the first container keeps its name"
+        );
+    }
 
     for (_, host, _, _, reason) in bad {
         let id = db.id_of(host).await;

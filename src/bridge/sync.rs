@@ -376,6 +376,26 @@ impl Bridge {
                 }
             }
         }
+        // Two pending rows wanting one name (the same hostname on two sites whose nodes map to
+        // one namespace) must not race to create it: the row whose CR it already is keeps
+        // it, else the lowest key, and the others are collisions.
+        jobs.sort_by_key(|(d, cached, _)| (cached.as_ref().and_then(|c| c.key) != Some(d.key), d.key));
+        let mut claimed: HashMap<(String, String), RowKey> = HashMap::new();
+        jobs.retain(|(d, _, _)| match claimed.get(&(d.namespace.clone(), d.name.clone())) {
+            Some(owner) => {
+                let err = RowError::HostnameCollision {
+                    namespace: d.namespace.clone(),
+                    name: d.name.clone(),
+                    other: owner.to_string(),
+                };
+                immediate.push((d.key, Outcome::Row(err)));
+                false
+            }
+            None => {
+                claimed.insert((d.namespace.clone(), d.name.clone()), d.key);
+                true
+            }
+        });
         if jobs.is_empty() && immediate.is_empty() {
             return Ok(());
         }
