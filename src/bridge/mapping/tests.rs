@@ -215,3 +215,38 @@ fn keys_round_trip_through_labels() {
     assert_eq!(key_of(&labels(key, "x")), Some(key));
     assert_eq!(key_of(&BTreeMap::new()), None);
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Any row maps or is a named row error, never a panic; a mapped row carries no env
+        /// value in its CR, names a valid object, and maps the same way twice.
+        #[test]
+        fn any_row_maps_safely(
+            hostname in "[a-z0-9-]{0,70}",
+            template in proptest::option::of("[a-zA-Z0-9./:@_-]{0,40}"),
+            entrypoint in proptest::option::of(".{0,40}"),
+            values in proptest::collection::btree_map("[A-Za-z_][A-Za-z0-9_]{0,8}", "[a-z]{12,20}", 0..5),
+            nvidia in 0i64..2,
+        ) {
+            let mut row = team_wiki();
+            row.hostname = hostname;
+            row.template = template;
+            row.entrypoint = entrypoint;
+            row.environment_vars = Some(serde_json::to_string(&values).unwrap());
+            row.nvidia_requested = nvidia;
+            if let Ok(d) = map(&row, &Grants::default()) {
+                prop_assert!(is_dns_label(&d.name));
+                let cr = serde_json::to_string(&d.workload).unwrap();
+                for value in values.values() {
+                    prop_assert!(!cr.contains(value.as_str()), "env value in the CR");
+                }
+                let again = map(&row, &Grants::default()).unwrap();
+                prop_assert_eq!(d.hash, again.hash);
+            }
+        }
+    }
+}
