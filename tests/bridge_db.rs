@@ -1,0 +1,136 @@
+//! The bridge's database layer against real databases, no cluster: the queries read
+//! Manager's real schema alike on both engines, incremental reads follow `updatedAt`, and the
+//! write-back writes only when a value changes, only to the same container, and reports a
+//! unique-constraint violation as a row error.
+
+mod support;
+
+use k8s_openapi::jiff::Timestamp;
+use mw_operator::bridge::db::{Database, Target, WriteBackError, parse_timestamp};
+use mw_operator::bridge::env;
+use mw_operator::bridge::error::RowError;
+use mw_operator::bridge::mapping::{self, Context};
+use mw_operator::bridge::rows::{Grants, RowState};
+use support::manager::{Engine, ManagerDb, now};
+
+async fn open(db: &ManagerDb) -> Database {
+    let password = db.password_file.as_ref().map(|f| std::fs::read_to_string(f).unwrap().trim().to_string());
+    Database::connect(&Target { url: db.url.clone(), password }).expect("a valid URL")
+}
+
+async fn reads_and_writes(engine: Engine) {
+    let manager = ManagerDb::new(engine).await;
+    manager.set_default_env(r#"[{"key":"WAZUH_MANAGER","value":"wazuh","description":""}]"#).await;
+    let db = open(&manager).await;
+
+    let nodes = db.kubernetes_nodes().await.unwrap();
+    assert_eq!(nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["k8s-lab-1"]);
+    let node = nodes[0].id;
+    let rows = db.containers(&[node], None).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.hostname.as_str()).collect::<Vec<_>>(),
+        ["team-wiki", "pg-analytics", "akumar-dev"]
+    );
+    let grants = Grants::from_rows(db.approved_grants().await.unwrap());
+    let defaults = env::parse_defaults(&db.default_env_setting().await.unwrap().unwrap()).unwrap();
+    assert_eq!(defaults.vars["WAZUH_MANAGER"], "wazuh");
+    // The same rows map to the same CRs on either engine, timestamps aside.
+    let cx = Context {
+        namespace: "ns",
+        field_manager: "mw-bridge",
+        defaults: &defaults,
+        grants: &grants,
+        requests_percent: 100,
+    };
+    let pg = mapping::desired(&rows[1], &cx).unwrap();
+    assert_eq!(
+        pg.workload.spec.resources.as_ref().unwrap().limits.as_ref().unwrap().memory.as_ref().unwrap().0,
+        "8192Mi"
+    );
+    assert!(parse_timestamp(&rows[0].created_at).is_some(), "{}", rows[0].created_at);
+
+    // Incremental: only rows updated at or after the bound.
+    let latest = rows.iter().filter_map(|r| parse_timestamp(&r.updated_at)).max().unwrap();
+    assert!(
+        db.containers(&[node], Some(latest.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(1)).unwrap()))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    manager
+        .exec(&format!(
+            r#"UPDATE "Containers" SET entrypoint = 'sh', "updatedAt" = '{}' WHERE hostname = 'akumar-dev'"#,
+            now()
+        ))
+        .await;
+    let changed = db
+        .containers(&[node], Some(latest.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(1)).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(changed.iter().map(|r| r.hostname.as_str()).collect::<Vec<_>>(), ["akumar-dev"]);
+    let fingerprint = db.fingerprint(&[node]).await.unwrap();
+    assert_eq!(fingerprint.containers, 3);
+
+    // Write-back: written once, then nothing (the row already holds it).
+    let wiki = &rows[0];
+    let state = RowState {
+        container_id: Some("ns/team-wiki".into()),
+        ipv4_address: Some("10.244.0.10".into()),
+        mac_address: None,
+    };
+    let written = db.write_back(wiki, &state, Timestamp::now()).await.unwrap();
+    let stamp = written.expect("a first write");
+    assert!(parse_timestamp(&stamp).is_some(), "{stamp}");
+    assert!(db.write_back(wiki, &state, Timestamp::now()).await.unwrap().is_none(), "no change, no write");
+    assert_eq!(
+        manager.written("team-wiki").await.unwrap(),
+        (Some("ns/team-wiki".into()), Some("10.244.0.10".into()), None)
+    );
+    let reread = db.containers(&[node], None).await.unwrap();
+    let updated = &reread.iter().find(|r| r.hostname == "team-wiki").unwrap().updated_at;
+    assert_eq!(updated, &stamp, "updatedAt is written in the form the engine reads back");
+    if engine == Engine::Sqlite {
+        assert!(stamp.ends_with(" +00:00") && stamp.len() == "2026-11-30 04:22:29.155 +00:00".len(), "{stamp}");
+    }
+
+    // Another container under the same id (a re-used SQLite id): never written.
+    let mut impostor = wiki.clone();
+    impostor.created_at = "2020-01-01 00:00:00.000 +00:00".into();
+    let other = RowState { ipv4_address: None, ..state.clone() };
+    assert!(db.write_back(&impostor, &other, Timestamp::now()).await.unwrap().is_none());
+
+    // An IP another row holds: a row error (unique constraint), not a crash.
+    let pg_row = &rows[1];
+    let clash = RowState {
+        container_id: Some("ns/pg-analytics".into()),
+        ipv4_address: Some("10.244.0.10".into()),
+        mac_address: None,
+    };
+    match db.write_back(pg_row, &clash, Timestamp::now()).await {
+        Err(WriteBackError::Row(RowError::UniqueWriteBack { .. })) => {}
+        other => panic!("expected a unique violation, got {other:?}"),
+    }
+    manager.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_reads_and_writes() {
+    reads_and_writes(Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_reads_and_writes() {
+    reads_and_writes(Engine::Postgres).await;
+}
+
+#[tokio::test]
+async fn postgres_refuses_an_unverified_server() {
+    // verify-full against the test server without its CA: a TLS error, never a fallback.
+    let server = support::manager::PgServer::shared();
+    let url = server.url.clone() + "?sslmode=verify-full";
+    let password = std::fs::read_to_string(&server.password_file).unwrap().trim().to_string();
+    let db = Database::connect(&Target { url, password: Some(password) }).unwrap();
+    let err = db.kubernetes_nodes().await.expect_err("an untrusted certificate must fail");
+    let text = format!("{err:?}");
+    assert!(text.to_lowercase().contains("certificate") || text.to_lowercase().contains("tls"), "{text}");
+}
