@@ -257,7 +257,12 @@ async fn bad_rows(engine: Engine) {
             .wait_for_line(&["row not synced", &format!("Containers.id={id} "), "reason=hostname_collision"], TIMEOUT)
             .await;
         assert_eq!(bridge.metric("mw_bridge_row_errors_total{reason=\"hostname_collision\"}").await, Some(1.0));
-        let wiki = workloads.get("team-wiki").await.unwrap();
+        let wiki =
+            wait_until(&workloads, "team-wiki", "the first container's CR", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+                mw.is_some()
+            })
+            .await
+            .unwrap();
         assert_ne!(
             wiki.labels()["opensource-server.mieweb.org/container-id"],
             id.to_string(),

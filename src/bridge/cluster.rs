@@ -51,7 +51,11 @@ impl Cluster {
                 .default_backoff()
                 .modify(|mw| {
                     use kube::ResourceExt;
+                    // Only the phase, provider id and Pod IP of the status are read.
                     mw.managed_fields_mut().clear();
+                    if let Some(status) = mw.status.as_mut() {
+                        status.conditions.clear();
+                    }
                 })
                 .reflect(writer)
                 .for_each(move |event| {
@@ -68,6 +72,11 @@ impl Cluster {
             let (store, writer) = reflector::store();
             let stream = watcher(Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), ns), config)
                 .default_backoff()
+                .modify(|secret| {
+                    use kube::ResourceExt;
+                    secret.managed_fields_mut().clear();
+                    secret.metadata.annotations = None;
+                })
                 .reflect(writer)
                 .for_each(|event| {
                     if let Err(err) = &event {

@@ -36,6 +36,8 @@ const OVERLAP: SignedDuration = SignedDuration::from_secs(10);
 /// How soon a row blocked by the cluster (a name taken, a CR still being deleted, a unique
 /// IP) is tried again.
 const ROW_RETRY: Duration = Duration::from_secs(10);
+/// Rows mapped and synced per batch within a pass.
+const SYNC_CHUNK: usize = 256;
 const BACKOFF_BASE: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
@@ -353,67 +355,93 @@ impl Bridge {
         let now = Instant::now();
         let live: Arc<HashSet<RowKey>> = Arc::new(self.rows.keys().copied().collect());
         let fm = self.settings.field_manager.clone();
-        let mut jobs = Vec::new();
-        let mut immediate = Vec::new();
-        for (key, t) in &self.rows {
-            if !t.pending || t.retry_at.is_some_and(|at| at > now) {
-                continue;
-            }
-            let cx = Context {
-                namespace: &t.namespace,
-                field_manager: &fm,
-                defaults: &self.defaults,
-                grants: &self.grants,
-                requests_percent: self.settings.requests_percent,
-            };
-            match mapping::desired(&t.row, &cx) {
-                Err(err) => immediate.push((*key, Outcome::Row(err))),
-                Ok(desired) => {
-                    let cached =
-                        self.cluster.workload(&desired.namespace, &desired.name).map(|mw| Existing::of(&mw, &fm));
-                    let secret = self.cluster.secret_present(&desired.namespace, &desired.secret_name);
-                    jobs.push((desired, cached, secret));
-                }
-            }
+        let cr_key = |t: &Tracked| {
+            self.cluster.workload(&t.namespace, &t.row.hostname).and_then(|mw| Existing::of(&mw, &fm).key)
+        };
+        let mut pending: Vec<(bool, RowKey)> = self
+            .rows
+            .iter()
+            .filter(|(_, t)| t.pending && !t.retry_at.is_some_and(|at| at > now))
+            .map(|(key, t)| (cr_key(t) != Some(*key), *key))
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
         }
         // Two pending rows wanting one name (the same hostname on two sites whose nodes map to
         // one namespace) must not race to create it: the row whose CR it already is keeps
         // it, else the lowest key, and the others are collisions.
-        jobs.sort_by_key(|(d, cached, _)| (cached.as_ref().and_then(|c| c.key) != Some(d.key), d.key));
-        let mut claimed: HashMap<(String, String), RowKey> = HashMap::new();
-        jobs.retain(|(d, _, _)| match claimed.get(&(d.namespace.clone(), d.name.clone())) {
-            Some(owner) => {
-                let err = RowError::HostnameCollision {
-                    namespace: d.namespace.clone(),
-                    name: d.name.clone(),
-                    other: owner.to_string(),
-                };
-                immediate.push((d.key, Outcome::Row(err)));
-                false
-            }
-            None => {
-                claimed.insert((d.namespace.clone(), d.name.clone()), d.key);
-                true
-            }
-        });
-        if jobs.is_empty() && immediate.is_empty() {
-            return Ok(());
-        }
-        let cluster = self.cluster.clone();
-        let results: Vec<(RowKey, Outcome)> = futures::stream::iter(jobs)
-            .map(|(desired, cached, secret)| {
-                let (cluster, live, fm) = (cluster.clone(), live.clone(), fm.clone());
-                async move {
-                    let key = desired.key;
-                    let span = info_span!("row", id = key.id, node = key.node_id, name = %desired.name);
-                    (key, sync_one(&cluster, &fm, desired, cached, secret, &live).instrument(span).await)
+        pending.sort_unstable();
+        let mut claimed: HashMap<(&str, &str), RowKey> = HashMap::new();
+        let mut collisions = Vec::new();
+        let mut order = Vec::with_capacity(pending.len());
+        for (_, key) in pending {
+            let t = &self.rows[&key];
+            match claimed.get(&(t.namespace.as_str(), t.row.hostname.as_str())) {
+                Some(owner) => collisions.push((
+                    key,
+                    Outcome::Row(RowError::HostnameCollision {
+                        namespace: t.namespace.clone(),
+                        name: t.row.hostname.clone(),
+                        other: owner.to_string(),
+                    }),
+                )),
+                None => {
+                    claimed.insert((t.namespace.as_str(), t.row.hostname.as_str()), key);
+                    order.push(key);
                 }
-            })
-            .buffer_unordered(self.settings.concurrency.max(1))
-            .collect()
-            .await;
+            }
+        }
+        self.record(collisions);
+        // In chunks, so a first sync of thousands of rows never holds every desired object
+        // in memory at once.
+        for chunk in order.chunks(SYNC_CHUNK) {
+            let mut jobs = Vec::new();
+            let mut outcomes = Vec::new();
+            for key in chunk {
+                let t = &self.rows[key];
+                let cx = Context {
+                    namespace: &t.namespace,
+                    field_manager: &fm,
+                    defaults: &self.defaults,
+                    grants: &self.grants,
+                    requests_percent: self.settings.requests_percent,
+                };
+                match mapping::desired(&t.row, &cx) {
+                    Err(err) => outcomes.push((*key, Outcome::Row(err))),
+                    Ok(desired) => {
+                        let cached =
+                            self.cluster.workload(&desired.namespace, &desired.name).map(|mw| Existing::of(&mw, &fm));
+                        let secret = self.cluster.secret_present(&desired.namespace, &desired.secret_name);
+                        jobs.push((desired, cached, secret));
+                    }
+                }
+            }
+            let cluster = self.cluster.clone();
+            let results: Vec<(RowKey, Outcome)> = futures::stream::iter(jobs)
+                .map(|(desired, cached, secret)| {
+                    let (cluster, live, fm) = (cluster.clone(), live.clone(), fm.clone());
+                    async move {
+                        let key = desired.key;
+                        let span = info_span!("row", id = key.id, node = key.node_id, name = %desired.name);
+                        (key, sync_one(&cluster, &fm, desired, cached, secret, &live).instrument(span).await)
+                    }
+                })
+                .buffer_unordered(self.settings.concurrency.max(1))
+                .collect()
+                .await;
+            outcomes.extend(results);
+            if let Some(err) = self.record(outcomes) {
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// Apply the outcomes of syncing rows to what the bridge remembers of them; the first
+    /// transient error, if any, fails the pass (the rows stay pending).
+    fn record(&mut self, outcomes: Vec<(RowKey, Outcome)>) -> Option<BridgeError> {
         let mut transient = None;
-        for (key, outcome) in immediate.into_iter().chain(results) {
+        for (key, outcome) in outcomes {
             let Some(t) = self.rows.get_mut(&key) else { continue };
             match outcome {
                 Outcome::Synced => {
@@ -443,10 +471,7 @@ impl Bridge {
                 }
             }
         }
-        match transient {
-            Some(err) => Err(err),
-            None => Ok(()),
-        }
+        transient
     }
 
     /// Delete the CRs this bridge made whose row is gone, and Secrets it wrote whose CR never
