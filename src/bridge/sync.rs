@@ -361,7 +361,7 @@ impl Bridge {
         let mut pending: Vec<(bool, RowKey)> = self
             .rows
             .iter()
-            .filter(|(_, t)| t.pending && !t.retry_at.is_some_and(|at| at > now))
+            .filter(|(_, t)| t.pending && t.retry_at.is_none_or(|at| at <= now))
             .map(|(key, t)| (cr_key(t) != Some(*key), *key))
             .collect();
         if pending.is_empty() {
