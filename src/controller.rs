@@ -5,7 +5,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Pod;
@@ -63,6 +64,11 @@ pub struct Context {
     recorder: Recorder,
     /// Per-workload memory, dropped when the workload goes.
     objects: Arc<PerObject>,
+    /// Resolves (true) once the Deployment and Pod caches hold their first full list. Shared:
+    /// kube-runtime's `Store::wait_until_ready` wakes only its latest waiter (a oneshot
+    /// receiver keeps one waker), so concurrent reconciles must not each await it, or all but
+    /// one would wait forever (seen: on start-up with existing workloads only one reconciled).
+    caches_ready: Shared<BoxFuture<'static, bool>>,
 }
 
 /// What the operator remembers per ManagedWorkload UID between reconciles.
@@ -329,6 +335,12 @@ async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) 
         .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
 
     let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
+    let caches_ready = {
+        let (deployments, pods) = (deployments.clone(), pods.clone());
+        async move { deployments.wait_until_ready().await.is_ok() && pods.wait_until_ready().await.is_ok() }
+            .boxed()
+            .shared()
+    };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -336,6 +348,7 @@ async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) 
         pods,
         pod_index,
         objects,
+        caches_ready,
     });
 
     Controller::for_stream(workload_events, workloads)
@@ -389,7 +402,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     // The decision reads both caches: a reconcile before they are filled would take "not in
     // the cache" for "absent" (and, after a restart, report Running workloads as Creating).
     // Only the first reconciles wait; afterwards these return at once.
-    if ctx.deployments.wait_until_ready().await.is_err() || ctx.pods.wait_until_ready().await.is_err() {
+    if !ctx.caches_ready.clone().await {
         return Err(Error::CacheClosed);
     }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
