@@ -12,6 +12,7 @@
 #   hack/controlplane.sh log-dir [NAME]   print where its components log
 #   hack/controlplane.sh install-operator [NAME]       CRD + RBAC for the operator
 #   hack/controlplane.sh start-operator NAME BINARY    (re)start the operator as mw-operator
+#   hack/controlplane.sh stop-operator NAME            stop that operator (by its recorded PID)
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
 #
 # NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
@@ -421,7 +422,8 @@ main() {
     log-dir) echo "$LOG_ROOT/${2:-default}" ;;
     install-operator) cmd_install_operator "${2:-}" ;;
     start-operator) cmd_start_operator "${2:?NAME}" "${3:?operator binary}" ;;
-    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    stop-operator) stop_wave "$RUN_ROOT/${2:?NAME}" operator ;;
+    *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 }
 
