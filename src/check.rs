@@ -321,7 +321,7 @@ pub fn explain_connect_error(chain: &str) -> String {
         Some("nothing accepts connections at this address: is the API server up, and the URL right?")
     } else if chain.contains("timed out") || chain.contains("deadline") {
         Some("the API server did not answer in time (network, firewall or proxy?)")
-    } else if chain.contains("Unauthorized") || chain.contains("401") {
+    } else if chain.contains("Unauthorized") {
         Some("the API server rejected the credentials (401 Unauthorized): an expired token or a wrong certificate")
     } else {
         None
@@ -509,6 +509,7 @@ mod tests {
     fn connect_errors_are_explained() {
         assert!(explain_connect_error("x: invalid peer certificate: NotValidForName").contains("does not name"));
         assert!(explain_connect_error("tcp connect error: Connection refused (os error 111)").contains("nothing"));
+        assert!(explain_connect_error("Unauthorized (401 Unauthorized)").contains("rejected the credentials"));
         assert_eq!(explain_connect_error("something else"), "something else");
     }
 }
