@@ -14,6 +14,7 @@
 #   hack/controlplane.sh start-operator NAME BINARY    (re)start the operator as mw-operator
 #   hack/controlplane.sh start-bridge NAME BINARY NS ARGS...  (re)start the bridge as mw-bridge,
 #                                                    granted its role in namespace NS
+#   hack/controlplane.sh stop-operator NAME            stop that operator (by its recorded PID)
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
 #
 # NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
@@ -451,7 +452,8 @@ main() {
     install-operator) cmd_install_operator "${2:-}" ;;
     start-operator) cmd_start_operator "${2:?NAME}" "${3:?operator binary}" ;;
     start-bridge) shift; cmd_start_bridge "$@" ;;
-    *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    stop-operator) stop_wave "$RUN_ROOT/${2:?NAME}" operator ;;
+    *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What a fresh machine needs before anything builds: rustfmt and clippy for the Rust
 # toolchain, Go for the control plane, openssl/curl/python3 for its start-up, and for the
-# database-bridge tests a PostgreSQL server (hack/postgres.sh) and the sqlite3 CLI. Installs
-# what is missing; does nothing when all is there.
+# database-bridge tests a PostgreSQL server (hack/postgres.sh) and the sqlite3 CLI, and Node.js
+# >= 20 with npm for the Manager backend examples (examples/manager-node; hack/test.sh installs
+# their packages with `npm ci`). Installs what is missing; does nothing when all is there.
 set -euo pipefail
 log() { printf '[tools] %s\n' "$*" >&2; }
 
@@ -17,6 +18,8 @@ fi
 
 missing=()
 command -v go >/dev/null || missing+=(golang-go)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 for t in openssl curl python3 sqlite3; do command -v "$t" >/dev/null || missing+=("$t"); done
 # Server binaries (initdb, pg_ctl, postgres; psql comes along), not only a client or libpq-dev.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
@@ -31,4 +34,9 @@ if [ "${go_minor:-0}" -lt 21 ]; then
   # From Go 1.21 on, the go command fetches the Go 1.26 toolchain that Kubernetes v1.36 needs
   # from the module proxy by itself (go.mod's `go` line); older ones cannot.
   log "Go $(go env GOVERSION) is too old to build Kubernetes v1.36; install Go 1.21 or newer"; exit 1
+fi
+node_major=$(node --version | sed -E 's/^v([0-9]+).*/\1/')
+if [ "${node_major:-0}" -lt 20 ]; then
+  # @kubernetes/client-node 1.x and `node --test` need Node.js 20 or newer.
+  log "Node.js $(node --version) is too old for examples/manager-node; install Node.js 20 or newer"; exit 1
 fi

@@ -70,7 +70,16 @@ step "operator"
 cargo build --locked --bin mw-operator
 OPERATOR_PID=$(bash "$CP" start-operator "$CLUSTER" "$REPO/target/debug/mw-operator")
 
+export MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator MW_TEST_HELM="$HELM"
 step "integration tests"
-MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator MW_TEST_HELM="$HELM" \
-  cargo test --locked --test '*' -- --test-threads="${MW_TEST_THREADS:-4}"
+cargo test --locked --test '*' -- --test-threads="${MW_TEST_THREADS:-4}"
+
+step "Manager's backend examples (@kubernetes/client-node, node --test)"
+(cd examples/manager-node && npm ci --no-audit --no-fund --loglevel=error && node --test)
 kill -0 "$OPERATOR_PID" 2>/dev/null || { echo "the operator exited during the tests; see $LOGS/operator.log" >&2; exit 1; }
+
+step "serial: namespace-scoped operator on a ServiceAccount token, uninstall in either order"
+# These must be the only operator running (the shared one watches every namespace), and the
+# uninstall tests delete the CRD every other test relies on: so they run last, one at a time.
+bash "$CP" stop-operator "$CLUSTER"
+cargo test --locked --test install -- --ignored --test-threads=1

@@ -23,6 +23,11 @@ pub struct ConnectionArgs {
 /// A client for the configured cluster. Refuses a configuration that turns TLS verification
 /// off: the operator's credentials must never be sent to an unverified server.
 pub async fn connect(args: &ConnectionArgs) -> Result<Client, Error> {
+    Client::try_from(config(args).await?).map_err(Error::Client)
+}
+
+/// The client configuration `connect` uses, already checked for disabled TLS verification.
+pub async fn config(args: &ConnectionArgs) -> Result<Config, Error> {
     let options = KubeConfigOptions { context: args.context.clone(), ..Default::default() };
     let config = match &args.kubeconfig {
         Some(path) => {
@@ -39,7 +44,7 @@ pub async fn connect(args: &ConnectionArgs) -> Result<Client, Error> {
         None => Config::infer().await.map_err(|e| Error::Config(e.to_string()))?,
     };
     check_tls(&config)?;
-    Client::try_from(config).map_err(Error::Client)
+    Ok(config)
 }
 
 fn check_tls(config: &Config) -> Result<(), Error> {

@@ -275,7 +275,8 @@ async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Er
             // the full Status debug dump would bury it.
             let message = match err {
                 kube::Error::Api(status) => status.message,
-                other => other.to_string(),
+                // A TLS or connection failure is several sources down the chain.
+                other => crate::check::explain_connect_error(&crate::check::error_chain(&other)),
             };
             Err(Error::Access { scope: namespace.unwrap_or("all namespaces").to_string(), message })
         }
@@ -383,9 +384,21 @@ async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Er
         Ok(mw) => mw,
         Err(invalid) => return report_invalid(&ctx, &guard, invalid).instrument(span).await,
     };
-    let result = reconcile_one(mw, &ctx, &namespace, &name).instrument(span).await;
-    if result.is_ok() {
-        ctx.objects.succeeded(mw.uid().as_deref());
+    let result = reconcile_one(mw, &ctx, &namespace, &name).instrument(span.clone()).await;
+    match &result {
+        Ok(_) => ctx.objects.succeeded(mw.uid().as_deref()),
+        // RBAC taken away at runtime: said on the object too (`kubectl describe` is where a
+        // workload's owner looks; error_policy logs it for the admin). Retried with backoff,
+        // so the operator recovers by itself once the permission is back.
+        Err(err) => {
+            if let Some(message) = err.forbidden() {
+                let note = format!(
+                    "the operator lacks a permission it needs: {message}; grant the shipped Role (config/rbac) \
+                     and verify with `mw-operator check`"
+                );
+                publish(&ctx, mw, EventType::Warning, "Forbidden", &note).instrument(span).await;
+            }
+        }
     }
     result
 }

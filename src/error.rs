@@ -40,7 +40,10 @@ pub enum Error {
     #[error("creating the Kubernetes client: {0}")]
     Client(#[source] kube::Error),
 
-    #[error("listing ManagedWorkloads in {scope} failed (check the operator's RBAC: config/rbac): {message}")]
+    #[error(
+        "listing ManagedWorkloads in {scope} failed: {message} (`mw-operator check` with the same flags tells which of \
+         connection, TLS, CRD or RBAC is wrong)"
+    )]
     Access { scope: String, message: String },
 
     #[error("the ManagedWorkload CRD is not installed or not served ({0}); install it with `kubectl apply -f crds/`")]
@@ -48,6 +51,21 @@ pub enum Error {
 }
 
 impl Error {
+    /// The API server's own words when it refused the operator for lack of a permission
+    /// (403): they name the user, verb, resource and namespace.
+    pub fn forbidden(&self) -> Option<&str> {
+        let source = match self {
+            Error::GetDeployment { source, .. }
+            | Error::ApplyDeployment { source, .. }
+            | Error::WriteStatus { source, .. } => source,
+            _ => return None,
+        };
+        match source {
+            kube::Error::Api(status) if status.code == 403 => Some(&status.message),
+            _ => None,
+        }
+    }
+
     /// A short, stable label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -5,6 +5,7 @@
 //! Deployment up to date?), `status` (observed objects → status). I/O: `controller`, `client`.
 
 pub mod bridge;
+pub mod check;
 pub mod client;
 pub mod controller;
 pub mod crdgen;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use mw_operator::{bridge, client, controller, crdgen};
+use mw_operator::{bridge, check, client, controller, crdgen};
 use tracing::error;
 
 #[derive(Parser)]
@@ -36,6 +36,10 @@ enum Command {
         #[arg(long, default_value_t = 8, env = "MW_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
         concurrency: u16,
     },
+    /// Check an install before the first workload: connection, TLS, identity, the CRD and
+    /// every permission the operator (or, with --bridge, the bridge) needs in each namespace.
+    /// Prints a checklist; exits non-zero when any check fails.
+    Check(check::probe::CheckArgs),
     /// Sync Manager's database (PostgreSQL or SQLite) into ManagedWorkloads and write their
     /// provider id and Pod IP back.
     Bridge(Box<bridge::BridgeArgs>),
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
         Command::Run { connection, namespaces, concurrency } => run(connection, namespaces, concurrency),
         Command::Crd { out, check } => crd(out, check),
         Command::Bridge(args) => run_bridge(*args),
+        Command::Check(args) => run_check(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -75,6 +80,18 @@ fn run(connection: client::ConnectionArgs, namespaces: Vec<String>, concurrency:
         let settings = controller::Settings { namespaces, concurrency };
         controller::run(client, settings).await.map_err(|e| e.to_string())
     })
+}
+
+fn run_check(args: check::probe::CheckArgs) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let report = check::checklist(&runtime.block_on(check::probe::gather(&args)));
+    match args.output {
+        check::probe::Output::Text => print!("{}", report.to_text()),
+        check::probe::Output::Json => {
+            println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)
+        }
+    }
+    if report.ok { Ok(()) } else { Err("the install check failed; see the checklist above".into()) }
 }
 
 fn run_bridge(args: bridge::BridgeArgs) -> Result<(), String> {

@@ -148,4 +148,5 @@ pub mod audit;
 pub mod bridge;
 pub mod manager;
 pub mod proxy;
+pub mod scoped;
 pub mod workload;

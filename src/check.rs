@@ -1,0 +1,515 @@
+//! `mw-operator check`: can the operator (or the bridge) work with this kubeconfig, in these
+//! namespaces? Connects, names the server version and the identity it authenticated as,
+//! finds the CRD at the version this binary speaks, and asks the API server, one
+//! SelfSubjectAccessReview per verb and resource, whether every permission the shipped RBAC
+//! grants is held, and whether a few it must not need (Secrets, cluster-admin) are absent.
+//!
+//! The permissions are parsed from config/rbac/*.yaml, embedded at build time, so the check
+//! and the manifests cannot drift apart. Everything here is pure: the I/O is in `probe`.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub mod probe;
+
+/// API group and version of the ManagedWorkload this binary reads and writes.
+pub const GROUP: &str = "opensource-server.mieweb.org";
+pub const VERSION: &str = "v1alpha1";
+pub const PLURAL: &str = "managedworkloads";
+
+/// Which identity is being checked: its permissions come from its own shipped Role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Component {
+    /// The controller (`mw-operator run`): config/rbac/role.yaml.
+    Operator,
+    /// The database bridge (`mw-operator bridge`): config/rbac/bridge-role.yaml.
+    Bridge,
+}
+
+const OPERATOR_ROLE: &str = include_str!("../config/rbac/role.yaml");
+const BRIDGE_ROLE: &str = include_str!("../config/rbac/bridge-role.yaml");
+
+#[derive(Debug, Error)]
+pub enum CheckError {
+    #[error("the embedded {file} does not parse as a Role: {message}")]
+    EmbeddedRole { file: &'static str, message: String },
+}
+
+/// One verb on one resource (or subresource) of one API group.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Permission {
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+    pub subresource: Option<String>,
+}
+
+impl Permission {
+    fn new(verb: &str, group: &str, resource: &str) -> Self {
+        let (resource, subresource) = match resource.split_once('/') {
+            Some((r, s)) => (r.to_string(), Some(s.to_string())),
+            None => (resource.to_string(), None),
+        };
+        Permission { verb: verb.into(), group: group.into(), resource, subresource }
+    }
+}
+
+/// As kubectl names it: `create deployments.apps`, `patch managedworkloads.<group>/status`.
+impl fmt::Display for Permission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.verb == "*" && self.resource == "*" && self.group == "*" {
+            return write!(f, "every verb on every resource (cluster-admin)");
+        }
+        write!(f, "{} {}", self.verb, self.resource)?;
+        if !self.group.is_empty() {
+            write!(f, ".{}", self.group)?;
+        }
+        if let Some(sub) = &self.subresource {
+            write!(f, "/{sub}")?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Deserialize)]
+struct RoleDoc {
+    rules: Vec<RuleDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RuleDoc {
+    #[serde(default)]
+    api_groups: Vec<String>,
+    #[serde(default)]
+    resources: Vec<String>,
+    #[serde(default)]
+    verbs: Vec<String>,
+}
+
+/// Every permission the component's shipped Role grants, one per verb and resource.
+pub fn required(component: Component) -> Result<Vec<Permission>, CheckError> {
+    let (file, text) = match component {
+        Component::Operator => ("config/rbac/role.yaml", OPERATOR_ROLE),
+        Component::Bridge => ("config/rbac/bridge-role.yaml", BRIDGE_ROLE),
+    };
+    let role: RoleDoc =
+        serde_saphyr::from_str(text).map_err(|e| CheckError::EmbeddedRole { file, message: e.to_string() })?;
+    let mut out = Vec::new();
+    for rule in &role.rules {
+        for group in &rule.api_groups {
+            for resource in &rule.resources {
+                for verb in &rule.verbs {
+                    out.push(Permission::new(verb, group, resource));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Permissions the component must not hold: anything it holds beyond its Role is a risk
+/// nobody asked for. The operator never reads Secrets; neither may be cluster-admin.
+pub fn unwanted(component: Component) -> Vec<Permission> {
+    let mut out = vec![Permission::new("*", "*", "*")];
+    if component == Component::Operator {
+        out.push(Permission::new("get", "", "secrets"));
+    }
+    out
+}
+
+/// Who the API server says the credentials belong to (SelfSubjectReview).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub username: String,
+    pub groups: Vec<String>,
+}
+
+/// What discovery says about the CRD's API group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Crd {
+    /// The group is not served at all: the CRD is not installed (or not yet Established).
+    GroupMissing,
+    /// The group is served, but not at the version this binary uses.
+    VersionMissing { served: Vec<String> },
+    /// Served at VERSION; whether the status subresource is there.
+    Served { status_subresource: bool },
+}
+
+/// The answer to one SelfSubjectAccessReview.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Review {
+    /// None: all namespaces (a cluster-wide install).
+    pub namespace: Option<String>,
+    pub permission: Permission,
+    /// true: required (must be allowed); false: unwanted (should be denied).
+    pub required: bool,
+    /// allowed, or the error asking.
+    pub allowed: Result<bool, String>,
+}
+
+/// Everything `probe` found out. Later facts are None when an earlier step failed (no
+/// identity without a connection).
+#[derive(Clone, Debug)]
+pub struct Facts {
+    pub component: Component,
+    /// Scheme, host and port only: a URL can carry credentials in its user-info part.
+    pub server: String,
+    /// The server version, or why the API server could not be reached.
+    pub connection: Result<String, String>,
+    pub identity: Option<Result<Identity, String>>,
+    pub crd: Option<Result<Crd, String>>,
+    pub reviews: Vec<Review>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Pass,
+    Warn,
+    Fail,
+}
+
+/// One line of the checklist.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub check: &'static str,
+    /// The namespace a permission check is about ("*" for all namespaces).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub status: Status,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub component: Component,
+    pub ok: bool,
+    pub checks: Vec<Check>,
+}
+
+fn line(check: &'static str, status: Status, detail: impl Into<String>) -> Check {
+    Check { check, namespace: None, status, detail: detail.into() }
+}
+
+/// The checklist: one line per fact, in the order an installer fixes things.
+pub fn checklist(facts: &Facts) -> Report {
+    let mut checks = Vec::new();
+    checks.push(match &facts.connection {
+        Ok(version) if facts.server.starts_with("https://") => line(
+            "connect",
+            Status::Pass,
+            format!("{}: Kubernetes {version}, server certificate verified", facts.server),
+        ),
+        Ok(version) => line(
+            "connect",
+            Status::Warn,
+            format!("{}: Kubernetes {version}, but over plain HTTP: nothing to verify", facts.server),
+        ),
+        Err(e) => line("connect", Status::Fail, format!("{}: {e}", facts.server)),
+    });
+    match &facts.identity {
+        Some(Ok(id)) if id.username == "system:anonymous" || id.username.is_empty() => checks.push(line(
+            "identity",
+            Status::Fail,
+            "the API server treats these credentials as anonymous: the kubeconfig's user sends none it accepts",
+        )),
+        Some(Ok(id)) => checks.push(line(
+            "identity",
+            Status::Pass,
+            format!("authenticated as {} (groups: {})", id.username, id.groups.join(", ")),
+        )),
+        Some(Err(e)) => checks.push(line("identity", Status::Fail, e.clone())),
+        None => {}
+    }
+    let crd_name = format!("{PLURAL}.{GROUP}");
+    match &facts.crd {
+        Some(Ok(Crd::Served { status_subresource: true })) => {
+            checks.push(line("crd", Status::Pass, format!("{crd_name} served at {VERSION}, with its status subresource")))
+        }
+        Some(Ok(Crd::Served { status_subresource: false })) => checks.push(line(
+            "crd",
+            Status::Fail,
+            format!("{crd_name} is served at {VERSION} without a status subresource: reinstall it from crds/"),
+        )),
+        Some(Ok(Crd::VersionMissing { served })) => checks.push(line(
+            "crd",
+            Status::Fail,
+            format!(
+                "{GROUP} is served at [{}], not at {VERSION} that this binary uses: install the CRD from this release's crds/",
+                served.join(", ")
+            ),
+        )),
+        Some(Ok(Crd::GroupMissing)) => checks.push(line(
+            "crd",
+            Status::Fail,
+            format!("{crd_name} is not installed (API group {GROUP} is not served): kubectl apply --server-side -f crds/"),
+        )),
+        Some(Err(e)) => checks.push(line("crd", Status::Fail, format!("discovering {GROUP}: {e}"))),
+        None => {}
+    }
+    for review in &facts.reviews {
+        let scope = review.namespace.clone().unwrap_or_else(|| "*".into());
+        let where_ = match &review.namespace {
+            Some(ns) => format!("in namespace {ns}"),
+            None => "in all namespaces".into(),
+        };
+        let p = &review.permission;
+        let (check, status, detail) = match (&review.allowed, review.required) {
+            (Ok(true), true) => ("rbac", Status::Pass, format!("{p}")),
+            (Ok(false), true) => ("rbac", Status::Fail, format!("{p}: missing {where_} (cannot {p})")),
+            (Ok(false), false) => ("least-privilege", Status::Pass, format!("{p}: not granted")),
+            (Ok(true), false) => (
+                "least-privilege",
+                Status::Warn,
+                format!("{p}: granted {where_}, but never needed; bind only the shipped Role"),
+            ),
+            (Err(e), _) => ("rbac", Status::Fail, format!("{p}: could not ask the API server: {e}")),
+        };
+        checks.push(Check { check, namespace: Some(scope), status, detail });
+    }
+    let ok = checks.iter().all(|c| c.status != Status::Fail);
+    Report { component: facts.component, ok, checks }
+}
+
+impl Report {
+    /// Human checklist: one line per check, then a count.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for c in &self.checks {
+            let mark = match c.status {
+                Status::Pass => "ok  ",
+                Status::Warn => "WARN",
+                Status::Fail => "FAIL",
+            };
+            let name = match &c.namespace {
+                Some(ns) => format!("{} {ns}", c.check),
+                None => c.check.to_string(),
+            };
+            out.push_str(&format!("[{mark}] {name:<24} {}\n", c.detail));
+        }
+        let count = |s| self.checks.iter().filter(|c| c.status == s).count();
+        out.push_str(&format!(
+            "{} checks: {} passed, {} failed, {} warnings\n",
+            self.checks.len(),
+            count(Status::Pass),
+            count(Status::Fail),
+            count(Status::Warn)
+        ));
+        out
+    }
+}
+
+/// A connection error, in words an installer can act on. `chain` is the error and its
+/// sources joined with ": " (the TLS reason is usually several sources down).
+pub fn explain_connect_error(chain: &str) -> String {
+    let hint = if chain.contains("UnknownIssuer") || chain.contains("unknown issuer") {
+        Some(
+            "TLS: the API server's certificate is not signed by a CA this kubeconfig trusts; set the cluster's \
+             certificate-authority(-data) to the CA that signed it (verification is never skipped)",
+        )
+    } else if chain.contains("NotValidForName") || chain.contains("not valid for name") {
+        Some("TLS: the API server's certificate does not name the address in the kubeconfig's server URL")
+    } else if chain.contains("Expired") || chain.contains("NotValidYet") {
+        Some("TLS: the API server's certificate is outside its validity period (check the clocks, or renew it)")
+    } else if chain.contains("invalid peer certificate") || chain.contains("certificate") {
+        Some("TLS: the API server's certificate was not accepted")
+    } else if chain.contains("Connection refused") || chain.contains("connection refused") {
+        Some("nothing accepts connections at this address: is the API server up, and the URL right?")
+    } else if chain.contains("timed out") || chain.contains("deadline") {
+        Some("the API server did not answer in time (network, firewall or proxy?)")
+    } else if chain.contains("Unauthorized") {
+        Some("the API server rejected the credentials (401 Unauthorized): an expired token or a wrong certificate")
+    } else {
+        None
+    };
+    match hint {
+        Some(h) => format!("{h} ({chain})"),
+        None => chain.to_string(),
+    }
+}
+
+/// An error and its sources, joined: kube's own Display stops at the outermost layer.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![err.to_string()];
+    let mut source = err.source();
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = e.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn perm(verb: &str, group: &str, resource: &str) -> Permission {
+        Permission::new(verb, group, resource)
+    }
+
+    #[test]
+    fn the_operator_needs_exactly_what_its_shipped_role_grants() {
+        let mut got: Vec<String> = required(Component::Operator).unwrap().iter().map(|p| p.to_string()).collect();
+        got.sort();
+        let mut want = vec![
+            "get managedworkloads.opensource-server.mieweb.org",
+            "list managedworkloads.opensource-server.mieweb.org",
+            "watch managedworkloads.opensource-server.mieweb.org",
+            "get managedworkloads.opensource-server.mieweb.org/status",
+            "patch managedworkloads.opensource-server.mieweb.org/status",
+            "get deployments.apps",
+            "list deployments.apps",
+            "watch deployments.apps",
+            "create deployments.apps",
+            "patch deployments.apps",
+            "get pods",
+            "list pods",
+            "watch pods",
+            "create events.events.k8s.io",
+            "patch events.events.k8s.io",
+        ];
+        want.sort();
+        // A change to config/rbac/role.yaml shows here; the check follows it by itself.
+        assert_eq!(got, want);
+        assert!(!required(Component::Operator).unwrap().iter().any(|p| p.resource == "secrets"));
+    }
+
+    #[test]
+    fn the_bridge_needs_its_own_role_and_may_read_secrets() {
+        let bridge = required(Component::Bridge).unwrap();
+        assert!(bridge.contains(&perm("create", "", "secrets")));
+        assert!(bridge.contains(&perm("delete", GROUP, PLURAL)));
+        assert!(!bridge.iter().any(|p| p.resource == "deployments" || p.resource == "pods"));
+        assert!(!unwanted(Component::Bridge).iter().any(|p| p.resource == "secrets"));
+        assert!(unwanted(Component::Operator).contains(&perm("get", "", "secrets")));
+    }
+
+    fn healthy() -> Facts {
+        let review = |ns: &str, verb: &str, allowed: bool, required: bool| Review {
+            namespace: Some(ns.into()),
+            permission: perm(verb, "apps", "deployments"),
+            required,
+            allowed: Ok(allowed),
+        };
+        Facts {
+            component: Component::Operator,
+            server: "https://127.0.0.1:6443".into(),
+            connection: Ok("v1.36.3".into()),
+            identity: Some(Ok(Identity {
+                username: "system:serviceaccount:mw-system:mw-operator".into(),
+                groups: vec!["system:serviceaccounts".into(), "system:authenticated".into()],
+            })),
+            crd: Some(Ok(Crd::Served { status_subresource: true })),
+            reviews: vec![
+                review("a", "create", true, true),
+                review("b", "patch", true, true),
+                Review {
+                    namespace: Some("a".into()),
+                    permission: perm("get", "", "secrets"),
+                    required: false,
+                    allowed: Ok(false),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_healthy_install_passes_every_line() {
+        let report = checklist(&healthy());
+        assert!(report.ok);
+        assert_eq!(report.checks.len(), 6);
+        assert!(report.checks.iter().all(|c| c.status == Status::Pass), "{report:#?}");
+        let text = report.to_text();
+        assert!(text.contains("authenticated as system:serviceaccount:mw-system:mw-operator"), "{text}");
+        assert!(text.contains("[ok  ] rbac b"), "{text}");
+        assert!(text.ends_with("6 checks: 6 passed, 0 failed, 0 warnings\n"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_permission_names_verb_resource_and_namespace() {
+        let mut facts = healthy();
+        facts.reviews[1].allowed = Ok(false);
+        let report = checklist(&facts);
+        assert!(!report.ok);
+        let failed: Vec<_> = report.checks.iter().filter(|c| c.status == Status::Fail).collect();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].namespace.as_deref(), Some("b"));
+        assert_eq!(failed[0].detail, "patch deployments.apps: missing in namespace b (cannot patch deployments.apps)");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["ok"], false);
+        assert_eq!(json["checks"][4]["status"], "fail");
+        assert_eq!(json["checks"][4]["namespace"], "b");
+        assert_eq!(json["component"], "operator");
+    }
+
+    #[test]
+    fn excess_privilege_warns_without_failing() {
+        let mut facts = healthy();
+        facts.reviews[2].allowed = Ok(true);
+        let report = checklist(&facts);
+        assert!(report.ok, "a warning is not a failure");
+        let warn = report.checks.iter().find(|c| c.status == Status::Warn).unwrap();
+        assert_eq!(warn.check, "least-privilege");
+        assert!(warn.detail.starts_with("get secrets: granted in namespace a, but never needed"), "{}", warn.detail);
+    }
+
+    #[test]
+    fn no_connection_stops_at_the_first_line() {
+        let facts = Facts {
+            connection: Err(explain_connect_error(
+                "ServiceError: client error (Connect): invalid peer certificate: UnknownIssuer",
+            )),
+            identity: None,
+            crd: None,
+            reviews: vec![],
+            ..healthy()
+        };
+        let report = checklist(&facts);
+        assert!(!report.ok);
+        assert_eq!(report.checks.len(), 1);
+        let detail = &report.checks[0].detail;
+        assert!(
+            detail.starts_with("https://127.0.0.1:6443: TLS: the API server's certificate is not signed"),
+            "{detail}"
+        );
+        assert!(detail.contains("UnknownIssuer"), "the underlying reason stays visible: {detail}");
+    }
+
+    #[test]
+    fn crd_problems_say_what_to_install() {
+        for (crd, needle) in [
+            (Crd::GroupMissing, "is not installed"),
+            (Crd::VersionMissing { served: vec!["v1beta1".into()] }, "served at [v1beta1], not at v1alpha1"),
+            (Crd::Served { status_subresource: false }, "without a status subresource"),
+        ] {
+            let report = checklist(&Facts { crd: Some(Ok(crd)), ..healthy() });
+            let line = report.checks.iter().find(|c| c.check == "crd").unwrap();
+            assert_eq!(line.status, Status::Fail);
+            assert!(line.detail.contains(needle), "{}", line.detail);
+            assert!(!report.ok);
+        }
+    }
+
+    #[test]
+    fn anonymous_is_not_an_identity() {
+        let facts =
+            Facts { identity: Some(Ok(Identity { username: "system:anonymous".into(), groups: vec![] })), ..healthy() };
+        let report = checklist(&facts);
+        assert_eq!(report.checks[1].status, Status::Fail);
+    }
+
+    #[test]
+    fn connect_errors_are_explained() {
+        assert!(explain_connect_error("x: invalid peer certificate: NotValidForName").contains("does not name"));
+        assert!(explain_connect_error("tcp connect error: Connection refused (os error 111)").contains("nothing"));
+        assert!(explain_connect_error("Unauthorized (401 Unauthorized)").contains("rejected the credentials"));
+        assert_eq!(explain_connect_error("something else"), "something else");
+    }
+}

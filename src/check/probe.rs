@@ -1,0 +1,172 @@
+//! The I/O of `check`: asks the API server and records every answer, including failures, as
+//! `Facts`. Nothing here fails as a whole: a problem is a fact for the checklist to report.
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+use super::{
+    Component, Crd, Facts, GROUP, Identity, PLURAL, Permission, Review, VERSION, error_chain, explain_connect_error,
+    required, unwanted,
+};
+use crate::client::{self, ConnectionArgs};
+
+/// Output format of the checklist.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+    /// Namespaces the operator (or bridge) will serve (repeat or comma-separate). All
+    /// namespaces when omitted, as `run` does.
+    #[arg(long = "namespace", short = 'n', env = "MW_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Check the bridge's permissions (config/rbac/bridge-role.yaml) instead of the operator's.
+    #[arg(long)]
+    pub bridge: bool,
+    /// Checklist format.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// SelfSubjectAccessReviews asked at once: a handful per namespace, each a small POST.
+const CONCURRENT_REVIEWS: usize = 8;
+
+pub async fn gather(args: &CheckArgs) -> Facts {
+    let component = if args.bridge { Component::Bridge } else { Component::Operator };
+    let mut facts = Facts {
+        component,
+        server: "(no server)".into(),
+        connection: Err(String::new()),
+        identity: None,
+        crd: None,
+        reviews: Vec::new(),
+    };
+    let config = match client::config(&args.connection).await {
+        Ok(config) => config,
+        Err(e) => {
+            facts.connection = Err(e.to_string());
+            return facts;
+        }
+    };
+    // Scheme, host and port: never the user-info part a URL may carry.
+    let url = &config.cluster_url;
+    facts.server = format!("{}://{}", url.scheme_str().unwrap_or("https"), url.host().unwrap_or("?"));
+    if let Some(port) = url.port_u16() {
+        facts.server.push_str(&format!(":{port}"));
+    }
+    let client = match Client::try_from(config) {
+        Ok(client) => client,
+        Err(e) => {
+            facts.connection = Err(explain_connect_error(&error_chain(&e)));
+            return facts;
+        }
+    };
+    match client.apiserver_version().await {
+        Ok(info) => facts.connection = Ok(info.git_version),
+        Err(e) => {
+            facts.connection = Err(explain_connect_error(&message(&e)));
+            return facts;
+        }
+    }
+    facts.identity = Some(identity(&client).await);
+    facts.crd = Some(crd(&client).await);
+    facts.reviews = match required(component) {
+        Ok(needed) => reviews(&client, &args.namespaces, needed, unwanted(component)).await,
+        // Cannot happen with the binary's own embedded manifests (a unit test parses them).
+        Err(e) => vec![Review {
+            namespace: None,
+            permission: Permission { verb: "?".into(), group: String::new(), resource: "?".into(), subresource: None },
+            required: true,
+            allowed: Err(e.to_string()),
+        }],
+    };
+    facts
+}
+
+/// An API error as the API server words it (kube's Display adds a debug dump of the Status);
+/// anything else with its sources, where TLS and connection reasons are.
+fn message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
+        other => error_chain(other),
+    }
+}
+
+async fn identity(client: &Client) -> Result<Identity, String> {
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .map_err(|e| format!("SelfSubjectReview (authentication.k8s.io/v1): {}", message(&e)))?;
+    let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+    Ok(Identity { username: user.username.unwrap_or_default(), groups: user.groups.unwrap_or_default() })
+}
+
+/// Discovery, which every authenticated user may read: the operator needs no permission on
+/// CustomResourceDefinitions themselves.
+async fn crd(client: &Client) -> Result<Crd, String> {
+    let groups = client.list_api_groups().await.map_err(|e| message(&e))?;
+    let Some(group) = groups.groups.iter().find(|g| g.name == GROUP) else { return Ok(Crd::GroupMissing) };
+    let served: Vec<String> = group.versions.iter().map(|v| v.version.clone()).collect();
+    if !served.iter().any(|v| v == VERSION) {
+        return Ok(Crd::VersionMissing { served });
+    }
+    let resources = client.list_api_group_resources(&format!("{GROUP}/{VERSION}")).await.map_err(|e| message(&e))?;
+    let has = |name: &str| resources.resources.iter().any(|r| r.name == name);
+    if !has(PLURAL) {
+        return Ok(Crd::GroupMissing);
+    }
+    Ok(Crd::Served { status_subresource: has(&format!("{PLURAL}/status")) })
+}
+
+async fn reviews(
+    client: &Client,
+    namespaces: &[String],
+    needed: Vec<Permission>,
+    unneeded: Vec<Permission>,
+) -> Vec<Review> {
+    let scopes: Vec<Option<String>> =
+        if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
+    let mut asks = Vec::new();
+    for scope in &scopes {
+        asks.extend(needed.iter().map(|p| (scope.clone(), p.clone(), true)));
+        asks.extend(unneeded.iter().map(|p| (scope.clone(), p.clone(), false)));
+    }
+    let api = Api::<SelfSubjectAccessReview>::all(client.clone());
+    stream::iter(asks)
+        .map(|(namespace, permission, required)| {
+            let api = api.clone();
+            async move {
+                let review = SelfSubjectAccessReview {
+                    spec: SelfSubjectAccessReviewSpec {
+                        resource_attributes: Some(ResourceAttributes {
+                            namespace: namespace.clone(),
+                            verb: Some(permission.verb.clone()),
+                            group: Some(permission.group.clone()),
+                            resource: Some(permission.resource.clone()),
+                            subresource: permission.subresource.clone(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                let allowed = api
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map(|r| r.status.is_some_and(|s| s.allowed))
+                    .map_err(|e| message(&e));
+                Review { namespace, permission, required, allowed }
+            }
+        })
+        .buffered(CONCURRENT_REVIEWS)
+        .collect()
+        .await
+}
