@@ -12,6 +12,11 @@
 #   hack/controlplane.sh log-dir [NAME]   print where its components log
 #   hack/controlplane.sh install-operator [NAME]       CRD + RBAC for the operator
 #   hack/controlplane.sh start-operator NAME BINARY    (re)start the operator as mw-operator
+#   hack/controlplane.sh operator-metrics NAME         print the operator's probe/metrics address
+#   hack/controlplane.sh stop-component NAME COMPONENT   stop one process (etcd, kube-apiserver,
+#                                         ..., operator) by its recorded PID
+#   hack/controlplane.sh start-component NAME COMPONENT  start it again with the same flags and
+#                                         ports (waits for the API server to be ready again)
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
 #
 # NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
@@ -224,11 +229,42 @@ KC
 
 start() {
   local state=$1 logs=$2 name=$3; shift 3
+  # The command line is kept so start-component can start this component again exactly as
+  # it was (same flags, same ports) after a fault test stopped it.
+  mkdir -p "$state/cmd"
+  printf '%s\0' "$@" >"$state/cmd/$name"
   # setsid: the control plane outlives the shell that started it (make demo) and is not
-  # hit by that terminal's Ctrl-C; teardown is by PID.
-  setsid "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  # hit by that terminal's Ctrl-C; teardown is by PID. Appending: a restarted component
+  # keeps its earlier log.
+  setsid "$@" >>"$logs/$name.log" 2>&1 </dev/null &
   echo $! >"$state/pids/$name.pid"
   readlink -f "$1" >"$state/pids/$name.exe"
+}
+
+cmd_stop_component() {
+  local name=$1 component=$2
+  local state="$RUN_ROOT/$name"
+  [ -e "$state/pids/$component.pid" ] || die "no running $component recorded for control plane '$name'"
+  stop_wave "$state" "$component" || die "$component of '$name' could not be stopped (see above)"
+  log "stopped $component of '$name'"
+}
+
+cmd_start_component() {
+  local name=$1 component=$2
+  local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
+  [ -f "$state/cmd/$component" ] || die "no recorded command for $component of '$name'"
+  if [ -e "$state/pids/$component.pid" ] && kill -0 "$(cat "$state/pids/$component.pid")" 2>/dev/null; then
+    die "$component of '$name' is already running"
+  fi
+  local args=()
+  mapfile -d '' args <"$state/cmd/$component"
+  start "$state" "$logs" "$component" "${args[@]}"
+  # Everything else reaches etcd through the API server, so its readiness covers both.
+  case "$component" in
+    etcd | kube-apiserver)
+      wait_for "kube-apiserver to be ready again" 120 "$logs" healthy "$state" || return 1 ;;
+  esac
+  log "started $component of '$name' again"
 }
 
 healthy() {
@@ -394,10 +430,12 @@ cmd_start_operator() {
   [ -d "$state/pids" ] || die "control plane '$name' is not up"
   [ -x "$binary" ] || die "no operator binary at $binary"
   stop_wave "$state" operator || die "the operator recorded for '$name' could not be stopped"
-  setsid "$binary" run --kubeconfig "$state/operator.kubeconfig" >>"$logs/operator.log" 2>&1 </dev/null &
-  echo $! >"$state/pids/operator.pid"
-  readlink -f "$binary" >"$state/pids/operator.exe"
-  echo $!
+  # A port of its own (a demo and a test run may share the machine); operator-metrics prints it.
+  local metrics="127.0.0.1:$(free_port)"
+  echo "$metrics" >"$state/operator.metrics"
+  start "$state" "$logs" operator "$binary" run --kubeconfig "$state/operator.kubeconfig" \
+    --metrics-address "$metrics"
+  cat "$state/pids/operator.pid"
 }
 
 cmd_status() {
@@ -421,7 +459,10 @@ main() {
     log-dir) echo "$LOG_ROOT/${2:-default}" ;;
     install-operator) cmd_install_operator "${2:-}" ;;
     start-operator) cmd_start_operator "${2:?NAME}" "${3:?operator binary}" ;;
-    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    operator-metrics) cat "$RUN_ROOT/${2:?NAME}/operator.metrics" ;;
+    stop-component) cmd_stop_component "${2:?NAME}" "${3:?COMPONENT}" ;;
+    start-component) cmd_start_component "${2:?NAME}" "${3:?COMPONENT}" ;;
+    *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 }
 

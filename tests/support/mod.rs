@@ -147,4 +147,5 @@ where
 pub mod audit;
 pub mod bridge;
 pub mod manager;
+pub mod operator;
 pub mod workload;
