@@ -254,7 +254,19 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let shutdown = crate::election::shutdown_signal();
     let caches: Vec<Arc<Caches>> =
         scopes.into_iter().map(|ns| Arc::new(Caches::start(&client, ns, metrics.clone()))).collect();
-    tokio::spawn(report_health(caches.clone(), metrics.clone(), health));
+    let (synced_tx, mut synced) = watch::channel(false);
+    tokio::spawn(report_health(caches.clone(), metrics.clone(), health, synced_tx));
+    // Decisions read the caches, so nothing is reconciled before they are full; and only a
+    // replica whose caches are full competes for the Lease: a new leader decides at once, and
+    // takeover time is the Lease's, not a full list's.
+    let mut stop = shutdown.clone();
+    tokio::select! {
+        done = synced.wait_for(|s| *s) => if done.is_err() { return Err(Error::CacheClosed) },
+        _ = stop.wait_for(|s| *s) => {
+            info!("shut down before the caches synced");
+            return Ok(());
+        }
+    }
     let concurrency = settings.concurrency;
     let term = |stop: watch::Receiver<bool>| {
         let (client, caches, metrics) = (client.clone(), caches.clone(), metrics.clone());
@@ -266,15 +278,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     };
     match settings.election {
         None => term(shutdown).await,
-        Some(election) => {
-            // Only a replica whose caches are full competes for the Lease: a new leader can
-            // then decide at once, and takeover time is the Lease's, not a full list's.
-            if !caches_ready(&caches, shutdown.clone()).await {
-                info!("shut down before the caches synced");
-                return Ok(());
-            }
-            election.run(client.clone(), &metrics, shutdown, term).await?;
-        }
+        Some(election) => election.run(client.clone(), &metrics, shutdown, term).await?,
     }
     info!("controller stopped");
     Ok(())
@@ -437,14 +441,29 @@ async fn fan_out<K>(
     }
 }
 
-/// Mark the process ready once every watch has synced, and keep the workloads-by-phase
-/// gauges current (from the cache: free, and right on a standby too).
-async fn report_health(caches: Vec<Arc<Caches>>, metrics: Arc<Metrics>, health: Arc<Health>) {
-    let (_never, forever) = watch::channel(false);
-    if caches_ready(&caches, forever).await {
-        info!("caches synced; ready");
-        health.set_ready(true);
+/// Mark the process ready once every watch has synced (and say so on `synced`), and keep the
+/// workloads-by-phase gauges current (from the cache: free, and right on a standby too).
+///
+/// This is the only task that waits for the stores to become ready: kube-runtime's
+/// `wait_until_ready` wakes only the last of several concurrent waiters, so everyone else
+/// waits on `synced`.
+async fn report_health(
+    caches: Vec<Arc<Caches>>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    synced: watch::Sender<bool>,
+) {
+    let mut all_ready = true;
+    for cache in &caches {
+        all_ready &= cache.ready().await;
     }
+    if !all_ready {
+        // A watch stream ended (shutdown): nothing to report.
+        return;
+    }
+    info!("caches synced; ready");
+    health.set_ready(true);
+    let _ = synced.send(true);
     loop {
         let mut counts = std::collections::BTreeMap::new();
         for cache in &caches {
@@ -455,15 +474,6 @@ async fn report_health(caches: Vec<Arc<Caches>>, metrics: Arc<Metrics>, health: 
         }
         metrics.set_workloads(&counts);
         tokio::time::sleep(Duration::from_secs(5)).await;
-    }
-}
-
-/// Whether every cache synced before `stop`.
-async fn caches_ready(caches: &[Arc<Caches>], mut stop: watch::Receiver<bool>) -> bool {
-    let all = futures::future::join_all(caches.iter().map(|c| c.ready()));
-    tokio::select! {
-        ready = all => ready.into_iter().all(|r| r),
-        _ = stop.wait_for(|s| *s) => false,
     }
 }
 
