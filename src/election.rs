@@ -7,8 +7,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Client;
-use kube_lease_manager::LeaseManagerBuilder;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -105,22 +107,28 @@ impl Election {
         F: Fn(watch::Receiver<bool>) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let manager = LeaseManagerBuilder::new(client, &self.lease_name)
-            .with_namespace(&self.namespace)
-            .with_identity(&self.identity)
-            .with_duration(self.duration)
-            .with_grace(self.grace)
-            .with_field_manager(format!("mw-operator-{}", self.identity))
-            .build()
-            .await
-            .map_err(|e| Error::Lease(self.describe(), e.to_string()))?;
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &self.namespace);
         metrics.set_leader(&self.lease_name, false);
         info!(lease = %self.describe(), identity = %self.identity, "standing by for leadership");
-        let (mut leading, task) = manager.watch().await;
+        let (mut leading, mut task) = self.manager(&client).await?.watch().await;
         loop {
+            // kube-lease-manager's standby sleeps until the holder's Lease would expire; a
+            // holder that shut down cleanly released it long before. Seeing the release on a
+            // watch of the Lease, a fresh manager takes it at once.
+            let mut released = std::pin::pin!(released(leases.clone(), self.lease_name.clone()));
+            let mut restart = false;
             tokio::select! {
                 won = leading.wait_for(|l| *l) => if won.is_err() { break },
+                () = &mut released => restart = true,
                 _ = shutdown.wait_for(|s| *s) => break,
+            }
+            if restart {
+                drop(leading);
+                let _ = tokio::time::timeout(RELEASE_TIMEOUT, task).await;
+                // Not in a tight loop should the Lease stay free and taking it keep failing.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                (leading, task) = self.manager(&client).await?.watch().await;
+                continue;
             }
             info!(lease = %self.describe(), identity = %self.identity, "became leader");
             metrics.set_leader(&self.lease_name, true);
@@ -154,9 +162,37 @@ impl Election {
         Ok(())
     }
 
+    async fn manager(&self, client: &Client) -> Result<LeaseManager, Error> {
+        LeaseManagerBuilder::new(client.clone(), &self.lease_name)
+            .with_namespace(&self.namespace)
+            .with_identity(&self.identity)
+            .with_duration(self.duration)
+            .with_grace(self.grace)
+            .with_field_manager(format!("mw-operator-{}", self.identity))
+            .build()
+            .await
+            .map_err(|e| Error::Lease(self.describe(), e.to_string()))
+    }
+
     fn describe(&self) -> String {
         format!("{}/{}", self.namespace, self.lease_name)
     }
+}
+
+/// Resolves once the Lease is seen without a holder (released) or gone.
+async fn released(leases: Api<Lease>, name: String) {
+    let mut changes = std::pin::pin!(kube::runtime::watcher::watch_object(leases, &name));
+    while let Some(change) = changes.next().await {
+        match change {
+            Ok(Some(lease)) if lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty()) => {}
+            Ok(_) => return,
+            // Watch errors are retried by the watcher; meanwhile the manager's own polling
+            // still takes the Lease when it expires.
+            Err(_) => {}
+        }
+    }
+    // The watch ended (never, short of shutdown): wait for the manager instead.
+    std::future::pending::<()>().await
 }
 
 /// Turns true on the first SIGTERM or SIGINT.

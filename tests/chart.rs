@@ -202,7 +202,7 @@ async fn namespace_scoped_install_grants_nothing_cluster_wide() {
     assert_eq!(election.len(), 1);
     assert_eq!(
         election[0]["rules"],
-        serde_json::json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}])
+        serde_json::json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "patch"]}])
     );
     assert_eq!(in_ns("RoleBinding", "ops")[0]["roleRef"]["name"], election[0]["metadata"]["name"]);
     assert_eq!(of_kind(&docs, "Role").len(), 3);
