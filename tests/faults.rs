@@ -146,7 +146,14 @@ async fn the_standby_takes_over_when_the_leader_is_killed_and_wrote_nothing_befo
     // The standby is ready, warm and silent: it wrote nothing at all so far.
     let standby = timed_writes_by(&user_b, &ns.name);
     assert!(standby.is_empty(), "the standby wrote before it led: {standby:?}");
-    assert_eq!(b.metric("mw_operator_workloads{phase=\"Running\"}").await, Some(50.0), "its cache is warm");
+    // Its cache is warm: it sees all 50 Running (the gauge is refreshed every 5 s).
+    eventually("the standby to count 50 Running workloads", TIMEOUT, || async {
+        match b.metric("mw_operator_workloads{phase=\"Running\"}").await {
+            Some(50.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     assert_eq!(user_agents(&user_a, &ns.name), [format!("mw-operator/{}", env!("CARGO_PKG_VERSION"))].into());
 
     // Change all 50 and kill the leader while it is working through them.
