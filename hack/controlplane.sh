@@ -126,6 +126,15 @@ stop_recorded() {
   return "$refused"
 }
 
+# Whether PID runs: exists and is not a zombie. Our processes are orphans (started by a script
+# that exited), and an init that reaps slowly leaves an exited one as a zombie for a while,
+# which `kill -0` still finds.
+pid_runs() {
+  local state
+  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [ -n "$state" ] && [ "$state" != Z ]
+}
+
 # Stop the recorded processes NAME... and wait for them. A process is stopped only when it
 # still runs the binary recorded at its start (`start` writes NAME.exe beside NAME.pid), so
 # a reused PID is never hit, whatever MW_CACHE_DIR says now; a rebuilt binary shows as
@@ -138,7 +147,7 @@ stop_wave() {
     pidfile="$state/pids/$name.pid"
     [ -e "$pidfile" ] || continue
     pid=$(cat "$pidfile")
-    if ! kill -0 "$pid" 2>/dev/null; then
+    if ! pid_runs "$pid"; then
       rm -f "$pidfile" "$state/pids/$name.exe"; continue
     fi
     exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
@@ -155,12 +164,12 @@ stop_wave() {
   local deadline=$((SECONDS + 20)) entry
   for entry in "${pids[@]}"; do
     pid=${entry#*:}
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
+    while pid_runs "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+    if pid_runs "$pid"; then
       log "${entry%%:*} (pid $pid) did not stop on SIGTERM; killing it"
       kill -KILL "$pid" 2>/dev/null || true
       sleep 0.2
-      if kill -0 "$pid" 2>/dev/null; then log "${entry%%:*} (pid $pid) survived SIGKILL"; refused=1; fi
+      if pid_runs "$pid"; then log "${entry%%:*} (pid $pid) survived SIGKILL"; refused=1; fi
     fi
   done
   return "$refused"
@@ -253,7 +262,7 @@ cmd_start_component() {
   local name=$1 component=$2
   local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
   [ -f "$state/cmd/$component" ] || die "no recorded command for $component of '$name'"
-  if [ -e "$state/pids/$component.pid" ] && kill -0 "$(cat "$state/pids/$component.pid")" 2>/dev/null; then
+  if [ -e "$state/pids/$component.pid" ] && pid_runs "$(cat "$state/pids/$component.pid")"; then
     die "$component of '$name' is already running"
   fi
   local args=()
@@ -294,7 +303,7 @@ alive() {
   for name in "${COMPONENTS[@]}"; do
     pidfile="$state/pids/$name.pid"
     [ -e "$pidfile" ] || return 1
-    kill -0 "$(cat "$pidfile")" 2>/dev/null || { log "$name exited"; return 1; }
+    pid_runs "$(cat "$pidfile")" || { log "$name exited"; return 1; }
   done
 }
 

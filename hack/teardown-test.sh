@@ -18,6 +18,8 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "teardown test FAILED: $*" >&2; exit 1; }
+# Running and not a zombie (an orphan whose exit init has not reaped yet is gone for our purposes).
+runs() { local s; s=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1; [ -n "$s" ] && [ "$s" != Z ]; }
 export MW_RUN_DIR="$tmp/run" MW_LOG_DIR="$tmp/logs"
 
 # ---- 1. a PID that runs something else is kept; one that matches is stopped -------------
@@ -38,11 +40,11 @@ if out=$(bash "$CP" down fake 2>&1); then fail "down exited 0 although it left e
 grep -q "not stopping etcd: pid $foreign" <<<"$out" || fail "down did not say which process it kept and why: $out"
 grep -q "NOT fully stopped" <<<"$out" || fail "down did not report the control plane as not stopped: $out"
 [ -e "$state/pids/etcd.pid" ] || fail "down deleted the PID file of a process it did not stop"
-kill -0 "$foreign" 2>/dev/null || fail "down stopped a process that does not run the recorded binary"
-kill -0 "$matching" 2>/dev/null && fail "down left a process running that it reported stopping"
+runs "$foreign" || fail "down stopped a process that does not run the recorded binary"
+runs "$matching" && fail "down left a process running that it reported stopping"
 [ -e "$state/pids/kube-scheduler.pid" ] && fail "the stopped process's PID file is still there"
 kill -KILL "$foreign"
-for _ in $(seq 50); do kill -0 "$foreign" 2>/dev/null || break; sleep 0.1; done
+for _ in $(seq 50); do runs "$foreign" || break; sleep 0.1; done
 bash "$CP" down fake >/dev/null 2>&1 || fail "down after the foreign process went still failed"
 [ -d "$state" ] && fail "down left the run state behind once everything was stopped"
 echo "teardown: a non-matching PID is reported and kept, a matching one stopped"
@@ -62,7 +64,7 @@ for f in "$MW_RUN_DIR/cachedir/pids/"*.pid; do recorded+=("$(cat "$f")"); done
 ((${#recorded[@]} == 5)) || fail "expected 5 recorded components, found ${#recorded[@]}"
 out=$(env -u MW_CACHE_DIR bash "$CP" down cachedir 2>&1) || fail "down without MW_CACHE_DIR failed: $out"
 for p in "${recorded[@]}"; do
-  kill -0 "$p" 2>/dev/null && fail "pid $p is still running after down reported success: $out"
+  runs "$p" && fail "pid $p is still running after down reported success: $out"
 done
 [ -d "$MW_RUN_DIR/cachedir" ] && fail "down reported success but kept the run state"
 echo "teardown: up with MW_CACHE_DIR, down without: all ${#recorded[@]} components gone ($((SECONDS - t0))s)"
