@@ -184,7 +184,8 @@ async fn released(leases: Api<Lease>, name: String) {
     let mut changes = std::pin::pin!(kube::runtime::watcher::watch_object(leases, &name));
     while let Some(change) = changes.next().await {
         match change {
-            Ok(Some(lease)) if lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty()) => {}
+            Ok(Some(lease))
+                if lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty()) => {}
             Ok(_) => return,
             // Watch errors are retried by the watcher; meanwhile the manager's own polling
             // still takes the Lease when it expires.
