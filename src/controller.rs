@@ -277,7 +277,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         }
     };
     match settings.election {
-        None => term(shutdown).await,
+        None => crate::election::until_stopped(crate::election::STOP_GRACE, shutdown.clone(), term(shutdown)).await,
         Some(election) => election.run(client.clone(), &metrics, shutdown, term).await?,
     }
     info!("controller stopped");

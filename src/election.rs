@@ -21,6 +21,29 @@ use crate::metrics::Metrics;
 /// standby then takes over when the Lease expires instead of at once).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long in-flight reconciles may take to finish once a term ends (shutdown or lost Lease)
+/// before they are dropped. With the 5 s for the release it stays inside the chart's 30 s
+/// terminationGracePeriodSeconds; a reconcile normally takes milliseconds, but one stuck on an
+/// unreachable API server would otherwise wait for the client's own timeout (minutes).
+pub const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// Run `work` to its end, but at most `grace`: dropping it cancels what it still waits for.
+pub async fn finish_within(grace: Duration, work: impl Future<Output = ()>) {
+    if tokio::time::timeout(grace, work).await.is_err() {
+        warn!(grace = ?grace, "in-flight reconciles did not finish in time; abandoning them");
+    }
+}
+
+/// Run `work` until it ends; once `stop` turns true it gets `grace` more, then is dropped.
+pub async fn until_stopped(grace: Duration, mut stop: watch::Receiver<bool>, work: impl Future<Output = ()>) {
+    let mut work = std::pin::pin!(work);
+    tokio::select! {
+        () = &mut work => return,
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    finish_within(grace, work).await;
+}
+
 /// Leader election flags of `run`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ElectionArgs {
@@ -140,7 +163,7 @@ impl Election {
                 _ = shutdown.wait_for(|s| *s) => false,
             };
             let _ = stop.send(true);
-            work.await;
+            finish_within(STOP_GRACE, work).await;
             metrics.set_leader(&self.lease_name, false);
             if *shutdown.borrow() {
                 break;
@@ -238,6 +261,26 @@ mod tests {
             lease_duration: 15,
             lease_grace: 5,
         }
+    }
+
+    #[tokio::test]
+    async fn stopping_work_gets_its_grace_and_no_more() {
+        // Work that would never end is dropped once stopped and the grace is over: this
+        // returning at all is the bound.
+        let (tx, rx) = watch::channel(false);
+        let _ = tx.send(true);
+        until_stopped(Duration::from_millis(50), rx, std::future::pending()).await;
+
+        // Work that ends by itself runs to its end, stop or no stop.
+        let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = finished.clone();
+        let (_tx, rx) = watch::channel(false);
+        until_stopped(Duration::from_millis(50), rx, async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+        .await;
+        assert!(finished.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[test]
