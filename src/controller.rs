@@ -349,7 +349,7 @@ impl Caches {
             })
             .reflect(writer)
             .touched_objects();
-        tokio::spawn(fan_out(deployment_events, triggers.clone(), metrics.clone(), "deployments", owner_of));
+        let deployment_targets = targets(deployment_events, "deployments", owner_of);
 
         // Only metadata and status of Pods are read; dropping the spec keeps the cache small.
         let (pods, writer) = reflector::store();
@@ -368,10 +368,10 @@ impl Caches {
             })
             .reflect(writer)
             .touched_objects();
-        tokio::spawn(fan_out(pod_events, triggers.clone(), metrics.clone(), "pods", |pod: &Pod| {
+        let pod_targets = targets(pod_events, "pods", |pod: &Pod| {
             let name = pod.labels().get(INSTANCE_LABEL)?;
             Some(ObjectRef::new(name).within(&pod.namespace()?))
-        }));
+        });
 
         // Our own status writes change neither generation nor labels, so they do not echo back
         // as reconciles. DeserializeGuard: one object the operator cannot parse (say, stored under
@@ -390,9 +390,12 @@ impl Caches {
             .reflect(writer)
             .applied_objects()
             .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
-        tokio::spawn(fan_out(workload_events, triggers.clone(), metrics, "managedworkloads", |mw: &Workload| {
-            Some(ObjectRef::from_obj(mw))
-        }));
+        let workload_targets =
+            targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
+        // One task drives all three watches, so their events (and cache updates) are handled
+        // one at a time in the order they arrive, as when the Controller itself polled them.
+        let all = futures::stream::select_all([deployment_targets, pod_targets, workload_targets]);
+        tokio::spawn(fan_out(all, triggers.clone(), metrics));
 
         Caches { namespace, deployments, pods, workloads, pod_index, objects, triggers }
     }
@@ -414,26 +417,35 @@ fn owner_of(deployment: &Deployment) -> Option<ObjectRef<Workload>> {
     Some(ObjectRef::new(&owner.name).within(&deployment.namespace()?))
 }
 
-/// Drive one watch (which fills its cache) and send the workload each event concerns to the
+/// What one watch event means for the controller: the workload to reconcile (if any), or the
+/// watch's failure, named by resource.
+type Target = Result<Option<ObjectRef<Workload>>, (&'static str, watcher::Error)>;
+
+fn targets<K: Send + 'static>(
+    events: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    resource: &'static str,
+    map: impl Fn(&K) -> Option<ObjectRef<Workload>> + Send + 'static,
+) -> futures::stream::BoxStream<'static, Target> {
+    events.map(move |event| event.map(|object| map(&object)).map_err(|err| (resource, err))).boxed()
+}
+
+/// Drive the watches (which fill the caches) and send the workload each event concerns to the
 /// subscribed controller, if any.
-async fn fan_out<K>(
-    events: impl futures::Stream<Item = Result<K, watcher::Error>>,
+async fn fan_out(
+    events: impl futures::Stream<Item = Target>,
     triggers: broadcast::Sender<ObjectRef<Workload>>,
     metrics: Arc<Metrics>,
-    resource: &'static str,
-    map: impl Fn(&K) -> Option<ObjectRef<Workload>>,
 ) {
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         match event {
-            Ok(object) => {
-                if let Some(target) = map(&object) {
-                    // No receiver (a standby, or between terms) is fine: a new leader starts by
-                    // reconciling everything.
-                    let _ = triggers.send(target);
-                }
+            Ok(Some(target)) => {
+                // No receiver (a standby, or between terms) is fine: a new leader starts by
+                // reconciling everything.
+                let _ = triggers.send(target);
             }
-            Err(err) => {
+            Ok(None) => {}
+            Err((resource, err)) => {
                 metrics.watch_restarted(resource);
                 warn!(resource, error = %err, "watch failed; retrying with backoff");
             }
