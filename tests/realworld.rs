@@ -85,7 +85,14 @@ async fn an_evicted_pod_is_history_and_a_stopped_workload_with_only_finished_pod
     let mw = wait_ready(&workloads, "web", Phase::Running).await;
     let seen = phases.until(Phase::Running).await;
     assert!(!seen.contains(&Phase::Updating), "a replacement without a spec change is no update: {seen:?}");
-    assert_eq!(seen, [Phase::Running, Phase::Creating, Phase::Running], "replaced Pod: Creating until Ready");
+    // Creating until the replacement is Ready. The Deployment's status trails its Pods (the
+    // ReplicaSet controller counts them from its own cache), so for a moment a Ready replacement
+    // can sit next to a Deployment that does not count it yet: the phase may go back and forth
+    // between the two while kube-controller-manager catches up, but never anywhere else.
+    assert_eq!(seen.first(), Some(&Phase::Running), "{seen:?}");
+    assert_eq!(seen.last(), Some(&Phase::Running), "{seen:?}");
+    assert!(seen.contains(&Phase::Creating), "replaced Pod: Creating until Ready: {seen:?}");
+    assert!(seen.iter().all(|p| matches!(p, Phase::Running | Phase::Creating)), "{seen:?}");
     assert_stable_messages(&mw, &pods_of(&pods, "web").await);
     drop(phases);
 
