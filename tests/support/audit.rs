@@ -44,6 +44,16 @@ pub fn timed_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
         .collect()
 }
 
+/// Like `timed_writes_by`, only the writes the API server accepted (2xx): a write refused or
+/// failed during an outage (etcd down, RBAC not yet loaded) changed nothing and is retried.
+pub fn timed_accepted_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
+    let accepted: Vec<bool> = write_entries(user, namespace)
+        .iter()
+        .map(|e| e["responseStatus"]["code"].as_u64().is_some_and(|c| (200..300).contains(&c)))
+        .collect();
+    timed_writes_by(user, namespace).into_iter().zip(accepted).filter(|(_, ok)| *ok).map(|(w, _)| w).collect()
+}
+
 /// The User-Agent headers `user`'s writes in `namespace` carried.
 pub fn user_agents(user: &str, namespace: &str) -> std::collections::BTreeSet<String> {
     write_entries(user, namespace).iter().map(|e| e["userAgent"].as_str().unwrap_or_default().to_string()).collect()
