@@ -83,6 +83,10 @@ struct PerObjectInner {
     failures: HashMap<String, u32>,
     /// The status last written, until the cache has caught up with it.
     written: HashMap<String, Written>,
+    /// The Deployment as the last apply returned it, until the cache has caught up with it:
+    /// while a watch is down (an API server outage) the cache keeps the old one, and every
+    /// retry would apply the same change again.
+    applied: HashMap<String, Deployment>,
     /// UIDs listed since the watch (re)started its initial list.
     listing: Option<HashSet<String>>,
 }
@@ -125,6 +129,7 @@ impl PerObject {
                 if let Some(listed) = inner.listing.take() {
                     inner.failures.retain(|uid, _| listed.contains(uid));
                     inner.written.retain(|uid, _| listed.contains(uid));
+                    inner.applied.retain(|uid, _| listed.contains(uid));
                 }
             }
             watcher::Event::Apply(_) => {}
@@ -149,6 +154,33 @@ impl PerObject {
     fn wrote(&self, mw: &ManagedWorkload, version: Option<String>, status: ManagedWorkloadStatus) {
         if let Some(uid) = mw.uid() {
             self.lock().written.insert(uid, Written { version, status });
+        }
+    }
+
+    /// The live Deployment as far as the operator knows: the one its last apply returned while
+    /// the cached one predates it, else the cached one. Nothing cached: the caller asks the
+    /// API server (it may have been deleted since), and the memo goes.
+    fn newest_deployment(&self, mw: &ManagedWorkload, cached: Option<Deployment>) -> Option<Deployment> {
+        let Some(uid) = mw.uid() else { return cached };
+        let mut inner = self.lock();
+        let newer = match (&cached, inner.applied.get(&uid)) {
+            (Some(c), Some(a))
+                if older(c.metadata.resource_version.as_deref(), a.metadata.resource_version.as_deref()) =>
+            {
+                Some(a.clone())
+            }
+            _ => None,
+        };
+        if newer.is_none() {
+            inner.applied.remove(&uid);
+        }
+        newer.or(cached)
+    }
+
+    fn applied(&self, mw: &ManagedWorkload, mut deployment: Deployment) {
+        if let Some(uid) = mw.uid() {
+            keep_own_apply_record(&mut deployment);
+            self.lock().applied.insert(uid, deployment);
         }
     }
 
@@ -177,6 +209,7 @@ impl PerObjectInner {
         if let Some(uid) = uid {
             self.failures.remove(uid);
             self.written.remove(uid);
+            self.applied.remove(uid);
         }
     }
 }
@@ -343,10 +376,7 @@ impl Caches {
         let (deployments, writer) = reflector::store();
         let deployment_events = watcher(api::<Deployment>(client, ns), managed.clone())
             .default_backoff()
-            .modify(|d| {
-                d.managed_fields_mut()
-                    .retain(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply"))
-            })
+            .modify(keep_own_apply_record)
             .reflect(writer)
             .touched_objects();
         let deployment_targets = targets(deployment_events, "deployments", owner_of);
@@ -405,6 +435,13 @@ impl Caches {
             && self.pods.wait_until_ready().await.is_ok()
             && self.workloads.wait_until_ready().await.is_ok()
     }
+}
+
+/// Of a Deployment's managedFields, only the operator's own apply record: it is how drift is
+/// told from server-side normalisation (see drift.rs). The rest would only cost memory.
+fn keep_own_apply_record(d: &mut Deployment) {
+    d.managed_fields_mut()
+        .retain(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply"))
 }
 
 /// The controller a Deployment belongs to, from its controller ownerReference.
@@ -591,6 +628,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
 
     let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| (*d).clone());
+    let cached = ctx.objects.newest_deployment(mw, cached);
     // Not in the (label-selected) cache: either absent, just created and not seen yet, or a
     // Deployment someone else made under this name, which must not be touched.
     let live = match cached {
@@ -611,6 +649,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         Some(live) if drift::up_to_date(&desired, &live) => Some(live),
         live => match apply(ctx, &deployments, name, &desired, live.is_some()).await {
             Ok(applied) => {
+                ctx.objects.applied(mw, applied.clone());
                 let verb = if live.is_some() { "updated" } else { "created" };
                 info!(verb, "applied Deployment");
                 // Spec changes are announced by the phase change they cause; an edit made to
@@ -879,6 +918,28 @@ mod tests {
         assert_eq!(objects.len(), (0, 0));
         assert!(older(Some("9"), Some("10")) && !older(Some("10"), Some("10")) && !older(Some("11"), Some("10")));
         assert!(older(Some("x"), Some("y")) && !older(Some("y"), Some("y")), "opaque versions: only equality");
+    }
+
+    #[test]
+    fn the_last_applied_deployment_counts_until_the_cache_moves_past_it() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "1").0 else { unreachable!() };
+        let at = |rv: &str| {
+            let mut d = Deployment::default();
+            d.metadata.resource_version = Some(rv.into());
+            d
+        };
+        objects.applied(&mw, at("20"));
+        let seen = |cached: Option<Deployment>| {
+            objects.newest_deployment(&mw, cached).and_then(|d| d.metadata.resource_version)
+        };
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("20"), "a stale cache: the applied one");
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("20"), "still, on a retry");
+        assert_eq!(seen(Some(at("20"))).as_deref(), Some("20"), "caught up");
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("10"), "the memo went once the cache caught up");
+        objects.applied(&mw, at("30"));
+        assert_eq!(seen(None), None, "not cached: asked of the API server (it may be gone)");
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("10"));
     }
 
     #[test]
