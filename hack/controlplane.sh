@@ -15,6 +15,11 @@
 #   hack/controlplane.sh start-bridge NAME BINARY NS ARGS...  (re)start the bridge as mw-bridge,
 #                                                    granted its role in namespace NS
 #   hack/controlplane.sh stop-operator NAME            stop that operator (by its recorded PID)
+#   hack/controlplane.sh operator-metrics NAME         print the operator's probe/metrics address
+#   hack/controlplane.sh stop-component NAME COMPONENT   stop one process (etcd, kube-apiserver,
+#                                         ..., operator) by its recorded PID
+#   hack/controlplane.sh start-component NAME COMPONENT  start it again with the same flags and
+#                                         ports (waits for the API server to be ready again)
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
 #
 # NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
@@ -124,6 +129,15 @@ stop_recorded() {
   return "$refused"
 }
 
+# Whether PID runs: exists and is not a zombie. Our processes are orphans (started by a script
+# that exited), and an init that reaps slowly leaves an exited one as a zombie for a while,
+# which `kill -0` still finds.
+pid_runs() {
+  local state
+  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [ -n "$state" ] && [ "$state" != Z ]
+}
+
 # Stop the recorded processes NAME... and wait for them. A process is stopped only when it
 # still runs the binary recorded at its start (`start` writes NAME.exe beside NAME.pid), so
 # a reused PID is never hit, whatever MW_CACHE_DIR says now; a rebuilt binary shows as
@@ -136,7 +150,7 @@ stop_wave() {
     pidfile="$state/pids/$name.pid"
     [ -e "$pidfile" ] || continue
     pid=$(cat "$pidfile")
-    if ! kill -0 "$pid" 2>/dev/null; then
+    if ! pid_runs "$pid"; then
       rm -f "$pidfile" "$state/pids/$name.exe"; continue
     fi
     exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
@@ -153,12 +167,12 @@ stop_wave() {
   local deadline=$((SECONDS + 20)) entry
   for entry in "${pids[@]}"; do
     pid=${entry#*:}
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
+    while pid_runs "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+    if pid_runs "$pid"; then
       log "${entry%%:*} (pid $pid) did not stop on SIGTERM; killing it"
       kill -KILL "$pid" 2>/dev/null || true
       sleep 0.2
-      if kill -0 "$pid" 2>/dev/null; then log "${entry%%:*} (pid $pid) survived SIGKILL"; refused=1; fi
+      if pid_runs "$pid"; then log "${entry%%:*} (pid $pid) survived SIGKILL"; refused=1; fi
     fi
   done
   return "$refused"
@@ -227,11 +241,42 @@ KC
 
 start() {
   local state=$1 logs=$2 name=$3; shift 3
+  # The command line is kept so start-component can start this component again exactly as
+  # it was (same flags, same ports) after a fault test stopped it.
+  mkdir -p "$state/cmd"
+  printf '%s\0' "$@" >"$state/cmd/$name"
   # setsid: the control plane outlives the shell that started it (make demo) and is not
-  # hit by that terminal's Ctrl-C; teardown is by PID.
-  setsid "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  # hit by that terminal's Ctrl-C; teardown is by PID. Appending: a restarted component
+  # keeps its earlier log.
+  setsid "$@" >>"$logs/$name.log" 2>&1 </dev/null &
   echo $! >"$state/pids/$name.pid"
   readlink -f "$1" >"$state/pids/$name.exe"
+}
+
+cmd_stop_component() {
+  local name=$1 component=$2
+  local state="$RUN_ROOT/$name"
+  [ -e "$state/pids/$component.pid" ] || die "no running $component recorded for control plane '$name'"
+  stop_wave "$state" "$component" || die "$component of '$name' could not be stopped (see above)"
+  log "stopped $component of '$name'"
+}
+
+cmd_start_component() {
+  local name=$1 component=$2
+  local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
+  [ -f "$state/cmd/$component" ] || die "no recorded command for $component of '$name'"
+  if [ -e "$state/pids/$component.pid" ] && pid_runs "$(cat "$state/pids/$component.pid")"; then
+    die "$component of '$name' is already running"
+  fi
+  local args=()
+  mapfile -d '' args <"$state/cmd/$component"
+  start "$state" "$logs" "$component" "${args[@]}"
+  # Everything else reaches etcd through the API server, so its readiness covers both.
+  case "$component" in
+    etcd | kube-apiserver)
+      wait_for "kube-apiserver to be ready again" 120 "$logs" healthy "$state" || return 1 ;;
+  esac
+  log "started $component of '$name' again"
 }
 
 healthy() {
@@ -261,7 +306,7 @@ alive() {
   for name in "${COMPONENTS[@]}"; do
     pidfile="$state/pids/$name.pid"
     [ -e "$pidfile" ] || return 1
-    kill -0 "$(cat "$pidfile")" 2>/dev/null || { log "$name exited"; return 1; }
+    pid_runs "$(cat "$pidfile")" || { log "$name exited"; return 1; }
   done
 }
 
@@ -402,10 +447,12 @@ cmd_start_operator() {
   [ -d "$state/pids" ] || die "control plane '$name' is not up"
   [ -x "$binary" ] || die "no operator binary at $binary"
   stop_wave "$state" operator || die "the operator recorded for '$name' could not be stopped"
-  setsid "$binary" run --kubeconfig "$state/operator.kubeconfig" >>"$logs/operator.log" 2>&1 </dev/null &
-  echo $! >"$state/pids/operator.pid"
-  readlink -f "$binary" >"$state/pids/operator.exe"
-  echo $!
+  # A port of its own (a demo and a test run may share the machine); operator-metrics prints it.
+  local metrics="127.0.0.1:$(free_port)"
+  echo "$metrics" >"$state/operator.metrics"
+  start "$state" "$logs" operator "$binary" run --kubeconfig "$state/operator.kubeconfig" \
+    --metrics-address "$metrics"
+  cat "$state/pids/operator.pid"
 }
 
 # (Re)start the bridge BINARY against control plane NAME as user mw-bridge, with its
@@ -424,10 +471,8 @@ cmd_start_bridge() {
   wait_for "the bridge's RoleBinding" 30 "$logs" "${kubectl[@]}" auth can-i list managedworkloads.opensource-server.mieweb.org \
     -n "$ns" --as mw-bridge
   stop_wave "$state" bridge || die "the bridge recorded for '$name' could not be stopped"
-  setsid "$binary" bridge --kubeconfig "$state/bridge.kubeconfig" "$@" >>"$logs/bridge.log" 2>&1 </dev/null &
-  echo $! >"$state/pids/bridge.pid"
-  readlink -f "$binary" >"$state/pids/bridge.exe"
-  echo $!
+  start "$state" "$logs" bridge "$binary" bridge --kubeconfig "$state/bridge.kubeconfig" "$@"
+  cat "$state/pids/bridge.pid"
 }
 
 cmd_status() {
@@ -453,7 +498,10 @@ main() {
     start-operator) cmd_start_operator "${2:?NAME}" "${3:?operator binary}" ;;
     start-bridge) shift; cmd_start_bridge "$@" ;;
     stop-operator) stop_wave "$RUN_ROOT/${2:?NAME}" operator ;;
-    *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    operator-metrics) cat "$RUN_ROOT/${2:?NAME}/operator.metrics" ;;
+    stop-component) cmd_stop_component "${2:?NAME}" "${3:?COMPONENT}" ;;
+    start-component) cmd_start_component "${2:?NAME}" "${3:?COMPONENT}" ;;
+    *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 }
 

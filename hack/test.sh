@@ -69,8 +69,9 @@ bash "$CP" install-operator "$CLUSTER"
 step "operator"
 cargo build --locked --bin mw-operator
 OPERATOR_PID=$(bash "$CP" start-operator "$CLUSTER" "$REPO/target/debug/mw-operator")
+export MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator \
+  MW_TEST_HELM="$HELM" MW_TEST_CLUSTER="$CLUSTER" MW_TEST_OPERATOR_BIN="$REPO/target/debug/mw-operator"
 
-export MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator MW_TEST_HELM="$HELM"
 step "integration tests"
 cargo test --locked --test '*' -- --test-threads="${MW_TEST_THREADS:-4}"
 
@@ -78,8 +79,16 @@ step "Manager's backend examples (@kubernetes/client-node, node --test)"
 (cd examples/manager-node && npm ci --no-audit --no-fund --loglevel=error && node --test)
 kill -0 "$OPERATOR_PID" 2>/dev/null || { echo "the operator exited during the tests; see $LOGS/operator.log" >&2; exit 1; }
 
-step "serial: namespace-scoped operator on a ServiceAccount token, uninstall in either order"
-# These must be the only operator running (the shared one watches every namespace), and the
-# uninstall tests delete the CRD every other test relies on: so they run last, one at a time.
+# What follows runs alone, one test at a time: each starts operators of its own (the shared
+# one watches every namespace), deletes the CRD every other test relies on, or stops
+# kube-apiserver and etcd.
 bash "$CP" stop-operator "$CLUSTER"
+
+step "serial: namespace-scoped operator on a ServiceAccount token, uninstall in either order"
 cargo test --locked --test install -- --ignored --test-threads=1
+
+step "operations: failover, shutdown, probes, redaction, control-plane faults"
+cargo test --locked --test faults -- --ignored --test-threads=1
+
+step "teardown keeps what it will not stop"
+bash "$HERE/teardown-test.sh"

@@ -374,6 +374,11 @@ mod tests {
             "watch pods",
             "create events.events.k8s.io",
             "patch events.events.k8s.io",
+            "get leases.coordination.k8s.io",
+            "list leases.coordination.k8s.io",
+            "watch leases.coordination.k8s.io",
+            "create leases.coordination.k8s.io",
+            "patch leases.coordination.k8s.io",
         ];
         want.sort();
         // A change to config/rbac/role.yaml shows here; the check follows it by itself.

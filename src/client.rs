@@ -44,7 +44,19 @@ pub async fn config(args: &ConnectionArgs) -> Result<Config, Error> {
         None => Config::infer().await.map_err(|e| Error::Config(e.to_string()))?,
     };
     check_tls(&config)?;
-    Ok(config)
+    Ok(identify(config))
+}
+
+/// What every request says it comes from: `mw-operator/<version>`, so the API server's audit
+/// log and API priority and fairness can tell the operator (and the bridge, which connects
+/// through here too) from any other client.
+pub const USER_AGENT: &str = concat!("mw-operator/", env!("CARGO_PKG_VERSION"));
+
+fn identify(mut config: Config) -> Config {
+    use hyper::header::{HeaderValue, USER_AGENT as NAME};
+    config.headers.retain(|(name, _)| name != NAME);
+    config.headers.push((NAME, HeaderValue::from_static(USER_AGENT)));
+    config
 }
 
 fn check_tls(config: &Config) -> Result<(), Error> {
@@ -69,5 +81,14 @@ mod tests {
         config.accept_invalid_certs = true;
         let err = check_tls(&config).unwrap_err().to_string();
         assert!(err.contains("insecure-skip-tls-verify"), "{err}");
+    }
+
+    #[test]
+    fn every_request_names_the_operator_and_its_version() {
+        let config = identify(Config::new("https://127.0.0.1:6443".parse().unwrap()));
+        let agents: Vec<_> = config.headers.iter().filter(|(n, _)| n == hyper::header::USER_AGENT).collect();
+        assert_eq!(agents.len(), 1);
+        assert_eq!(agents[0].1, format!("mw-operator/{}", env!("CARGO_PKG_VERSION")).as_str());
+        assert_eq!(identify(config).headers.len(), 1, "applied twice, still one header");
     }
 }

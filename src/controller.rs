@@ -14,18 +14,21 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller, Error as ControllerError};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::{broadcast, mpsc, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::desired::{self, INSTANCE_LABEL, MANAGED_LABEL};
 use crate::drift;
 use crate::error::Error;
+use crate::metrics::Metrics;
 use crate::resource::{ManagedWorkload, ManagedWorkloadStatus, Phase};
 use crate::status::{self, Blocked, Observed};
+use crate::telemetry::Health;
 
 /// Field manager for everything the operator applies. Stable: changing it would leave the
 /// old manager owning fields that then could never be removed.
@@ -52,11 +55,14 @@ pub struct Settings {
     pub namespaces: Vec<String>,
     /// Reconciles running at once (per watched namespace).
     pub concurrency: u16,
+    /// Leader election; None runs the controller at once (one replica only).
+    pub election: Option<crate::election::Election>,
 }
 
 /// Shared state of one controller (one per watched namespace, or one for all).
 pub struct Context {
     client: Client,
+    metrics: Arc<Metrics>,
     deployments: Store<Deployment>,
     pods: Store<Pod>,
     /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.
@@ -83,6 +89,10 @@ struct PerObjectInner {
     failures: HashMap<String, u32>,
     /// The status last written, until the cache has caught up with it.
     written: HashMap<String, Written>,
+    /// The Deployment as the last apply returned it, until the cache has caught up with it:
+    /// while a watch is down (an API server outage) the cache keeps the old one, and every
+    /// retry would apply the same change again.
+    applied: HashMap<String, Deployment>,
     /// UIDs listed since the watch (re)started its initial list.
     listing: Option<HashSet<String>>,
 }
@@ -125,6 +135,7 @@ impl PerObject {
                 if let Some(listed) = inner.listing.take() {
                     inner.failures.retain(|uid, _| listed.contains(uid));
                     inner.written.retain(|uid, _| listed.contains(uid));
+                    inner.applied.retain(|uid, _| listed.contains(uid));
                 }
             }
             watcher::Event::Apply(_) => {}
@@ -149,6 +160,33 @@ impl PerObject {
     fn wrote(&self, mw: &ManagedWorkload, version: Option<String>, status: ManagedWorkloadStatus) {
         if let Some(uid) = mw.uid() {
             self.lock().written.insert(uid, Written { version, status });
+        }
+    }
+
+    /// The live Deployment as far as the operator knows: the one its last apply returned while
+    /// the cached one predates it, else the cached one. Nothing cached: the caller asks the
+    /// API server (it may have been deleted since), and the memo goes.
+    fn newest_deployment(&self, mw: &ManagedWorkload, cached: Option<Deployment>) -> Option<Deployment> {
+        let Some(uid) = mw.uid() else { return cached };
+        let mut inner = self.lock();
+        let newer = match (&cached, inner.applied.get(&uid)) {
+            (Some(c), Some(a))
+                if older(c.metadata.resource_version.as_deref(), a.metadata.resource_version.as_deref()) =>
+            {
+                Some(a.clone())
+            }
+            _ => None,
+        };
+        if newer.is_none() {
+            inner.applied.remove(&uid);
+        }
+        newer.or(cached)
+    }
+
+    fn applied(&self, mw: &ManagedWorkload, mut deployment: Deployment) {
+        if let Some(uid) = mw.uid() {
+            keep_own_apply_record(&mut deployment);
+            self.lock().applied.insert(uid, deployment);
         }
     }
 
@@ -177,6 +215,7 @@ impl PerObjectInner {
         if let Some(uid) = uid {
             self.failures.remove(uid);
             self.written.remove(uid);
+            self.applied.remove(uid);
         }
     }
 }
@@ -236,8 +275,10 @@ impl PodIndex {
     }
 }
 
-/// Run the controller until SIGTERM/SIGINT.
-pub async fn run(client: Client, settings: Settings) -> Result<(), Error> {
+/// Run until SIGTERM/SIGINT: fill the caches, then (as leader, when election is on) reconcile.
+/// A standby keeps its caches warm and writes nothing; on SIGTERM in-flight reconciles finish,
+/// the Lease is released and this returns.
+pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, health: Arc<Health>) -> Result<(), Error> {
     let scopes: Vec<Option<String>> = if settings.namespaces.is_empty() {
         vec![None]
     } else {
@@ -247,8 +288,37 @@ pub async fn run(client: Client, settings: Settings) -> Result<(), Error> {
         check_access(&client, scope.as_deref()).await?;
     }
     info!(namespaces = ?settings.namespaces, concurrency = settings.concurrency, "starting ManagedWorkload controller");
-    let controllers = scopes.into_iter().map(|ns| run_scope(client.clone(), ns, settings.concurrency));
-    futures::future::join_all(controllers).await;
+    // One controller per watched namespace, each with its own limit.
+    metrics.set_max_concurrent(i64::from(settings.concurrency) * scopes.len() as i64);
+    let shutdown = crate::election::shutdown_signal();
+    let caches: Vec<Arc<Caches>> =
+        scopes.into_iter().map(|ns| Arc::new(Caches::start(&client, ns, metrics.clone()))).collect();
+    let (synced_tx, mut synced) = watch::channel(false);
+    tokio::spawn(report_health(caches.clone(), metrics.clone(), health, synced_tx));
+    // Decisions read the caches, so nothing is reconciled before they are full; and only a
+    // replica whose caches are full competes for the Lease: a new leader decides at once, and
+    // takeover time is the Lease's, not a full list's.
+    let mut stop = shutdown.clone();
+    tokio::select! {
+        done = synced.wait_for(|s| *s) => if done.is_err() { return Err(Error::CacheClosed) },
+        _ = stop.wait_for(|s| *s) => {
+            info!("shut down before the caches synced");
+            return Ok(());
+        }
+    }
+    let concurrency = settings.concurrency;
+    let term = |stop: watch::Receiver<bool>| {
+        let (client, caches, metrics) = (client.clone(), caches.clone(), metrics.clone());
+        async move {
+            let controllers =
+                caches.iter().map(|c| lead(client.clone(), c.clone(), concurrency, metrics.clone(), stop.clone()));
+            futures::future::join_all(controllers).await;
+        }
+    };
+    match settings.election {
+        None => crate::election::until_stopped(crate::election::STOP_GRACE, shutdown.clone(), term(shutdown)).await,
+        Some(election) => election.run(client.clone(), &metrics, shutdown, term).await?,
+    }
     info!("controller stopped");
     Ok(())
 }
@@ -283,61 +353,223 @@ async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Er
     }
 }
 
-async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) {
-    let ns = namespace.as_deref();
-    let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+/// The watches of one scope (a namespace, or all), their caches, and the fan-out of "this
+/// workload may need a reconcile" to whichever controller runs now. They run from start to
+/// exit, leader or not, so a standby is warm when it takes over.
+struct Caches {
+    namespace: Option<String>,
+    deployments: Store<Deployment>,
+    pods: Store<Pod>,
+    workloads: Store<Workload>,
+    pod_index: Arc<PodIndex>,
+    objects: Arc<PerObject>,
+    /// Workloads to reconcile, mapped from all three watches. Only a leader subscribes; a
+    /// standby's sends go nowhere.
+    triggers: broadcast::Sender<ObjectRef<Workload>>,
+}
 
-    // Of the managedFields, only the operator's own apply record is kept: it is how drift is
-    // told from server-side normalisation (see drift.rs). The rest would only cost memory.
-    let (deployments, writer) = reflector::store();
-    let deployment_events = watcher(api::<Deployment>(&client, ns), managed.clone())
-        .default_backoff()
-        .modify(|d| {
-            d.managed_fields_mut()
-                .retain(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply"))
-        })
-        .reflect(writer)
-        .touched_objects();
+/// Queued triggers per subscriber. A leader that falls this far behind reconciles everything
+/// once (see `subscribe`) instead of losing a trigger; a reconcile from the cache is cheap.
+const TRIGGER_BUFFER: usize = 4096;
 
-    // Only metadata and status of Pods are read; dropping the spec keeps the cache small.
-    let (pods, writer) = reflector::store();
-    let pod_index = Arc::new(PodIndex::default());
-    let indexer = pod_index.clone();
-    let pod_events = watcher(api::<Pod>(&client, ns), managed)
-        .default_backoff()
-        .modify(|p| {
-            p.managed_fields_mut().clear();
-            p.spec = None;
-        })
-        .inspect(move |event| {
-            if let Ok(event) = event {
-                indexer.observe(event);
+impl Caches {
+    fn start(client: &Client, namespace: Option<String>, metrics: Arc<Metrics>) -> Caches {
+        let ns = namespace.as_deref();
+        let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+        let (triggers, _) = broadcast::channel(TRIGGER_BUFFER);
+
+        // Of the managedFields, only the operator's own apply record is kept: it is how drift is
+        // told from server-side normalisation (see drift.rs). The rest would only cost memory.
+        let (deployments, writer) = reflector::store();
+        let deployment_events = watcher(api::<Deployment>(client, ns), managed.clone())
+            .default_backoff()
+            .modify(keep_own_apply_record)
+            .reflect(writer)
+            .touched_objects();
+        let deployment_targets = targets(deployment_events, "deployments", owner_of);
+
+        // Only metadata and status of Pods are read; dropping the spec keeps the cache small.
+        let (pods, writer) = reflector::store();
+        let pod_index = Arc::new(PodIndex::default());
+        let indexer = pod_index.clone();
+        let pod_events = watcher(api::<Pod>(client, ns), managed)
+            .default_backoff()
+            .modify(|p| {
+                p.managed_fields_mut().clear();
+                p.spec = None;
+            })
+            .inspect(move |event| {
+                if let Ok(event) = event {
+                    indexer.observe(event);
+                }
+            })
+            .reflect(writer)
+            .touched_objects();
+        let pod_targets = targets(pod_events, "pods", |pod: &Pod| {
+            let name = pod.labels().get(INSTANCE_LABEL)?;
+            Some(ObjectRef::new(name).within(&pod.namespace()?))
+        });
+
+        // Our own status writes change neither generation nor labels, so they do not echo back
+        // as reconciles. DeserializeGuard: one object the operator cannot parse (say, stored under
+        // an older schema) is reported on its own instead of failing the whole watch.
+        let (workloads, writer) = reflector::store();
+        let objects = Arc::new(PerObject::default());
+        let pruner = objects.clone();
+        let workload_events = watcher(api::<Workload>(client, ns), watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(|mw| mw.managed_fields_mut().clear())
+            .inspect(move |event| {
+                if let Ok(event) = event {
+                    pruner.observe(event);
+                }
+            })
+            .reflect(writer)
+            .applied_objects()
+            .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
+        let workload_targets =
+            targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
+        // One task drives all three watches, so their events (and cache updates) are handled
+        // one at a time in the order they arrive, as when the Controller itself polled them.
+        let all = futures::stream::select_all([deployment_targets, pod_targets, workload_targets]);
+        tokio::spawn(fan_out(all, triggers.clone(), metrics));
+
+        Caches { namespace, deployments, pods, workloads, pod_index, objects, triggers }
+    }
+
+    async fn ready(&self) -> bool {
+        self.deployments.wait_until_ready().await.is_ok()
+            && self.pods.wait_until_ready().await.is_ok()
+            && self.workloads.wait_until_ready().await.is_ok()
+    }
+}
+
+/// Of a Deployment's managedFields, only the operator's own apply record: it is how drift is
+/// told from server-side normalisation (see drift.rs). The rest would only cost memory.
+fn keep_own_apply_record(d: &mut Deployment) {
+    d.managed_fields_mut()
+        .retain(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply"))
+}
+
+/// The controller a Deployment belongs to, from its controller ownerReference.
+fn owner_of(deployment: &Deployment) -> Option<ObjectRef<Workload>> {
+    let owner = deployment.owner_references().iter().find(|o| {
+        o.controller == Some(true)
+            && o.kind == ManagedWorkload::kind(&())
+            && o.api_version == ManagedWorkload::api_version(&())
+    })?;
+    Some(ObjectRef::new(&owner.name).within(&deployment.namespace()?))
+}
+
+/// What one watch event means for the controller: the workload to reconcile (if any), or the
+/// watch's failure, named by resource.
+type Target = Result<Option<ObjectRef<Workload>>, (&'static str, watcher::Error)>;
+
+fn targets<K: Send + 'static>(
+    events: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    resource: &'static str,
+    map: impl Fn(&K) -> Option<ObjectRef<Workload>> + Send + 'static,
+) -> futures::stream::BoxStream<'static, Target> {
+    events.map(move |event| event.map(|object| map(&object)).map_err(|err| (resource, err))).boxed()
+}
+
+/// Drive the watches (which fill the caches) and send the workload each event concerns to the
+/// subscribed controller, if any.
+async fn fan_out(
+    events: impl futures::Stream<Item = Target>,
+    triggers: broadcast::Sender<ObjectRef<Workload>>,
+    metrics: Arc<Metrics>,
+) {
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Some(target)) => {
+                // No receiver (a standby, or between terms) is fine: a new leader starts by
+                // reconciling everything.
+                let _ = triggers.send(target);
             }
-        })
-        .reflect(writer)
-        .touched_objects();
-
-    // Our own status writes change neither generation nor labels, so they do not echo back
-    // as reconciles. DeserializeGuard: one object the operator cannot parse (say, stored under
-    // an older schema) is reported on its own instead of failing the whole watch.
-    let (workloads, writer) = reflector::store();
-    let objects = Arc::new(PerObject::default());
-    let pruner = objects.clone();
-    let workload_events = watcher(api::<Workload>(&client, ns), watcher::Config::default().any_semantic())
-        .default_backoff()
-        .modify(|mw| mw.managed_fields_mut().clear())
-        .inspect(move |event| {
-            if let Ok(event) = event {
-                pruner.observe(event);
+            Ok(None) => {}
+            Err((resource, err)) => {
+                metrics.watch_restarted(resource);
+                warn!(resource, error = %err, "watch failed; retrying with backoff");
             }
-        })
-        .reflect(writer)
-        .applied_objects()
-        .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
+        }
+    }
+}
 
+/// Mark the process ready once every watch has synced (and say so on `synced`), and keep the
+/// workloads-by-phase gauges current (from the cache: free, and right on a standby too).
+///
+/// This is the only task that waits for the stores to become ready: kube-runtime's
+/// `wait_until_ready` wakes only the last of several concurrent waiters, so everyone else
+/// waits on `synced`.
+async fn report_health(
+    caches: Vec<Arc<Caches>>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    synced: watch::Sender<bool>,
+) {
+    let mut all_ready = true;
+    for cache in &caches {
+        all_ready &= cache.ready().await;
+    }
+    if !all_ready {
+        // A watch stream ended (shutdown): nothing to report.
+        return;
+    }
+    info!("caches synced; ready");
+    health.set_ready(true);
+    let _ = synced.send(true);
+    loop {
+        let mut counts = std::collections::BTreeMap::new();
+        for cache in &caches {
+            for guard in cache.workloads.state() {
+                let phase = guard.0.as_ref().ok().and_then(|mw| mw.status.as_ref()?.phase);
+                *counts.entry(crate::metrics::phase_label(phase)).or_insert(0) += 1;
+            }
+        }
+        metrics.set_workloads(&counts);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// The triggers from now on, as a stream; a gap (the buffer overflowed) asks for a reconcile
+/// of everything through `resync`.
+fn subscribe(
+    triggers: &broadcast::Sender<ObjectRef<Workload>>,
+    resync: mpsc::UnboundedSender<()>,
+) -> impl futures::Stream<Item = ObjectRef<Workload>> + Send + 'static {
+    futures::stream::unfold((triggers.subscribe(), resync), |(mut rx, resync)| async move {
+        loop {
+            match rx.recv().await {
+                Ok(target) => return Some((target, (rx, resync))),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    warn!(missed, "the controller fell behind its watches; reconciling every workload");
+                    let _ = resync.send(());
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
+/// One term of leadership for one scope: reconcile everything once, then every trigger, until
+/// `stop`; in-flight reconciles finish before this returns.
+async fn lead(
+    client: Client,
+    caches: Arc<Caches>,
+    concurrency: u16,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (resync, resyncs) = mpsc::unbounded_channel();
+    // Subscribed before the first full pass, so nothing between the two is missed.
+    let triggers = subscribe(&caches.triggers, resync.clone());
+    let _ = resync.send(());
+    let resyncs = futures::stream::unfold(resyncs, |mut rx| async move { rx.recv().await.map(|()| ((), rx)) });
     let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
     let caches_ready = {
-        let (deployments, pods) = (deployments.clone(), pods.clone());
+        let (deployments, pods) = (caches.deployments.clone(), caches.pods.clone());
         async move { deployments.wait_until_ready().await.is_ok() && pods.wait_until_ready().await.is_ok() }
             .boxed()
             .shared()
@@ -345,32 +577,31 @@ async fn run_scope(client: Client, namespace: Option<String>, concurrency: u16) 
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
-        deployments,
-        pods,
-        pod_index,
-        objects,
+        metrics,
+        deployments: caches.deployments.clone(),
+        pods: caches.pods.clone(),
+        pod_index: caches.pod_index.clone(),
+        objects: caches.objects.clone(),
         caches_ready,
     });
-
-    Controller::for_stream(workload_events, workloads)
-        .owns_stream(deployment_events)
-        .watches_stream(pod_events, |pod: Pod| {
-            let name = pod.labels().get(INSTANCE_LABEL)?;
-            Some(ObjectRef::new(name).within(&pod.namespace()?))
-        })
+    info!(namespace = caches.namespace.as_deref(), "reconciling");
+    Controller::for_stream(futures::stream::pending::<Result<Workload, watcher::Error>>(), caches.workloads.clone())
+        .reconcile_on(triggers)
+        .reconcile_all_on(resyncs)
         .with_config(ControllerConfig::default().concurrency(concurrency))
-        .shutdown_on_signal()
+        .graceful_shutdown_on(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {
                 Ok((obj, _)) => debug!(namespace = obj.namespace.as_deref(), name = %obj.name, "reconciled"),
-                // Reconcile failures are logged by error_policy; a failing watch (RBAC, network)
-                // is only visible here.
-                Err(ControllerError::QueueError(err)) => warn!(error = %err, "watch failed; retrying with backoff"),
+                // Reconcile failures are logged by error_policy.
                 Err(err) => debug!(error = %err, "reconcile did not complete"),
             }
         })
         .await;
+    info!(namespace = caches.namespace.as_deref(), "stopped reconciling");
 }
 
 /// A ManagedWorkload as watched: parsed, or the reason it could not be.
@@ -379,19 +610,21 @@ type Workload = DeserializeGuard<ManagedWorkload>;
 async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = guard.name_any();
     let namespace = guard.namespace().ok_or_else(|| Error::MissingNamespace(name.clone()))?;
-    let span = info_span!("reconcile", %namespace, %name, generation = guard.meta().generation);
-    let mw = match &guard.0 {
-        Ok(mw) => mw,
-        Err(invalid) => return report_invalid(&ctx, &guard, invalid).instrument(span).await,
+    let span =
+        info_span!("reconcile", object = %format_args!("{namespace}/{name}"), generation = guard.meta().generation);
+    let timer = ctx.metrics.reconcile_started();
+    let result = match &guard.0 {
+        Ok(mw) => reconcile_one(mw, &ctx, &namespace, &name).instrument(span.clone()).await,
+        Err(invalid) => report_invalid(&ctx, &guard, invalid).instrument(span.clone()).await,
     };
-    let result = reconcile_one(mw, &ctx, &namespace, &name).instrument(span.clone()).await;
+    timer.finish(result.is_ok());
     match &result {
-        Ok(_) => ctx.objects.succeeded(mw.uid().as_deref()),
+        Ok(_) => ctx.objects.succeeded(guard.uid().as_deref()),
         // RBAC taken away at runtime: said on the object too (`kubectl describe` is where a
         // workload's owner looks; error_policy logs it for the admin). Retried with backoff,
         // so the operator recovers by itself once the permission is back.
         Err(err) => {
-            if let Some(message) = err.forbidden() {
+            if let (Some(message), Ok(mw)) = (err.forbidden(), &guard.0) {
                 let note = format!(
                     "the operator lacks a permission it needs: {message}; grant the shipped Role (config/rbac) \
                      and verify with `mw-operator check`"
@@ -421,6 +654,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
 
     let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| (*d).clone());
+    let cached = ctx.objects.newest_deployment(mw, cached);
     // Not in the (label-selected) cache: either absent, just created and not seen yet, or a
     // Deployment someone else made under this name, which must not be touched.
     let live = match cached {
@@ -439,8 +673,9 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
             None
         }
         Some(live) if drift::up_to_date(&desired, &live) => Some(live),
-        live => match apply(&deployments, name, &desired, live.is_some()).await {
+        live => match apply(ctx, &deployments, name, &desired, live.is_some()).await {
             Ok(applied) => {
+                ctx.objects.applied(mw, applied.clone());
                 let verb = if live.is_some() { "updated" } else { "created" };
                 info!(verb, "applied Deployment");
                 // Spec changes are announced by the phase change they cause; an edit made to
@@ -513,11 +748,13 @@ fn conflict(name: &str) -> Blocked {
 /// first write is revision 2) and is ignored when the object is created, so a Deployment
 /// that appeared since the GET answers 409 instead of being merged into.
 async fn apply(
+    ctx: &Context,
     api: &Api<Deployment>,
     name: &str,
     desired: &Deployment,
     force: bool,
 ) -> Result<Deployment, kube::Error> {
+    ctx.metrics.wrote("deployments", "apply");
     let mut params = PatchParams::apply(FIELD_MANAGER);
     params.force = force;
     if force {
@@ -541,6 +778,7 @@ async fn write_status(
     status: &ManagedWorkloadStatus,
 ) -> Result<Option<String>, Error> {
     let api: Api<ManagedWorkload> = Api::namespaced(ctx.client.clone(), namespace);
+    ctx.metrics.wrote("managedworkloads/status", "apply");
     // Server-side apply: fields we stop setting (a pod IP that is gone) are removed, and no
     // resourceVersion is needed, so there are no 409 conflicts with spec writers.
     let patch = serde_json::json!({
@@ -583,6 +821,7 @@ async fn record(ctx: &Context, object: &ObjectReference, type_: EventType, reaso
         action: "Reconcile".into(),
         secondary: None,
     };
+    ctx.metrics.wrote("events", "create");
     if let Err(err) = ctx.recorder.publish(&event, object).await {
         warn!(error = %err, "could not record event");
     }
@@ -598,16 +837,34 @@ async fn report_invalid(ctx: &Context, guard: &Workload, invalid: &InvalidObject
 }
 
 fn error_policy(mw: Arc<Workload>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_failed(err.kind());
+    let (namespace, name) = (mw.namespace(), mw.name_any());
+    if err.is_permanent() {
+        // Retrying the same object gets the same answer; its next change is reconciled at once.
+        warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), "reconcile failed permanently; waiting for the object to change");
+        ctx.objects.succeeded(mw.uid().as_deref());
+        return Action::await_change();
+    }
     let failures = ctx.objects.failed(mw.uid());
-    let delay = backoff(failures);
-    warn!(namespace = mw.namespace().as_deref(), name = %mw.name_any(), error = %err, kind = err.kind(), failures, retry_in = ?delay, "reconcile failed");
+    let delay = backoff(failures, jitter());
+    warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), failures, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
-/// 2s, 4s, 8s, ... capped at 5 minutes.
-fn backoff(failures: u32) -> Duration {
+/// 2s, 4s, 8s, ... capped at 5 minutes, each stretched or shrunk by up to a fifth (`jitter` in
+/// [0, 1)) so that workloads failing together (an API server outage) do not retry in lockstep.
+fn backoff(failures: u32, jitter: f64) -> Duration {
     let exp = failures.saturating_sub(1).min(16);
-    BACKOFF_BASE.saturating_mul(1 << exp).min(BACKOFF_MAX)
+    let base = BACKOFF_BASE.saturating_mul(1 << exp).min(BACKOFF_MAX);
+    base.mul_f64(0.8 + 0.4 * jitter.clamp(0.0, 1.0))
+}
+
+/// A number in [0, 1), different every call. std's RandomState is seeded randomly per thread
+/// and per instance, which is all jitter needs; no random-number crate for this.
+fn jitter() -> f64 {
+    use std::hash::BuildHasher;
+    let bits = std::hash::RandomState::new().hash_one(std::time::SystemTime::now());
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]
@@ -690,6 +947,28 @@ mod tests {
     }
 
     #[test]
+    fn the_last_applied_deployment_counts_until_the_cache_moves_past_it() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "1").0 else { unreachable!() };
+        let at = |rv: &str| {
+            let mut d = Deployment::default();
+            d.metadata.resource_version = Some(rv.into());
+            d
+        };
+        objects.applied(&mw, at("20"));
+        let seen = |cached: Option<Deployment>| {
+            objects.newest_deployment(&mw, cached).and_then(|d| d.metadata.resource_version)
+        };
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("20"), "a stale cache: the applied one");
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("20"), "still, on a retry");
+        assert_eq!(seen(Some(at("20"))).as_deref(), Some("20"), "caught up");
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("10"), "the memo went once the cache caught up");
+        objects.applied(&mw, at("30"));
+        assert_eq!(seen(None), None, "not cached: asked of the API server (it may be gone)");
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("10"));
+    }
+
+    #[test]
     fn per_object_state_goes_with_the_object() {
         let objects = PerObject::default();
         for uid in ["u1", "u2", "u3"] {
@@ -709,11 +988,37 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_and_caps() {
-        assert_eq!(backoff(1), Duration::from_secs(2));
-        assert_eq!(backoff(2), Duration::from_secs(4));
-        assert_eq!(backoff(5), Duration::from_secs(32));
-        assert_eq!(backoff(9), BACKOFF_MAX);
-        assert_eq!(backoff(u32::MAX), BACKOFF_MAX);
+    fn backoff_doubles_and_caps_within_its_jitter() {
+        let mid = |failures| backoff(failures, 0.5);
+        assert_eq!(mid(1), Duration::from_secs(2));
+        assert_eq!(mid(2), Duration::from_secs(4));
+        assert_eq!(mid(5), Duration::from_secs(32));
+        assert_eq!(mid(9), BACKOFF_MAX);
+        assert_eq!(mid(u32::MAX), BACKOFF_MAX);
+        assert_eq!(backoff(1, 0.0), Duration::from_millis(1600));
+        assert!(backoff(1, 0.999_999) < Duration::from_millis(2400));
+        assert_eq!(backoff(1, 7.0), Duration::from_millis(2400), "out-of-range jitter is clamped");
+        // Drawn values differ and stay in range.
+        let drawn: std::collections::HashSet<u64> = (0..50).map(|_| jitter().to_bits()).collect();
+        assert!(drawn.len() > 40);
+        assert!((0..1000).map(|_| jitter()).all(|j| (0.0..1.0).contains(&j)));
+    }
+
+    #[test]
+    fn owned_deployments_map_to_their_controller_only() {
+        let mut d = Deployment::default();
+        d.metadata.namespace = Some("a".into());
+        let owner = |kind: &str, controller| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: ManagedWorkload::api_version(&()).into(),
+            kind: kind.into(),
+            name: format!("{kind}-owner"),
+            uid: "u".into(),
+            controller: Some(controller),
+            ..Default::default()
+        };
+        d.metadata.owner_references = Some(vec![owner("ManagedWorkload", false), owner("Other", true)]);
+        assert_eq!(owner_of(&d), None);
+        d.metadata.owner_references.as_mut().unwrap().push(owner("ManagedWorkload", true));
+        assert_eq!(owner_of(&d), Some(ObjectRef::new("ManagedWorkload-owner").within("a")));
     }
 }

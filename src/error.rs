@@ -46,6 +46,9 @@ pub enum Error {
     )]
     Access { scope: String, message: String },
 
+    #[error("leader election on Lease {0}: {1}")]
+    Lease(String, String),
+
     #[error("the ManagedWorkload CRD is not installed or not served ({0}); install it with `kubectl apply -f crds/`")]
     CrdMissing(#[source] kube::Error),
 }
@@ -78,6 +81,68 @@ impl Error {
             Error::Client(_) => "client",
             Error::CrdMissing(_) => "crd_missing",
             Error::Access { .. } => "access",
+            Error::Lease(..) => "lease",
         }
+    }
+
+    /// Whether retrying the same object cannot help: the API server judged the request itself
+    /// (400 Bad Request, 422 Invalid) or the object is gone (404), or the object cannot be
+    /// handled at all. Such a reconcile waits for the object to change. Everything else (an
+    /// unreachable or overloaded API server, a 403 that an RBAC fix cures, a timeout) is
+    /// retried with backoff.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Error::MissingNamespace(_) => true,
+            Error::GetDeployment { source, .. }
+            | Error::ApplyDeployment { source, .. }
+            | Error::WriteStatus { source, .. } => permanent_api_error(source),
+            Error::CacheClosed
+            | Error::Config(_)
+            | Error::Client(_)
+            | Error::Access { .. }
+            | Error::Lease(..)
+            | Error::CrdMissing(_) => false,
+        }
+    }
+}
+
+fn permanent_api_error(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => matches!(status.code, 400 | 404 | 422),
+        // The API server answered with something that does not parse as the object: the same
+        // request gets the same answer.
+        kube::Error::SerdeError(_) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(kube::core::Status::failure("refused", "Reason").with_code(code).boxed())
+    }
+
+    fn write(code: u16) -> Error {
+        Error::WriteStatus { namespace: "a".into(), name: "b".into(), source: api(code) }
+    }
+
+    #[test]
+    fn refusals_of_the_request_itself_are_permanent_and_outages_are_not() {
+        for code in [400, 404, 422] {
+            assert!(write(code).is_permanent(), "{code}");
+        }
+        for code in [403, 409, 429, 500, 503, 504] {
+            assert!(!write(code).is_permanent(), "{code}");
+        }
+        assert!(Error::MissingNamespace("x".into()).is_permanent());
+        assert!(!Error::CacheClosed.is_permanent());
+        let unreachable = Error::ApplyDeployment {
+            namespace: "a".into(),
+            name: "b".into(),
+            source: kube::Error::Service("connection refused".into()),
+        };
+        assert!(!unreachable.is_permanent());
     }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use mw_operator::{bridge, check, client, controller, crdgen};
+use mw_operator::{bridge, check, client, controller, crdgen, election, metrics, telemetry};
 use tracing::error;
 
 #[derive(Parser)]
@@ -35,6 +35,11 @@ enum Command {
         /// Reconciles running at once.
         #[arg(long, default_value_t = 8, env = "MW_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
         concurrency: u16,
+        /// Where to serve /healthz, /readyz (ready once every watch has synced) and /metrics.
+        #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
+        metrics_address: std::net::SocketAddr,
+        #[command(flatten)]
+        election: election::ElectionArgs,
     },
     /// Check an install before the first workload: connection, TLS, identity, the CRD and
     /// every permission the operator (or, with --bridge, the bridge) needs in each namespace.
@@ -59,7 +64,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     let result = match cli.command {
-        Command::Run { connection, namespaces, concurrency } => run(connection, namespaces, concurrency),
+        Command::Run { connection, namespaces, concurrency, metrics_address, election } => {
+            run(connection, namespaces, concurrency, metrics_address, election)
+        }
         Command::Crd { out, check } => crd(out, check),
         Command::Bridge(args) => run_bridge(*args),
         Command::Check(args) => run_check(args),
@@ -73,13 +80,29 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(connection: client::ConnectionArgs, namespaces: Vec<String>, concurrency: u16) -> Result<(), String> {
+fn run(
+    connection: client::ConnectionArgs,
+    namespaces: Vec<String>,
+    concurrency: u16,
+    metrics_address: std::net::SocketAddr,
+    election: election::ElectionArgs,
+) -> Result<(), String> {
+    let election = election.election(election::default_identity)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         let client = client::connect(&connection).await.map_err(|e| e.to_string())?;
-        let settings = controller::Settings { namespaces, concurrency };
-        controller::run(client, settings).await.map_err(|e| e.to_string())
-    })
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = metrics::Metrics::register(&mut registry);
+        let health = std::sync::Arc::new(telemetry::Health::default());
+        telemetry::serve(metrics_address, std::sync::Arc::new(registry), health.clone())
+            .await
+            .map_err(|e| format!("serving probes and metrics on {metrics_address}: {e}"))?;
+        let settings = controller::Settings { namespaces, concurrency, election };
+        controller::run(client, settings, metrics, health).await.map_err(|e| e.to_string())
+    });
+    // Watch and server tasks are still running; they hold nothing that needs a clean end.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 fn run_check(args: check::probe::CheckArgs) -> Result<(), String> {

@@ -98,8 +98,11 @@ async fn delete_cluster_scoped(client: &Client, docs: &[Value]) {
 
 async fn wait_available(ns: &TestNamespace, name: &str) -> Deployment {
     let deployments = ns.api::<Deployment>();
-    wait_until(&deployments, name, "the Deployment to be Available", TIMEOUT, |d: Option<&Deployment>| {
-        d.and_then(|d| d.status.as_ref()?.available_replicas) == Some(1)
+    wait_until(&deployments, name, "every replica to be available", TIMEOUT, |d: Option<&Deployment>| {
+        d.is_some_and(|d| {
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            d.status.as_ref().and_then(|s| s.available_replicas) == Some(want)
+        })
     })
     .await
     .unwrap()
@@ -109,6 +112,29 @@ async fn wait_available(ns: &TestNamespace, name: &str) -> Deployment {
 fn the_chart_lints_in_both_modes() {
     helm(&["lint", CHART]);
     helm(&["lint", CHART, "--set", "watchNamespaces={a,b}"]);
+    helm(&["lint", CHART, "--set", "metrics.serviceMonitor.enabled=true"]);
+}
+
+#[test]
+fn the_service_monitor_and_single_replica_options_render() {
+    let set = |s: &[&str]| s.iter().flat_map(|v| ["--set".to_string(), v.to_string()]).collect::<Vec<_>>();
+    let docs = render_with("rel", "ops", &set(&["metrics.serviceMonitor.enabled=true"]));
+    let monitors = of_kind(&docs, "ServiceMonitor");
+    assert_eq!(monitors.len(), 1);
+    assert_eq!(monitors[0]["spec"]["endpoints"][0]["port"], "metrics");
+    assert!(selects(
+        &monitors[0]["spec"]["selector"]["matchLabels"],
+        &of_kind(&docs, "Service")[0]["metadata"]["labels"]
+    ));
+
+    let single = render_with("rel", "ops", &set(&["replicas=1", "leaderElection.enabled=false"]));
+    let args = &of_kind(&single, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(args.as_array().unwrap().iter().any(|a| a == "--no-leader-election"), "{args}");
+    // Two replicas without election would both write: refused at render time.
+    let mut args: Vec<String> = ["template", "r", CHART].map(String::from).into();
+    args.extend(set(&["leaderElection.enabled=false"]));
+    let (ok, _, stderr) = run_helm(&args);
+    assert!(!ok && stderr.contains("leaderElection.enabled"), "{stderr}");
 }
 
 #[tokio::test]
@@ -129,6 +155,18 @@ async fn cluster_wide_install_is_accepted_and_runs() {
     assert_eq!(container.args.as_ref().unwrap()[0], "run");
     assert!(!container.args.as_ref().unwrap().iter().any(|a| a.starts_with("--namespace")));
     assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+    // Two replicas (leader and warm standby), probes on the metrics port, and a metrics Service.
+    assert_eq!(deployment.status.unwrap().available_replicas, Some(2));
+    let probe = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref().and_then(|p| p.http_get.as_ref()).map(|g| (g.path.clone().unwrap_or_default(), g.port.clone()))
+    };
+    let metrics_port = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("metrics".into());
+    assert_eq!(probe(&container.readiness_probe), Some(("/readyz".into(), metrics_port.clone())));
+    assert_eq!(probe(&container.liveness_probe), Some(("/healthz".into(), metrics_port)));
+    let services = of_kind(&docs, "Service");
+    assert_eq!(services.len(), 1);
+    assert_eq!(services[0]["spec"]["ports"][0]["targetPort"], "metrics");
+    assert!(of_kind(&docs, "ServiceMonitor").is_empty(), "the ServiceMonitor is optional, off by default");
     delete_cluster_scoped(&ns.client, &docs).await;
 }
 
@@ -149,10 +187,25 @@ async fn namespace_scoped_install_grants_nothing_cluster_wide() {
     let args = deployment.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
     assert!(args.contains(&format!("--namespace={}", ns.name)), "{args:?}");
 
-    // Two namespaces: a Role and RoleBinding in each, one comma-separated flag.
+    // Two namespaces: a Role and RoleBinding in each, one comma-separated flag, and in the
+    // unwatched release namespace only what leader election needs.
     let docs = render("two", "ops", &["a", "b"]);
-    assert_eq!(of_kind(&docs, "Role").len(), 2);
-    assert_eq!(of_kind(&docs, "RoleBinding").len(), 2);
+    let in_ns = |kind, namespace: &str| -> Vec<&Value> {
+        of_kind(&docs, kind).into_iter().filter(|d| d["metadata"]["namespace"] == namespace).collect()
+    };
+    for namespace in ["a", "b"] {
+        assert_eq!(in_ns("Role", namespace).len(), 1);
+        assert_eq!(in_ns("Role", namespace)[0]["rules"], shipped_rules());
+        assert_eq!(in_ns("RoleBinding", namespace).len(), 1);
+    }
+    let election = in_ns("Role", "ops");
+    assert_eq!(election.len(), 1);
+    assert_eq!(
+        election[0]["rules"],
+        serde_json::json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "patch"]}])
+    );
+    assert_eq!(in_ns("RoleBinding", "ops")[0]["roleRef"]["name"], election[0]["metadata"]["name"]);
+    assert_eq!(of_kind(&docs, "Role").len(), 3);
     let deployment = of_kind(&docs, "Deployment")[0];
     let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
     assert!(args.iter().any(|a| a == "--namespace=a,b"), "{args:?}");

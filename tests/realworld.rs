@@ -82,10 +82,34 @@ async fn an_evicted_pod_is_history_and_a_stopped_workload_with_only_finished_pod
         }
     })
     .await;
+    // The operator has seen the replacement once its status carries the replacement's IP.
+    let replacement_ip = pods_of(&pods, "web")
+        .await
+        .into_iter()
+        .find(|p| p.name_any() != victim)
+        .and_then(|p| p.status?.pod_ip)
+        .expect("the replacement has an IP");
+    support::wait_until(
+        &workloads,
+        "web",
+        "the status to show the replacement",
+        TIMEOUT,
+        |mw: Option<&ManagedWorkload>| {
+            mw.and_then(|mw| mw.status.as_ref()?.pod_ip.as_deref()) == Some(replacement_ip.as_str())
+        },
+    )
+    .await;
     let mw = wait_ready(&workloads, "web", Phase::Running).await;
-    let seen = phases.until(Phase::Running).await;
-    assert!(!seen.contains(&Phase::Updating), "a replacement without a spec change is no update: {seen:?}");
-    assert_eq!(seen, [Phase::Running, Phase::Creating, Phase::Running], "replaced Pod: Creating until Ready");
+    // What the operator showed in between depends on timing: kwok makes the replacement Ready
+    // within about 100 ms of the eviction, and the Deployment's status trails its Pods (the
+    // ReplicaSet controller counts them from its own cache). So `Creating` may be seen once,
+    // several times (alternating with Running while kube-controller-manager catches up) or not
+    // at all (status::tests pins the verdicts). What must hold whatever the
+    // timing: never Updating (a replacement without a spec change is no update), never Failed
+    // (the evicted Pod is history), and Running at the end (wait_ready above).
+    let seen = phases.seen();
+    assert_eq!(seen.first(), Some(&Phase::Running), "{seen:?}");
+    assert!(seen.iter().all(|p| matches!(p, Phase::Running | Phase::Creating)), "a replacement is no update: {seen:?}");
     assert_stable_messages(&mw, &pods_of(&pods, "web").await);
     drop(phases);
 

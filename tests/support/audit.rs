@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 
+use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
 /// One write request, as the audit log records it.
@@ -23,6 +24,42 @@ pub fn operator_writes(namespace: &str) -> Vec<Write> {
 
 /// Writes by API user `user` in `namespace` so far, in order.
 pub fn writes_by(user: &str, namespace: &str) -> Vec<Write> {
+    timed_writes_by(user, namespace).into_iter().map(|(_, w)| w).collect()
+}
+
+/// Writes by `user` in `namespace` with the time the API server completed each, in order.
+pub fn timed_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
+    write_entries(user, namespace)
+        .into_iter()
+        .map(|e| {
+            let time = e["stageTimestamp"].as_str().and_then(|t| t.parse().ok()).unwrap_or(Timestamp::UNIX_EPOCH);
+            let write = Write {
+                verb: e["verb"].as_str().unwrap_or_default().into(),
+                resource: e["objectRef"]["resource"].as_str().unwrap_or_default().into(),
+                subresource: e["objectRef"]["subresource"].as_str().map(String::from),
+                name: e["objectRef"]["name"].as_str().map(String::from),
+            };
+            (time, write)
+        })
+        .collect()
+}
+
+/// Like `timed_writes_by`, only the writes the API server accepted (2xx): a write refused or
+/// failed during an outage (etcd down, RBAC not yet loaded) changed nothing and is retried.
+pub fn timed_accepted_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
+    let accepted: Vec<bool> = write_entries(user, namespace)
+        .iter()
+        .map(|e| e["responseStatus"]["code"].as_u64().is_some_and(|c| (200..300).contains(&c)))
+        .collect();
+    timed_writes_by(user, namespace).into_iter().zip(accepted).filter(|(_, ok)| *ok).map(|(w, _)| w).collect()
+}
+
+/// The User-Agent headers `user`'s writes in `namespace` carried.
+pub fn user_agents(user: &str, namespace: &str) -> std::collections::BTreeSet<String> {
+    write_entries(user, namespace).iter().map(|e| e["userAgent"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+fn write_entries(user: &str, namespace: &str) -> Vec<Value> {
     let path = format!("{}/audit.log", super::log_dir());
     let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("opening the audit log {path}: {e}"));
     BufReader::new(file)
@@ -32,12 +69,6 @@ pub fn writes_by(user: &str, namespace: &str) -> Vec<Write> {
         .filter(|e| e["stage"] == "ResponseComplete" && e["user"]["username"] == user)
         .filter(|e| e["objectRef"]["namespace"] == namespace)
         .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete" | "deletecollection")))
-        .map(|e| Write {
-            verb: e["verb"].as_str().unwrap_or_default().into(),
-            resource: e["objectRef"]["resource"].as_str().unwrap_or_default().into(),
-            subresource: e["objectRef"]["subresource"].as_str().map(String::from),
-            name: e["objectRef"]["name"].as_str().map(String::from),
-        })
         .collect()
 }
 

@@ -147,6 +147,7 @@ where
 pub mod audit;
 pub mod bridge;
 pub mod manager;
+pub mod operator;
 pub mod proxy;
 pub mod scoped;
 pub mod workload;

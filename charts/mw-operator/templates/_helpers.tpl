@@ -40,6 +40,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{ include "mw-operator.leaseRules" . }}
+{{- end -}}
+
+{{/* Leader election: the Lease in the operator's namespace. */}}
+{{- define "mw-operator.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 {{- end -}}
 
 {{/* The bridge (mw-operator bridge): its name, labels and permissions. */}}
