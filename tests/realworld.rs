@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::json;
-use support::workload::{PhaseLog, TIMEOUT, apply, condition, wait_condition, wait_ready};
+use support::workload::{PhaseLog, TIMEOUT, apply, condition, wait_condition, wait_phase, wait_ready};
 use support::{TestNamespace, audit, eventually, wait_until};
 
 async fn pods_of(pods: &Api<Pod>, name: &str) -> Vec<Pod> {
@@ -147,7 +147,7 @@ async fn normalised_values_and_other_managers_entries_are_not_drift_but_a_hand_e
         d.and_then(|d| d.status.as_ref()).is_some_and(|s| s.updated_replicas == Some(1) && s.replicas == Some(1))
     })
     .await;
-    wait_ready(&workloads, "web", Phase::Running).await;
+    wait_phase(&workloads, "web", Phase::Running).await;
     let after = audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
     let new = &after[before.len()..];
     assert_eq!(count(new, "deployments"), 0, "nothing to correct: {new:?}");
@@ -175,8 +175,8 @@ async fn normalised_values_and_other_managers_entries_are_not_drift_but_a_hand_e
             == Some("nginx:latest")
     })
     .await;
-    wait_ready(&workloads, "web", Phase::Running).await;
     audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+    wait_phase(&workloads, "web", Phase::Running).await;
     assert_eq!(drift_events().await, 1, "exactly one DriftCorrected");
     let all = audit::operator_writes(&ns.name);
     assert_eq!(count(&all[after.len()..], "deployments"), 1, "one apply restored it: {:?}", &all[after.len()..]);

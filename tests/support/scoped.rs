@@ -244,6 +244,10 @@ impl Operator {
             .arg(kubeconfig)
             .arg("--namespace")
             .arg(namespaces.join(","))
+            // Its Lease where its Role grants leases (the shipped Role includes them), as a
+            // namespace-scoped install keeps it in a namespace it may write.
+            .arg("--lease-namespace")
+            .arg(namespaces.first().map(String::as_str).unwrap_or("default"))
             .env("RUST_LOG", "info,kube=warn")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("the log file"))

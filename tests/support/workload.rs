@@ -70,6 +70,18 @@ pub async fn wait_ready(api: &Api<ManagedWorkload>, name: &str, phase: Phase) ->
     mw
 }
 
+/// Wait until the CR is Ready at its current generation *and* in `phase`. Unlike
+/// `wait_ready`, a Ready=True written before a change the generation does not count (a hand
+/// edit of the Deployment, a foreign rollout) is not taken as the final answer.
+pub async fn wait_phase(api: &Api<ManagedWorkload>, name: &str, phase: Phase) -> ManagedWorkload {
+    let what = format!("Ready=True and phase {phase:?}");
+    wait_until(api, name, &what, TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| condition_current(mw, "Ready", "True") && phase_of(mw) == Some(phase))
+    })
+    .await
+    .unwrap()
+}
+
 /// Wait until condition `type_` has `status` for the CR's current generation.
 pub async fn wait_condition(api: &Api<ManagedWorkload>, name: &str, type_: &str, status: &str) -> ManagedWorkload {
     let what = format!("{type_}={status} at the current generation");
