@@ -18,31 +18,13 @@ use mw_operator::bridge::mapping::ENV_DIGEST_ANNOTATION;
 use mw_operator::resource::ManagedWorkload;
 use support::bridge::{Bridge, kubeconfig};
 use support::manager::{Engine, ManagerDb, now};
+use support::procfs::{cpu_seconds, memory_kib, percentile};
 use support::{TestNamespace, audit};
-
-/// Seconds of CPU (user + system) the process has used, from /proc/PID/stat.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of stat(5); USER_HZ is 100 on Linux.
-    (ticks(11) + ticks(12)) / 100.0
-}
 
 /// (VmRSS, VmHWM) in MiB.
 fn memory_mib(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1024.0
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    let (rss, hwm) = memory_kib(pid);
+    (rss / 1024.0, hwm / 1024.0)
 }
 
 /// The `took=` of a "full resync done" log line, in seconds (Rust's Debug form of a Duration).
@@ -56,14 +38,6 @@ fn took(line: &str) -> f64 {
         (value.trim_end_matches('s'), 1.0)
     };
     number.parse::<f64>().unwrap_or(0.0) * scale
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn writes_by_kind(namespace: &str) -> HashMap<String, usize> {

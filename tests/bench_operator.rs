@@ -24,6 +24,7 @@ use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, Phase};
 use serde_json::{Value, json};
 use support::TestNamespace;
+use support::procfs::{cpu_seconds, memory_kib, percentile};
 use support::workload::condition_current;
 
 const IN_FLIGHT: usize = 32;
@@ -32,27 +33,6 @@ const FLIPS: usize = 200;
 fn operator_pid() -> u32 {
     let file = std::env::var("MW_BENCH_OPERATOR_PIDFILE").expect("MW_BENCH_OPERATOR_PIDFILE");
     std::fs::read_to_string(&file).expect("the operator's PID file").trim().parse().expect("a PID")
-}
-
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0 // utime + stime, USER_HZ = 100
-}
-
-/// (VmRSS, VmHWM) in KiB.
-fn memory_kib(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
 }
 
 /// The operator's writes in `namespace`, by "verb resource[/subresource]".
@@ -71,14 +51,6 @@ fn writes(namespace: &str) -> BTreeMap<String, usize> {
 
 fn total(counts: &BTreeMap<String, usize>) -> usize {
     counts.values().sum()
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn spec(i: usize) -> Value {

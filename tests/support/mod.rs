@@ -148,6 +148,7 @@ pub mod audit;
 pub mod bridge;
 pub mod manager;
 pub mod operator;
+pub mod procfs;
 pub mod proxy;
 pub mod scoped;
 pub mod workload;
