@@ -5,8 +5,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::{BoxFuture, Shared};
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Pod;
@@ -70,11 +69,6 @@ pub struct Context {
     recorder: Recorder,
     /// Per-workload memory, dropped when the workload goes.
     objects: Arc<PerObject>,
-    /// Resolves (true) once the Deployment and Pod caches hold their first full list. Shared:
-    /// kube-runtime's `Store::wait_until_ready` wakes only its latest waiter (a oneshot
-    /// receiver keeps one waker), so concurrent reconciles must not each await it, or all but
-    /// one would wait forever (seen: on start-up with existing workloads only one reconciled).
-    caches_ready: Shared<BoxFuture<'static, bool>>,
 }
 
 /// What the operator remembers per ManagedWorkload UID between reconciles.
@@ -568,12 +562,6 @@ async fn lead(
     let _ = resync.send(());
     let resyncs = futures::stream::unfold(resyncs, |mut rx| async move { rx.recv().await.map(|()| ((), rx)) });
     let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
-    let caches_ready = {
-        let (deployments, pods) = (caches.deployments.clone(), caches.pods.clone());
-        async move { deployments.wait_until_ready().await.is_ok() && pods.wait_until_ready().await.is_ok() }
-            .boxed()
-            .shared()
-    };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -582,7 +570,6 @@ async fn lead(
         pods: caches.pods.clone(),
         pod_index: caches.pod_index.clone(),
         objects: caches.objects.clone(),
-        caches_ready,
     });
     info!(namespace = caches.namespace.as_deref(), "reconciling");
     Controller::for_stream(futures::stream::pending::<Result<Workload, watcher::Error>>(), caches.workloads.clone())
@@ -645,12 +632,8 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     let Some(desired) = desired::deployment(mw) else {
         return Ok(Action::await_change());
     };
-    // The decision reads both caches: a reconcile before they are filled would take "not in
-    // the cache" for "absent" (and, after a restart, report Running workloads as Creating).
-    // Only the first reconciles wait; afterwards these return at once.
-    if !ctx.caches_ready.clone().await {
-        return Err(Error::CacheClosed);
-    }
+    // The decision reads both caches, which are full by now: a controller only runs once
+    // every watch has synced (see `run`), so "not in the cache" means "not there".
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
 
     let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| (*d).clone());

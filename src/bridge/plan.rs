@@ -50,6 +50,15 @@ impl Existing {
     }
 }
 
+/// The row a CR stands for and that row's `createdAt`, when this bridge made the CR. The
+/// cheap part of `Existing::of`, for the passes that look at every CR (write-back).
+pub fn made_for<'a>(mw: &'a ManagedWorkload, field_manager: &str) -> Option<(RowKey, Option<&'a str>)> {
+    if mw.labels().get(SYNCED_BY_LABEL).map(String::as_str) != Some(field_manager) {
+        return None;
+    }
+    Some((key_of(mw.labels())?, mw.annotations().get(ROW_CREATED_ANNOTATION).map(String::as_str)))
+}
+
 /// The action for one row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
@@ -231,6 +240,8 @@ mod tests {
         let foreign = Existing { ours: false, ..existing(&d) };
         assert_eq!(plan(&d, Some(&foreign), true, |_| false).reason(), Some("name_taken"));
         assert!(!Existing::of(&d.workload, "another-bridge").ours);
+        assert_eq!(made_for(&d.workload, "mw-bridge"), Some((d.key, Some(d.created_at.as_str()))));
+        assert_eq!(made_for(&d.workload, "another-bridge"), None);
     }
 
     #[test]

@@ -356,7 +356,8 @@ impl Bridge {
         let live: Arc<HashSet<RowKey>> = Arc::new(self.rows.keys().copied().collect());
         let fm = self.settings.field_manager.clone();
         let cr_key = |t: &Tracked| {
-            self.cluster.workload(&t.namespace, &t.row.hostname).and_then(|mw| Existing::of(&mw, &fm).key)
+            let mw = self.cluster.workload(&t.namespace, &t.row.hostname)?;
+            plan::made_for(&mw, &fm).map(|(key, _)| key)
         };
         let mut pending: Vec<(bool, RowKey)> = self
             .rows
@@ -532,10 +533,10 @@ impl Bridge {
             if t.error.is_some() {
                 continue;
             }
-            let cr = self.cluster.workload(&t.namespace, &t.row.hostname).filter(|mw| {
-                let e = Existing::of(mw, &fm);
-                e.ours && e.key == Some(*key) && e.created_at.as_deref() == Some(t.row.created_at.as_str())
-            });
+            let cr = self
+                .cluster
+                .workload(&t.namespace, &t.row.hostname)
+                .filter(|mw| plan::made_for(mw, &fm) == Some((*key, Some(t.row.created_at.as_str()))));
             let Some(cr) = cr else {
                 // Synced a while ago and gone now: deleted by hand. Create it again.
                 if !t.pending && t.synced_at.is_some_and(|at| at < stale_after) {
