@@ -3,18 +3,17 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -66,7 +65,7 @@ pub struct Context {
     pods: Store<Pod>,
     /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.
     pod_index: Arc<PodIndex>,
-    recorder: Recorder,
+    events: crate::events::Events,
     /// Per-workload memory, dropped when the workload goes.
     objects: Arc<PerObject>,
 }
@@ -87,6 +86,9 @@ struct PerObjectInner {
     /// while a watch is down (an API server outage) the cache keeps the old one, and every
     /// retry would apply the same change again.
     applied: HashMap<String, Deployment>,
+    /// When the operator last wrote each workload's status, to let details wait (see
+    /// `status::urgency`).
+    last_write: HashMap<String, Instant>,
     /// UIDs listed since the watch (re)started its initial list.
     listing: Option<HashSet<String>>,
 }
@@ -130,6 +132,7 @@ impl PerObject {
                     inner.failures.retain(|uid, _| listed.contains(uid));
                     inner.written.retain(|uid, _| listed.contains(uid));
                     inner.applied.retain(|uid, _| listed.contains(uid));
+                    inner.last_write.retain(|uid, _| listed.contains(uid));
                 }
             }
             watcher::Event::Apply(_) => {}
@@ -153,8 +156,18 @@ impl PerObject {
 
     fn wrote(&self, mw: &ManagedWorkload, version: Option<String>, status: ManagedWorkloadStatus) {
         if let Some(uid) = mw.uid() {
-            self.lock().written.insert(uid, Written { version, status });
+            let mut inner = self.lock();
+            inner.last_write.insert(uid.clone(), Instant::now());
+            inner.written.insert(uid, Written { version, status });
         }
+    }
+
+    /// How long to hold back a status change of this urgency: none when it is urgent or the
+    /// last write (if the operator made one since it started) is long enough ago.
+    fn hold_back(&self, mw: &ManagedWorkload, urgency: status::Urgency) -> Duration {
+        let status::Urgency::Within(delay) = urgency else { return Duration::ZERO };
+        let last = mw.uid().and_then(|uid| self.lock().last_write.get(&uid).copied());
+        last.map_or(Duration::ZERO, |at| delay.saturating_sub(at.elapsed()))
     }
 
     /// The live Deployment as far as the operator knows: the one its last apply returned while
@@ -179,7 +192,7 @@ impl PerObject {
 
     fn applied(&self, mw: &ManagedWorkload, mut deployment: Deployment) {
         if let Some(uid) = mw.uid() {
-            keep_own_apply_record(&mut deployment);
+            crate::slim::deployment(&mut deployment);
             self.lock().applied.insert(uid, deployment);
         }
     }
@@ -210,6 +223,7 @@ impl PerObjectInner {
             self.failures.remove(uid);
             self.written.remove(uid);
             self.applied.remove(uid);
+            self.last_write.remove(uid);
         }
     }
 }
@@ -372,26 +386,21 @@ impl Caches {
         let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
         let (triggers, _) = broadcast::channel(TRIGGER_BUFFER);
 
-        // Of the managedFields, only the operator's own apply record is kept: it is how drift is
-        // told from server-side normalisation (see drift.rs). The rest would only cost memory.
+        // Each cache keeps only what the operator reads of its objects (see slim.rs).
         let (deployments, writer) = reflector::store();
         let deployment_events = watcher(api::<Deployment>(client, ns), managed.clone())
             .default_backoff()
-            .modify(keep_own_apply_record)
+            .modify(crate::slim::deployment)
             .reflect(writer)
             .touched_objects();
         let deployment_targets = targets(deployment_events, "deployments", owner_of);
 
-        // Only metadata and status of Pods are read; dropping the spec keeps the cache small.
         let (pods, writer) = reflector::store();
         let pod_index = Arc::new(PodIndex::default());
         let indexer = pod_index.clone();
         let pod_events = watcher(api::<Pod>(client, ns), managed)
             .default_backoff()
-            .modify(|p| {
-                p.managed_fields_mut().clear();
-                p.spec = None;
-            })
+            .modify(crate::slim::pod)
             .inspect(move |event| {
                 if let Ok(event) = event {
                     indexer.observe(event);
@@ -412,7 +421,7 @@ impl Caches {
         let pruner = objects.clone();
         let workload_events = watcher(api::<Workload>(client, ns), watcher::Config::default().any_semantic())
             .default_backoff()
-            .modify(|mw| mw.managed_fields_mut().clear())
+            .modify(crate::slim::workload)
             .inspect(move |event| {
                 if let Ok(event) = event {
                     pruner.observe(event);
@@ -436,13 +445,6 @@ impl Caches {
             && self.pods.wait_until_ready().await.is_ok()
             && self.workloads.wait_until_ready().await.is_ok()
     }
-}
-
-/// Of a Deployment's managedFields, only the operator's own apply record: it is how drift is
-/// told from server-side normalisation (see drift.rs). The rest would only cost memory.
-fn keep_own_apply_record(d: &mut Deployment) {
-    d.managed_fields_mut()
-        .retain(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply"))
 }
 
 /// The controller a Deployment belongs to, from its controller ownerReference.
@@ -562,8 +564,9 @@ async fn lead(
     let _ = resync.send(());
     let resyncs = futures::stream::unfold(resyncs, |mut rx| async move { rx.recv().await.map(|()| ((), rx)) });
     let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
+    let (events, event_sender) = crate::events::start(client.clone(), reporter, metrics.clone());
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        events,
         client,
         metrics,
         deployments: caches.deployments.clone(),
@@ -588,6 +591,8 @@ async fn lead(
             }
         })
         .await;
+    // The controller (and with it every handle to the event queue) is gone: send what is queued.
+    event_sender.drain().await;
     info!(namespace = caches.namespace.as_deref(), "stopped reconciling");
 }
 
@@ -616,7 +621,7 @@ async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Er
                     "the operator lacks a permission it needs: {message}; grant the shipped Role (config/rbac) \
                      and verify with `mw-operator check`"
                 );
-                publish(&ctx, mw, EventType::Warning, "Forbidden", &note).instrument(span).await;
+                publish(&ctx, mw, EventType::Warning, "Forbidden", &note);
             }
         }
     }
@@ -665,7 +670,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
                 // the Deployment behind the operator's back deserves its own event.
                 if live.as_ref().is_some_and(|l| drift::same_desired(&desired, l)) {
                     let note = format!("Deployment {name} was changed outside the operator; restored");
-                    publish(ctx, mw, EventType::Normal, "DriftCorrected", &note).await;
+                    publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
                 }
                 Some(applied)
             }
@@ -703,13 +708,22 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     known.status = ctx.objects.previous_status(mw);
     let status = status::derive(&known, &observed, &now);
 
+    let mut held = None;
     if known.status.as_ref() != Some(&status) {
-        let version = write_status(ctx, namespace, name, &status).await?;
-        ctx.objects.wrote(mw, version, status.clone());
-        announce_phase_change(ctx, &known, &status).await;
+        // Details wait for more changes to fold into one write; the requeue below comes back
+        // for them if nothing else does first.
+        let wait = ctx.objects.hold_back(mw, status::urgency(known.status.as_ref(), &status));
+        if wait.is_zero() {
+            let version = write_status(ctx, namespace, name, &status).await?;
+            ctx.objects.wrote(mw, version, status.clone());
+            announce_phase_change(ctx, &known, &status);
+        } else {
+            debug!(?wait, "status details held back");
+            held = Some(wait);
+        }
     }
     let revisit = status::revisit_after(&known, &observed, &now);
-    Ok(Action::requeue([Some(RESYNC), recheck, revisit].into_iter().flatten().min().unwrap_or(RESYNC)))
+    Ok(Action::requeue([Some(RESYNC), recheck, revisit, held].into_iter().flatten().min().unwrap_or(RESYNC)))
 }
 
 /// Reason reported when the API server refuses the Deployment built from the spec.
@@ -777,7 +791,7 @@ async fn write_status(
     Ok(written.metadata.resource_version)
 }
 
-async fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {
+fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {
     let before = mw.status.as_ref().and_then(|s| s.phase);
     let Some(after) = status.phase else { return };
     if before == Some(after) {
@@ -787,27 +801,11 @@ async fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &Man
     let note = ready.map(|c| c.message.as_str()).unwrap_or(after.as_str());
     let type_ = if after == Phase::Failed { EventType::Warning } else { EventType::Normal };
     info!(from = ?before, to = ?after, "phase changed");
-    publish(ctx, mw, type_, after.as_str(), note).await;
+    publish(ctx, mw, type_, after.as_str(), note);
 }
 
-async fn publish(ctx: &Context, mw: &ManagedWorkload, type_: EventType, reason: &str, note: &str) {
-    record(ctx, &mw.object_ref(&()), type_, reason, note).await;
-}
-
-/// Events are best effort: failing to record one must not fail the reconcile.
-async fn record(ctx: &Context, object: &ObjectReference, type_: EventType, reason: &str, note: &str) {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        // The events API caps notes at 1 kB.
-        note: Some(note.chars().take(1024).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    ctx.metrics.wrote("events", "create");
-    if let Err(err) = ctx.recorder.publish(&event, object).await {
-        warn!(error = %err, "could not record event");
-    }
+fn publish(ctx: &Context, mw: &ManagedWorkload, type_: EventType, reason: &str, note: &str) {
+    ctx.events.send(mw.object_ref(&()), type_, reason, note);
 }
 
 /// An object that does not parse cannot be reconciled; say so once, on the object, and wait
@@ -815,7 +813,7 @@ async fn record(ctx: &Context, object: &ObjectReference, type_: EventType, reaso
 async fn report_invalid(ctx: &Context, guard: &Workload, invalid: &InvalidObject) -> Result<Action, Error> {
     warn!(error = %invalid.error, "cannot parse the ManagedWorkload; skipping it until it changes");
     let note = format!("the operator cannot read this object: {}", invalid.error);
-    record(ctx, &guard.object_ref(&()), EventType::Warning, "InvalidSpec", &note).await;
+    ctx.events.send(guard.object_ref(&()), EventType::Warning, "InvalidSpec", &note);
     Ok(Action::await_change())
 }
 

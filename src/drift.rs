@@ -35,6 +35,7 @@ pub fn same_desired(desired: &Deployment, live: &Deployment) -> bool {
 /// sets.
 fn owns_everything(desired: &Deployment, live: &Deployment) -> bool {
     let Some(owned) = owned_fields(live) else { return false };
+    let Some(owned) = parsed(owned) else { return false };
     let Ok(mut want) = serde_json::to_value(desired) else { return false };
     if let Value::Object(map) = &mut want {
         // Never part of a field set: the type, the identity, and status (reset on apply).
@@ -47,12 +48,21 @@ fn owns_everything(desired: &Deployment, live: &Deployment) -> bool {
             }
         }
     }
-    covers(owned, &want)
+    covers(&owned, &want)
+}
+
+/// A field set as the API server sends it, or as its JSON text (the form the operator's cache
+/// keeps it in, see slim.rs).
+fn parsed(fields: &Value) -> Option<std::borrow::Cow<'_, Value>> {
+    match fields {
+        Value::String(text) => serde_json::from_str(text).ok().map(std::borrow::Cow::Owned),
+        other => Some(std::borrow::Cow::Borrowed(other)),
+    }
 }
 
 /// The fields the operator's field manager owns through server-side apply (the main resource,
-/// not a subresource).
-pub fn owned_fields(live: &Deployment) -> Option<&Value> {
+/// not a subresource), in either form `parsed` reads.
+fn owned_fields(live: &Deployment) -> Option<&Value> {
     let entries = live.metadata.managed_fields.as_ref()?;
     let entry = entries.iter().find(|m| {
         m.manager.as_deref() == Some(FIELD_MANAGER)

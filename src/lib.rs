@@ -13,8 +13,10 @@ pub mod desired;
 pub mod drift;
 pub mod election;
 pub mod error;
+pub mod events;
 pub mod metrics;
 pub mod resource;
+pub mod slim;
 pub mod status;
 pub mod telemetry;
 

@@ -32,8 +32,9 @@ enum Command {
         /// Namespaces to watch (repeat or comma-separate). All namespaces when omitted.
         #[arg(long = "namespace", short = 'n', env = "MW_NAMESPACES", value_delimiter = ',')]
         namespaces: Vec<String>,
-        /// Reconciles running at once.
-        #[arg(long, default_value_t = 8, env = "MW_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
+        /// Reconciles running at once (per watched namespace). Reconciles mostly wait on the
+        /// API server, so this is about requests in flight, not cores.
+        #[arg(long, default_value_t = 32, env = "MW_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
         concurrency: u16,
         /// Where to serve /healthz, /readyz (ready once every watch has synced) and /metrics.
         #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]

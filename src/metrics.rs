@@ -33,6 +33,7 @@ pub struct Metrics {
     errors_by_kind: Family<Labels, Counter>,
     watch_restarts: Family<Labels, Counter>,
     api_writes: Family<Labels, Counter>,
+    events_dropped: Counter,
     workloads: Family<Labels, Gauge>,
 }
 
@@ -54,6 +55,7 @@ impl Default for Metrics {
             errors_by_kind: Family::default(),
             watch_restarts: Family::default(),
             api_writes: Family::default(),
+            events_dropped: Counter::default(),
             workloads: Family::default(),
         }
     }
@@ -106,6 +108,11 @@ impl Metrics {
         );
         r.register("api_writes", "Write requests sent to the API server, by resource and verb", m.api_writes.clone());
         r.register(
+            "events_dropped",
+            "Events dropped because too many were waiting to be sent (the API server is down or slow)",
+            m.events_dropped.clone(),
+        );
+        r.register(
             "workloads",
             "ManagedWorkloads in the watch cache, by status phase (None: no status yet)",
             m.workloads.clone(),
@@ -137,6 +144,10 @@ impl Metrics {
 
     pub fn wrote(&self, resource: &'static str, verb: &'static str) {
         self.api_writes.get_or_create(&vec![("resource", resource.to_string()), ("verb", verb.to_string())]).inc();
+    }
+
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     /// Replace the workloads-by-phase gauges with `counts` (every phase is always exported,

@@ -122,6 +122,64 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
     }
 }
 
+/// How long a status change may wait before it is written, so that the intermediate states a
+/// rollout passes through share one write instead of taking one each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Urgency {
+    /// Something a client waits on changed: write it now.
+    Now,
+    /// Only details changed: write them at most this long after the previous status write
+    /// (sooner if something urgent comes along and carries them).
+    Within(Duration),
+}
+
+/// Details of a workload in a steady phase (Running, Stopped, Failed) wait this long for more
+/// changes to fold in.
+pub const DETAIL_DELAY: Duration = Duration::from_secs(2);
+/// Details of a workload in transition (Creating, Updating, Stopping) wait longer: the
+/// transition's end is written at once and carries them, and until then they only narrate
+/// progress (replica counts, which step a rollout waits on).
+pub const DETAIL_DELAY_IN_TRANSITION: Duration = Duration::from_secs(30);
+
+/// Kubernetes' kstatus conditions, whose reason is part of what a client waits on.
+const SUMMARY: [&str; 3] = [READY, RECONCILING, STALLED];
+
+/// Whether `next` (which differs from `previous`) must be written at once. Urgent: the first
+/// status; phase, observed generation, provider id or desired replicas; a Pod IP that changes
+/// or goes; any
+/// condition's status (what `kubectl wait --for=condition` reads); a summary condition's
+/// reason or observed generation (kstatus), or one appearing. Details: replica counts,
+/// messages, a mirrored condition's reason, message, generation or first appearance, a first
+/// Pod IP.
+pub fn urgency(previous: Option<&ManagedWorkloadStatus>, next: &ManagedWorkloadStatus) -> Urgency {
+    let Some(previous) = previous else { return Urgency::Now };
+    let same_summary = previous.phase == next.phase
+        && previous.observed_generation == next.observed_generation
+        && previous.provider_id == next.provider_id
+        // A Pod IP that appears before the Pod is ready reaches clients with the phase that
+        // makes it usable (Running, written at once); one that changes or goes is stale now.
+        && (previous.pod_ip == next.pod_ip || previous.pod_ip.is_none())
+        && previous.desired_replicas == next.desired_replicas;
+    let same_conditions =
+        next.conditions.iter().all(|c| match previous.conditions.iter().find(|p| p.type_ == c.type_) {
+            Some(p) if SUMMARY.contains(&c.type_.as_str()) => {
+                p.status == c.status && p.reason == c.reason && p.observed_generation == c.observed_generation
+            }
+            // A mirrored condition newly stamped with the current generation was true of the
+            // older one too; a client waiting for the stamp gets it with the phase change the
+            // rollout ends in. A changed status would be wrong to keep.
+            Some(p) => p.status == c.status,
+            None => !SUMMARY.contains(&c.type_.as_str()),
+        }) && previous.conditions.iter().all(|p| next.conditions.iter().any(|c| c.type_ == p.type_));
+    if !(same_summary && same_conditions) {
+        return Urgency::Now;
+    }
+    match next.phase {
+        Some(Phase::Creating | Phase::Updating | Phase::Stopping) => Urgency::Within(DETAIL_DELAY_IN_TRANSITION),
+        _ => Urgency::Within(DETAIL_DELAY),
+    }
+}
+
 /// When the same world, unchanged, would derive a different status: a restarted container
 /// that is still inside its crash-loop window stops counting as a failure once the window
 /// ends, and no watch event marks that moment. None when only a change can alter the status.

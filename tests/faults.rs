@@ -57,6 +57,19 @@ impl Stopped {
         let pid = std::fs::read_to_string(state.join(format!("pids/{component}.pid"))).expect("the component's PID");
         let killed = std::process::Command::new("kill").args(["-KILL", pid.trim()]).status();
         assert!(killed.is_ok_and(|s| s.success()), "kill -KILL {component} ({pid})");
+        // A process being killed loses its /proc/PID/exe before it is gone, and the script
+        // would take it for a reused PID: wait until it has exited (or is a zombie).
+        let stat = format!("/proc/{}/stat", pid.trim());
+        let alive = || {
+            std::fs::read_to_string(&stat)
+                .ok()
+                .and_then(|s| s.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()))
+                .is_some_and(|state| !matches!(state, 'Z' | 'X'))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         // Records it as stopped (the PID file goes once the process is gone).
         control_plane("stop-component", component);
         Stopped(component)

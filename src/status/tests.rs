@@ -523,3 +523,65 @@ fn mirrored_conditions_carry_the_generation_they_reflect() {
     let s = derive_with(&fresh, Some(&d), &[]);
     assert!(s.conditions.iter().all(|c| !MIRRORED.contains(&c.type_.as_str())), "{:?}", s.conditions);
 }
+
+#[test]
+fn what_clients_wait_on_is_written_at_once_and_details_wait() {
+    let fresh = workload(DesiredState::Running, 1);
+    // The Deployment exists but its controller has not reported yet.
+    let d0 = deployment(&fresh, 1, 0, [0, 0, 0, 0]);
+    let creating = derive_with(&fresh, Some(&d0), &[]);
+    assert_eq!(urgency(None, &creating), Urgency::Now, "the first status");
+
+    // Its controller reports replica counts and its own conditions: details of a transition.
+    let mut mw = fresh.clone();
+    mw.status = Some(creating.clone());
+    let d1 = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let counted = derive_with(&mw, Some(&d1), &[pod(&d1, true, false, "")]);
+    assert_eq!(counted.phase, Some(Phase::Creating));
+    assert_ne!(counted, creating);
+    assert_eq!(urgency(Some(&creating), &counted), Urgency::Within(DETAIL_DELAY_IN_TRANSITION));
+    // The Pod runs and has an IP before it is ready: still a detail of the transition.
+    let mut addressed = counted.clone();
+    addressed.pod_ip = Some("10.0.0.5".into());
+    assert_eq!(urgency(Some(&creating), &addressed), Urgency::Within(DETAIL_DELAY_IN_TRANSITION));
+
+    // Running: the phase, Ready and the Pod IP change.
+    let d2 = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let running = derive_with(&mw, Some(&d2), &[pod(&d2, true, true, "10.0.0.5")]);
+    assert_eq!(running.phase, Some(Phase::Running));
+    assert_eq!(urgency(Some(&creating), &running), Urgency::Now);
+    assert_eq!(urgency(Some(&counted), &running), Urgency::Now);
+
+    // In a steady phase, a detail waits briefly.
+    let mut detail = running.clone();
+    detail.conditions.iter_mut().find(|c| c.type_ == "Progressing").unwrap().message = "changed".into();
+    assert_eq!(urgency(Some(&running), &detail), Urgency::Within(DETAIL_DELAY));
+
+    // Each summary field, condition status and observed generation is urgent on its own.
+    type Change = (&'static str, fn(&mut ManagedWorkloadStatus));
+    let changes: [Change; 9] = [
+        ("no pod IP", |s| s.pod_ip = None),
+        ("another pod IP", |s| s.pod_ip = Some("10.0.0.6".into())),
+        ("observed generation", |s| s.observed_generation = Some(2)),
+        ("desired replicas", |s| s.desired_replicas = 0),
+        ("a condition's status", |s| {
+            s.conditions.iter_mut().find(|c| c.type_ == "Available").unwrap().status = "False".into()
+        }),
+        ("a summary condition's generation", |s| {
+            s.conditions.iter_mut().find(|c| c.type_ == READY).unwrap().observed_generation = Some(2)
+        }),
+        ("a summary reason", |s| s.conditions.iter_mut().find(|c| c.type_ == READY).unwrap().reason = "Other".into()),
+        ("a summary condition gone", |s| s.conditions.retain(|c| c.type_ != STALLED)),
+        ("a mirrored condition gone", |s| s.conditions.retain(|c| c.type_ != "Progressing")),
+    ];
+    for (what, change) in changes {
+        let mut next = running.clone();
+        change(&mut next);
+        assert_eq!(urgency(Some(&running), &next), Urgency::Now, "{what}");
+    }
+    // A mirrored condition's reason or generation stamp is a detail.
+    let mut next = running.clone();
+    next.conditions.iter_mut().find(|c| c.type_ == "Progressing").unwrap().reason = "Other".into();
+    next.conditions.iter_mut().find(|c| c.type_ == "Available").unwrap().observed_generation = Some(2);
+    assert_eq!(urgency(Some(&running), &next), Urgency::Within(DETAIL_DELAY));
+}

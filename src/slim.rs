@@ -1,0 +1,139 @@
+//! What the operator's caches keep of each watched object: the fields `status`, `drift` and
+//! the watch mapping read, and nothing else. Every managed workload costs one cached CR, one
+//! Deployment and one Pod, so at thousands of workloads the rest (Pod specs, other managers'
+//! field records, image ids, termination logs) would be most of the operator's memory.
+//!
+//! Vectors that keep entries are shrunk: a parsed list has up to twice the room it needs, and
+//! the dropped entries' room would stay allocated.
+//!
+//! Pure functions applied to each object as it arrives from a watch (and to the Deployment an
+//! apply returns); the tests check that a trimmed object derives exactly what the full one
+//! does.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ObjectMeta};
+use kube::ResourceExt;
+use serde_json::Value;
+
+use crate::desired::{APPLIED_HASH_ANNOTATION, INSTANCE_LABEL, TEMPLATE_HASH_ANNOTATION};
+use crate::drift::FIELD_MANAGER;
+
+/// Set by client-side `kubectl apply`: a copy of the whole manifest, read by kubectl only.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// A Deployment as the operator needs it: identity and owner, the two hashes (which spec it
+/// was applied from, which pod template it runs), the operator's own server-side apply record
+/// (how drift is told apart from normalisation, see drift.rs) and the status.
+pub fn deployment(d: &mut Deployment) {
+    let template_hash = crate::desired::current_template_hash(d).map(str::to_owned);
+    d.spec = Some(DeploymentSpec {
+        template: PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                annotations: template_hash.map(|h| BTreeMap::from([(TEMPLATE_HASH_ANNOTATION.to_string(), h)])),
+                ..Default::default()
+            }),
+            spec: None,
+        },
+        ..Default::default()
+    });
+    keep(&mut d.metadata.annotations, &[APPLIED_HASH_ANNOTATION]);
+    d.metadata.labels = None;
+    let own_apply = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
+        m.manager.as_deref() == Some(FIELD_MANAGER)
+            && m.operation.as_deref() == Some("Apply")
+            && m.subresource.as_deref().is_none_or(str::is_empty)
+    };
+    let fields = d.managed_fields_mut();
+    fields.retain(own_apply);
+    fields.shrink_to_fit();
+    for entry in fields {
+        entry.time = None;
+        entry.api_version = None;
+        entry.fields_type = None;
+        // Parsed, a field set is a tree of maps about ten times the size of its text; drift.rs
+        // reads either form.
+        if let Some(FieldsV1(value)) = &mut entry.fields_v1
+            && !value.is_string()
+        {
+            *value = Value::String(value.to_string());
+        }
+    }
+    if let Some(conditions) = d.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        conditions.shrink_to_fit();
+    }
+}
+
+/// A Pod as the operator needs it: which workload and template it belongs to, whether it is
+/// going away, and the status `status::derive` reads (phase, IP, readiness, container states).
+pub fn pod(p: &mut Pod) {
+    p.spec = None;
+    p.metadata.managed_fields = None;
+    keep(&mut p.metadata.labels, &[INSTANCE_LABEL]);
+    keep(&mut p.metadata.annotations, &[TEMPLATE_HASH_ANNOTATION]);
+    p.metadata.owner_references = None;
+    p.metadata.generate_name = None;
+    p.metadata.finalizers = None;
+    let Some(status) = &mut p.status else { return };
+    if let Some(conditions) = &mut status.conditions {
+        conditions.retain(|c| c.type_ == "Ready");
+        conditions.shrink_to_fit();
+    }
+    status.host_ip = None;
+    status.host_ips = None;
+    status.pod_ips = None;
+    status.qos_class = None;
+    status.nominated_node_name = None;
+    status.resource_claim_statuses = None;
+    status.ephemeral_container_statuses = None;
+    for statuses in [&mut status.container_statuses, &mut status.init_container_statuses].into_iter().flatten() {
+        statuses.shrink_to_fit();
+        statuses.iter_mut().for_each(container);
+    }
+}
+
+/// A ManagedWorkload (parsed or not) as the operator needs it: all of it but the records of
+/// who wrote it.
+pub fn workload<K: kube::Resource>(mw: &mut K) {
+    mw.meta_mut().managed_fields = None;
+    mw.annotations_mut().remove(LAST_APPLIED);
+}
+
+/// Of a container's status, its name, restart count, readiness and states (reasons and
+/// messages of waiting, reasons and times of termination).
+fn container(cs: &mut ContainerStatus) {
+    cs.image = String::new();
+    cs.image_id = String::new();
+    cs.container_id = None;
+    cs.allocated_resources = None;
+    cs.allocated_resources_status = None;
+    cs.resources = None;
+    cs.volume_mounts = None;
+    cs.user = None;
+    for state in [&mut cs.state, &mut cs.last_state].into_iter().flatten() {
+        terminated(state);
+    }
+}
+
+/// A termination's message is the container's termination log (up to 4 KiB); only its reason
+/// is reported.
+fn terminated(state: &mut ContainerState) {
+    if let Some(t) = &mut state.terminated {
+        t.message = None;
+        t.container_id = None;
+    }
+}
+
+fn keep(map: &mut Option<BTreeMap<String, String>>, keys: &[&str]) {
+    if let Some(m) = map {
+        m.retain(|k, _| keys.contains(&k.as_str()));
+        if m.is_empty() {
+            *map = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,211 @@
+//! Objects as a control plane serves them (tests/fixtures/cluster: one workload, its
+//! Deployment and its Pod, read back with `kubectl get -o json --show-managed-fields`), and
+//! variants of them in the states status.rs tells apart: whatever the state, the trimmed
+//! objects must derive exactly what the full ones do.
+
+use super::*;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStateWaiting};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::resource::{DesiredState, ManagedWorkload};
+use crate::status::{self, Observed};
+
+fn fixture<T: serde::de::DeserializeOwned>(name: &str) -> T {
+    let text = match name {
+        "deployment" => include_str!("../../tests/fixtures/cluster/deployment.json"),
+        "pod" => include_str!("../../tests/fixtures/cluster/pod.json"),
+        _ => include_str!("../../tests/fixtures/cluster/managedworkload.json"),
+    };
+    serde_json::from_str(text).expect("a fixture that parses")
+}
+
+fn at(second: i64) -> Time {
+    Time(Timestamp::from_second(second).unwrap())
+}
+
+/// The captured Pod in the states a kubelet reports, each with the fields slim.rs drops
+/// filled in, so that dropping them is what is tested.
+fn pod_variants() -> Vec<(&'static str, Pod)> {
+    let running: Pod = fixture("pod");
+    let started = || running.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0].clone();
+    let with = |f: &dyn Fn(&mut Pod, &mut ContainerStatus)| {
+        let mut p = running.clone();
+        let mut cs = started();
+        cs.container_id = Some("containerd://0123".into());
+        cs.image_id = "docker.io/library/nginx@sha256:0123".into();
+        f(&mut p, &mut cs);
+        p.status.as_mut().unwrap().container_statuses = Some(vec![cs]);
+        p
+    };
+    let terminated = |reason: &str| ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: 1,
+            reason: Some(reason.into()),
+            message: Some("panic: the termination log, up to 4 KiB".into()),
+            container_id: Some("containerd://0123".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let waiting = |reason: &str, message: &str| ContainerState {
+        waiting: Some(ContainerStateWaiting { reason: Some(reason.into()), message: Some(message.into()) }),
+        ..Default::default()
+    };
+    vec![
+        ("running and ready", with(&|_, _| {})),
+        (
+            "crash loop, waiting",
+            with(&|_, cs| {
+                cs.restart_count = 3;
+                cs.ready = false;
+                cs.state = Some(waiting("CrashLoopBackOff", "back-off 40s restarting failed container"));
+                cs.last_state = Some(terminated("Error"));
+            }),
+        ),
+        (
+            "crash loop, running again",
+            with(&|_, cs| {
+                cs.restart_count = 4;
+                cs.last_state = Some(terminated("OOMKilled"));
+            }),
+        ),
+        (
+            "config error",
+            with(&|_, cs| {
+                cs.ready = false;
+                cs.state = Some(waiting("CreateContainerConfigError", "secret \"env\" not found"));
+            }),
+        ),
+        (
+            "not ready",
+            with(&|p, cs| {
+                cs.ready = false;
+                for c in p.status.as_mut().unwrap().conditions.as_mut().unwrap() {
+                    c.status = "False".into();
+                }
+            }),
+        ),
+        ("terminating", with(&|p, _| p.metadata.deletion_timestamp = Some(at(1_800_000_000)))),
+        (
+            "evicted",
+            with(&|p, cs| {
+                let status = p.status.as_mut().unwrap();
+                status.phase = Some("Failed".into());
+                status.reason = Some("Evicted".into());
+                status.message = Some("The node was low on resource: memory.".into());
+                cs.state = Some(terminated("Error"));
+            }),
+        ),
+    ]
+}
+
+fn workload_variants() -> Vec<(&'static str, ManagedWorkload)> {
+    let running: ManagedWorkload = fixture("managedworkload");
+    let mut stopped = running.clone();
+    stopped.spec.state = Some(DesiredState::Stopped);
+    let mut fresh = running.clone();
+    fresh.status = None;
+    let mut annotated = running.clone();
+    annotated.metadata.annotations = Some(BTreeMap::from([(LAST_APPLIED.to_string(), "{\"kind\":\"...\"}".into())]));
+    vec![("running", running), ("stopped", stopped), ("no status yet", fresh), ("kubectl-applied", annotated)]
+}
+
+fn trimmed<T: Clone>(object: &T, trim: fn(&mut T)) -> T {
+    let mut t = object.clone();
+    trim(&mut t);
+    t
+}
+
+#[test]
+fn trimmed_objects_derive_what_full_ones_do() {
+    let deployment: Deployment = fixture("deployment");
+    let slim_deployment = trimmed(&deployment, super::deployment);
+    let now = at(1_900_000_000);
+    let mut checked = 0;
+    for (w, mw) in workload_variants() {
+        let slim_mw = trimmed(&mw, super::workload);
+        for (p, pod) in pod_variants() {
+            let slim_pod = trimmed(&pod, super::pod);
+            for with_deployment in [true, false] {
+                let full =
+                    Observed { deployment: with_deployment.then_some(&deployment), pods: vec![&pod], blocked: None };
+                let slim = Observed {
+                    deployment: with_deployment.then_some(&slim_deployment),
+                    pods: vec![&slim_pod],
+                    blocked: None,
+                };
+                let case = format!("{w}, pod {p}, deployment {with_deployment}");
+                assert_eq!(status::derive(&mw, &full, &now), status::derive(&slim_mw, &slim, &now), "{case}");
+                assert_eq!(
+                    status::revisit_after(&mw, &full, &now),
+                    status::revisit_after(&slim_mw, &slim, &now),
+                    "{case}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 4 * 7 * 2);
+    let phases: std::collections::HashSet<_> = pod_variants()
+        .iter()
+        .map(|(_, pod)| {
+            let observed = Observed { deployment: Some(&slim_deployment), pods: vec![pod], blocked: None };
+            status::derive(&workload_variants()[0].1, &observed, &now).phase.map(|p| p.as_str())
+        })
+        .collect();
+    assert!(phases.len() >= 3, "the variants reach several phases: {phases:?}");
+}
+
+#[test]
+fn trimmed_deployments_judge_drift_as_full_ones_do() {
+    let mw: ManagedWorkload = fixture("managedworkload");
+    let desired = crate::desired::deployment(&mw).unwrap();
+    let live: Deployment = fixture("deployment");
+    assert!(crate::drift::up_to_date(&desired, &live), "the fixture is the Deployment applied from the fixture CR");
+    assert!(crate::drift::up_to_date(&desired, &trimmed(&live, super::deployment)));
+
+    // Someone else took over a field the operator sets: drift, in either form.
+    let mut taken = live.clone();
+    let own = taken.managed_fields_mut().iter_mut().find(|m| m.manager.as_deref() == Some(FIELD_MANAGER)).unwrap();
+    let FieldsV1(Value::Object(fields)) = own.fields_v1.as_mut().unwrap() else { panic!("a field set") };
+    let Some(Value::Object(spec)) = fields.get_mut("f:spec") else { panic!("spec fields") };
+    assert!(spec.remove("f:replicas").is_some());
+    assert!(!crate::drift::up_to_date(&desired, &taken));
+    assert!(!crate::drift::up_to_date(&desired, &trimmed(&taken, super::deployment)));
+
+    // A spec change of the CR: a different applied hash.
+    let mut changed = mw.clone();
+    changed.spec.image = "nginx:1.27".into();
+    let desired = crate::desired::deployment(&changed).unwrap();
+    assert!(!crate::drift::up_to_date(&desired, &trimmed(&live, super::deployment)));
+}
+
+#[test]
+fn trimming_keeps_identity_and_drops_the_rest() {
+    let live: Deployment = fixture("deployment");
+    let d = trimmed(&live, super::deployment);
+    assert_eq!((d.metadata.name.as_deref(), d.metadata.namespace.as_deref()), (Some("w1"), Some("default")));
+    assert_eq!(d.metadata.uid, live.metadata.uid);
+    assert_eq!(d.metadata.resource_version, live.metadata.resource_version);
+    assert_eq!(d.metadata.generation, live.metadata.generation);
+    assert_eq!(d.metadata.owner_references, live.metadata.owner_references);
+    assert_eq!(d.status, live.status);
+    assert_eq!(crate::desired::current_template_hash(&d), crate::desired::current_template_hash(&live));
+    assert!(crate::desired::current_template_hash(&d).is_some());
+    assert_eq!(crate::desired::applied_hash(&d), crate::desired::applied_hash(&live));
+    assert!(d.spec.as_ref().unwrap().template.spec.is_none(), "no pod spec");
+    assert_eq!(d.managed_fields().len(), 1, "only the operator's own apply record");
+    assert!(d.managed_fields()[0].fields_v1.as_ref().unwrap().0.is_string());
+    assert_eq!(trimmed(&d, super::deployment), d, "trimming twice changes nothing");
+
+    let full: Pod = fixture("pod");
+    let p = trimmed(&full, super::pod);
+    assert!(p.spec.is_none() && p.managed_fields().is_empty() && p.owner_references().is_empty());
+    assert_eq!(p.labels().get(INSTANCE_LABEL), full.labels().get(INSTANCE_LABEL));
+    assert_eq!(p.labels().len(), 1);
+    let status = p.status.as_ref().unwrap();
+    assert_eq!(status.pod_ip, full.status.as_ref().unwrap().pod_ip);
+    assert!(status.conditions.iter().flatten().all(|c| c.type_ == "Ready"));
+    assert_eq!(trimmed(&p, super::pod), p);
+}
