@@ -25,6 +25,7 @@ use crate::drift;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::resource::{ManagedWorkload, ManagedWorkloadStatus, Phase};
+use crate::slim::{CachedDeployment, CachedPod};
 use crate::status::{self, Blocked, Observed};
 use crate::telemetry::Health;
 
@@ -61,8 +62,8 @@ pub struct Settings {
 pub struct Context {
     client: Client,
     metrics: Arc<Metrics>,
-    deployments: Store<Deployment>,
-    pods: Store<Pod>,
+    deployments: Store<CachedDeployment>,
+    pods: Store<CachedPod>,
     /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.
     pod_index: Arc<PodIndex>,
     events: crate::events::Events,
@@ -237,11 +238,11 @@ struct PodIndex {
 }
 
 impl PodIndex {
-    fn key(pod: &Pod) -> Option<(String, String)> {
+    fn key(pod: &CachedPod) -> Option<(String, String)> {
         Some((pod.namespace()?, pod.labels().get(INSTANCE_LABEL)?.clone()))
     }
 
-    fn observe(&self, event: &watcher::Event<Pod>) {
+    fn observe(&self, event: &watcher::Event<CachedPod>) {
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         match event {
             watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
@@ -264,7 +265,7 @@ impl PodIndex {
     }
 
     /// The workload's Pods from `store`, in name order (so an unchanged world reads the same).
-    fn pods(&self, store: &Store<Pod>, namespace: &str, workload: &str) -> Vec<Arc<Pod>> {
+    fn pods(&self, store: &Store<CachedPod>, namespace: &str, workload: &str) -> Vec<Arc<CachedPod>> {
         let key = (namespace.to_string(), workload.to_string());
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         let Some(set) = names.get_mut(&key) else { return Vec::new() };
@@ -366,8 +367,8 @@ async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Er
 /// exit, leader or not, so a standby is warm when it takes over.
 struct Caches {
     namespace: Option<String>,
-    deployments: Store<Deployment>,
-    pods: Store<Pod>,
+    deployments: Store<CachedDeployment>,
+    pods: Store<CachedPod>,
     workloads: Store<Workload>,
     pod_index: Arc<PodIndex>,
     objects: Arc<PerObject>,
@@ -388,9 +389,8 @@ impl Caches {
 
         // Each cache keeps only what the operator reads of its objects (see slim.rs).
         let (deployments, writer) = reflector::store();
-        let deployment_events = watcher(api::<Deployment>(client, ns), managed.clone())
+        let deployment_events = watcher(api::<CachedDeployment>(client, ns), managed.clone())
             .default_backoff()
-            .modify(crate::slim::deployment)
             .reflect(writer)
             .touched_objects();
         let deployment_targets = targets(deployment_events, "deployments", owner_of);
@@ -398,9 +398,8 @@ impl Caches {
         let (pods, writer) = reflector::store();
         let pod_index = Arc::new(PodIndex::default());
         let indexer = pod_index.clone();
-        let pod_events = watcher(api::<Pod>(client, ns), managed)
+        let pod_events = watcher(api::<CachedPod>(client, ns), managed)
             .default_backoff()
-            .modify(crate::slim::pod)
             .inspect(move |event| {
                 if let Ok(event) = event {
                     indexer.observe(event);
@@ -408,7 +407,7 @@ impl Caches {
             })
             .reflect(writer)
             .touched_objects();
-        let pod_targets = targets(pod_events, "pods", |pod: &Pod| {
+        let pod_targets = targets(pod_events, "pods", |pod: &CachedPod| {
             let name = pod.labels().get(INSTANCE_LABEL)?;
             Some(ObjectRef::new(name).within(&pod.namespace()?))
         });
@@ -448,7 +447,7 @@ impl Caches {
 }
 
 /// The controller a Deployment belongs to, from its controller ownerReference.
-fn owner_of(deployment: &Deployment) -> Option<ObjectRef<Workload>> {
+fn owner_of(deployment: &impl Resource) -> Option<ObjectRef<Workload>> {
     let owner = deployment.owner_references().iter().find(|o| {
         o.controller == Some(true)
             && o.kind == ManagedWorkload::kind(&())
@@ -641,7 +640,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     // every watch has synced (see `run`), so "not in the cache" means "not there".
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
 
-    let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| (*d).clone());
+    let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| d.to_deployment());
     let cached = ctx.objects.newest_deployment(mw, cached);
     // Not in the (label-selected) cache: either absent, just created and not seen yet, or a
     // Deployment someone else made under this name, which must not be touched.
@@ -693,14 +692,13 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         },
     };
 
-    let pods = ctx.pod_index.pods(&ctx.pods, namespace, name);
+    let pods: Vec<Pod> = ctx.pod_index.pods(&ctx.pods, namespace, name).iter().map(|p| p.to_pod()).collect();
     let recheck = match &blocked {
         Some(b) if b.reason == REJECTED => Some(REJECTED_RECHECK),
         Some(_) => Some(CONFLICT_RECHECK),
         None => None,
     };
-    let observed =
-        Observed { deployment: observed_deployment.as_ref(), pods: pods.iter().map(AsRef::as_ref).collect(), blocked };
+    let observed = Observed { deployment: observed_deployment.as_ref(), pods: pods.iter().collect(), blocked };
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
     // Compared with what the operator last wrote, not only with the cache, which may not
     // hold that write yet: a stale cache would mean a duplicate write and phase Event.
@@ -794,7 +792,10 @@ async fn write_status(
 fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {
     let before = mw.status.as_ref().and_then(|s| s.phase);
     let Some(after) = status.phase else { return };
-    if before == Some(after) {
+    // A new workload starting is the user's own act, not news: its first Event is the phase it
+    // reaches (Running), or a failure (which is news from the start).
+    if before == Some(after) || (before.is_none() && after == Phase::Creating) {
+        debug!(to = ?after, "phase set");
         return;
     }
     let ready = status.conditions.iter().find(|c| c.type_ == status::READY);
@@ -853,6 +854,10 @@ mod tests {
     use super::*;
     use kube::runtime::reflector::store::Writer;
 
+    fn cached(namespace: &str, name: &str, instance: &str) -> CachedPod {
+        pod(namespace, name, instance).into()
+    }
+
     fn pod(namespace: &str, name: &str, instance: &str) -> Pod {
         let mut p = Pod::default();
         p.metadata.namespace = Some(namespace.into());
@@ -864,14 +869,14 @@ mod tests {
     #[test]
     fn pods_are_found_per_workload_and_forgotten_when_gone() {
         let index = PodIndex::default();
-        let mut writer: Writer<Pod> = Writer::default();
+        let mut writer: Writer<CachedPod> = Writer::default();
         let store = writer.as_reader();
         let events = [
             watcher::Event::Init,
-            watcher::Event::InitApply(pod("a", "web-2", "web")),
-            watcher::Event::InitApply(pod("a", "web-1", "web")),
-            watcher::Event::InitApply(pod("a", "db-1", "db")),
-            watcher::Event::InitApply(pod("b", "web-1", "web")),
+            watcher::Event::InitApply(cached("a", "web-2", "web")),
+            watcher::Event::InitApply(cached("a", "web-1", "web")),
+            watcher::Event::InitApply(cached("a", "db-1", "db")),
+            watcher::Event::InitApply(cached("b", "web-1", "web")),
             watcher::Event::InitDone,
         ];
         for e in &events {
@@ -882,20 +887,20 @@ mod tests {
         assert_eq!(names("a", "web"), ["web-1", "web-2"], "name order, this namespace only");
         assert_eq!(names("b", "web"), ["web-1"]);
 
-        let gone = watcher::Event::Delete(pod("a", "web-1", "web"));
+        let gone = watcher::Event::Delete(cached("a", "web-1", "web"));
         index.observe(&gone);
         writer.apply_watcher_event(&gone);
         assert_eq!(names("a", "web"), ["web-2"]);
 
         // Relabelled to another workload: found there, not here.
-        let moved = watcher::Event::Apply(pod("a", "web-2", "db"));
+        let moved = watcher::Event::Apply(cached("a", "web-2", "db"));
         index.observe(&moved);
         writer.apply_watcher_event(&moved);
         assert_eq!(names("a", "web"), Vec::<String>::new());
         assert_eq!(names("a", "db"), ["db-1", "web-2"]);
         // A deletion the watch never delivered (a gap, then a re-list without it).
         writer.apply_watcher_event(&watcher::Event::Init);
-        writer.apply_watcher_event(&watcher::Event::InitApply(pod("a", "db-1", "db")));
+        writer.apply_watcher_event(&watcher::Event::InitApply(cached("a", "db-1", "db")));
         writer.apply_watcher_event(&watcher::Event::InitDone);
         assert_eq!(names("a", "db"), ["db-1"]);
         let entries = index.names.lock().unwrap();

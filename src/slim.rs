@@ -6,14 +6,20 @@
 //! Vectors that keep entries are shrunk: a parsed list has up to twice the room it needs, and
 //! the dropped entries' room would stay allocated.
 //!
+//! Deployments and Pods are cached as `CachedDeployment` and `CachedPod`: only metadata and
+//! status, without the empty room a `Deployment` or `Pod` keeps for its spec (about 2 KiB
+//! each, allocated whether the spec is there or not). A reconcile turns them back into the
+//! Kubernetes types the pure parts (`status`, `drift`) read.
+//!
 //! Pure functions applied to each object as it arrives from a watch (and to the Deployment an
 //! apply returns); the tests check that a trimmed object derives exactly what the full one
 //! does.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod, PodTemplateSpec};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod, PodStatus, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ObjectMeta};
 use kube::ResourceExt;
 use serde_json::Value;
@@ -24,12 +30,91 @@ use crate::drift::FIELD_MANAGER;
 /// Set by client-side `kubectl apply`: a copy of the whole manifest, read by kubectl only.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// A Deployment as the operator needs it: identity and owner, the two hashes (which spec it
-/// was applied from, which pod template it runs), the operator's own server-side apply record
-/// (how drift is told apart from normalisation, see drift.rs) and the status.
-pub fn deployment(d: &mut Deployment) {
-    let template_hash = crate::desired::current_template_hash(d).map(str::to_owned);
-    d.spec = Some(DeploymentSpec {
+/// What the Deployment cache holds of each Deployment (see `deployment` for what is kept). It
+/// is read from the watch as a whole Deployment and trimmed at once.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(from = "Deployment")]
+pub struct CachedDeployment {
+    metadata: ObjectMeta,
+    /// The pod template's `template-hash` annotation.
+    template_hash: Option<String>,
+    status: Option<DeploymentStatus>,
+}
+
+impl From<Deployment> for CachedDeployment {
+    fn from(mut d: Deployment) -> Self {
+        deployment(&mut d);
+        let template_hash = crate::desired::current_template_hash(&d).map(str::to_owned);
+        CachedDeployment { metadata: d.metadata, template_hash, status: d.status }
+    }
+}
+
+impl CachedDeployment {
+    /// The trimmed Deployment, as `status` and `drift` read it.
+    pub fn to_deployment(&self) -> Deployment {
+        Deployment {
+            metadata: self.metadata.clone(),
+            spec: Some(template_only(self.template_hash.clone())),
+            status: self.status.clone(),
+        }
+    }
+}
+
+/// What the Pod cache holds of each Pod (see `pod` for what is kept).
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(from = "Pod")]
+pub struct CachedPod {
+    metadata: ObjectMeta,
+    status: Option<PodStatus>,
+}
+
+impl From<Pod> for CachedPod {
+    fn from(mut p: Pod) -> Self {
+        pod(&mut p);
+        CachedPod { metadata: p.metadata, status: p.status }
+    }
+}
+
+impl CachedPod {
+    /// The trimmed Pod, as `status` reads it.
+    pub fn to_pod(&self) -> Pod {
+        Pod { metadata: self.metadata.clone(), spec: None, status: self.status.clone() }
+    }
+}
+
+/// Cached types are watched, listed and keyed as the Kubernetes type they stand for.
+macro_rules! stands_for {
+    ($cached:ty, $kind:ty) => {
+        impl kube::Resource for $cached {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
+            fn kind(_: &()) -> Cow<'_, str> {
+                <$kind as k8s_openapi::Resource>::KIND.into()
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                <$kind as k8s_openapi::Resource>::GROUP.into()
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                <$kind as k8s_openapi::Resource>::VERSION.into()
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                <$kind as k8s_openapi::Resource>::URL_PATH_SEGMENT.into()
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+stands_for!(CachedDeployment, Deployment);
+stands_for!(CachedPod, Pod);
+
+/// A Deployment spec holding only the pod template's hash annotation.
+fn template_only(template_hash: Option<String>) -> DeploymentSpec {
+    DeploymentSpec {
         template: PodTemplateSpec {
             metadata: Some(ObjectMeta {
                 annotations: template_hash.map(|h| BTreeMap::from([(TEMPLATE_HASH_ANNOTATION.to_string(), h)])),
@@ -38,7 +123,15 @@ pub fn deployment(d: &mut Deployment) {
             spec: None,
         },
         ..Default::default()
-    });
+    }
+}
+
+/// A Deployment as the operator needs it: identity and owner, the two hashes (which spec it
+/// was applied from, which pod template it runs), the operator's own server-side apply record
+/// (how drift is told apart from normalisation, see drift.rs) and the status.
+pub fn deployment(d: &mut Deployment) {
+    let template_hash = crate::desired::current_template_hash(d).map(str::to_owned);
+    d.spec = Some(template_only(template_hash));
     keep(&mut d.metadata.annotations, &[APPLIED_HASH_ANNOTATION]);
     d.metadata.labels = None;
     let own_apply = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {

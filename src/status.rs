@@ -138,8 +138,9 @@ pub enum Urgency {
 pub const DETAIL_DELAY: Duration = Duration::from_secs(2);
 /// Details of a workload in transition (Creating, Updating, Stopping) wait longer: the
 /// transition's end is written at once and carries them, and until then they only narrate
-/// progress (replica counts, which step a rollout waits on).
-pub const DETAIL_DELAY_IN_TRANSITION: Duration = Duration::from_secs(30);
+/// progress (replica counts, which step a rollout waits on). A transition that takes longer
+/// (a slow image pull, a busy scheduler, a stuck rollout) has them refreshed once a minute.
+pub const DETAIL_DELAY_IN_TRANSITION: Duration = Duration::from_secs(60);
 
 /// Kubernetes' kstatus conditions, whose reason is part of what a client waits on.
 const SUMMARY: [&str; 3] = [READY, RECONCILING, STALLED];

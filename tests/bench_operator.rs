@@ -21,6 +21,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
+use mw_operator::desired::MANAGED_LABEL;
 use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, Phase};
 use serde_json::{Value, json};
 use support::TestNamespace;
@@ -68,8 +69,25 @@ fn plain_deployment(namespace: &str, i: usize) -> Deployment {
     let mut d = mw_operator::desired::deployment(&mw).expect("a desired Deployment");
     d.metadata.owner_references = None;
     d.metadata.annotations = None;
+    // Not the operator's label either: the operator's label-selected caches would hold the
+    // floor's Deployments and Pods, and its memory and CPU would count them.
+    let unmanaged = |labels: &mut Option<std::collections::BTreeMap<String, String>>| {
+        if let Some(labels) = labels.as_mut()
+            && labels.remove(MANAGED_LABEL).is_some()
+        {
+            labels.insert(FLOOR_LABEL.into(), "true".into());
+        }
+    };
+    unmanaged(&mut d.metadata.labels);
+    let spec = d.spec.as_mut().expect("a Deployment spec");
+    unmanaged(&mut spec.selector.match_labels);
+    unmanaged(&mut spec.template.metadata.get_or_insert_default().labels);
     d
 }
+
+/// Takes the place of the operator's managed label on the floor's objects (about as long, so
+/// the objects are about the same size).
+const FLOOR_LABEL: &str = "opensource-server.mieweb.org/benchmark";
 
 /// Run `f` over 0..n with IN_FLIGHT at once.
 async fn each<F, Fut>(n: usize, f: F)

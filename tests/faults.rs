@@ -424,7 +424,9 @@ async fn credentials_never_appear_in_output_events_or_status() {
 /// One operator through a fault: `pending` workloads changed just before it, `after` changed
 /// once it is over. Each pending change is applied exactly once, and the process never
 /// restarted.
-async fn survives(label: &str, component: &'static str, down_for: Duration) {
+/// `settle_first`: let the rollouts of the changes made before the outage finish before it
+/// starts, where kwok would otherwise stall them (see the two callers).
+async fn survives(label: &str, component: &'static str, down_for: Duration, settle_first: bool) {
     let ns = TestNamespace::new(label).await;
     let (config, _, user) = service_account_kubeconfig(&ns, "op").await;
     let mut op = Operator::start(&ns.name, &config, &scoped(&ns, &[]));
@@ -440,6 +442,9 @@ async fn survives(label: &str, component: &'static str, down_for: Duration) {
     let changed_at = Timestamp::now();
     for name in before {
         apply(&workloads, name, spec("nginx:1.27")).await.unwrap();
+    }
+    if settle_first {
+        all_converged(&ns, before, "nginx:1.27", TIMEOUT).await;
     }
     let stopped = Stopped::stop(component);
     let outage = Instant::now();
@@ -461,13 +466,20 @@ async fn survives(label: &str, component: &'static str, down_for: Duration) {
 #[tokio::test]
 #[ignore = "hack/test.sh runs these alone, after the main suite: they stop control-plane components"]
 async fn kube_apiserver_stopped_for_30_seconds() {
-    survives("apiserver-outage", "kube-apiserver", Duration::from_secs(30)).await;
+    // Changes still rolling out when it dies: kwok's watches break with it, and the re-list
+    // after the restart picks them up. (Rollouts finished before it would not do: 30 s
+    // outlasts the node-monitor grace period, kube-controller-manager marks their Pods not
+    // ready, and kwok, unlike a kubelet, never reports them ready again.)
+    survives("apiserver-outage", "kube-apiserver", Duration::from_secs(30), false).await;
 }
 
 #[tokio::test]
 #[ignore = "hack/test.sh runs these alone, after the main suite: they stop control-plane components"]
 async fn etcd_stopped_and_started_again() {
-    survives("etcd-outage", "etcd", Duration::from_secs(10)).await;
+    // Rollouts finish first: a Pod status patch kwok sends while etcd is down gets a 500, and
+    // kwok, unlike a kubelet, never retries it (its watches did not break, so nothing makes
+    // it look at that Pod again), which would stall a rollout for a reason outside the operator.
+    survives("etcd-outage", "etcd", Duration::from_secs(10), true).await;
 }
 
 #[tokio::test]

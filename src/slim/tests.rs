@@ -120,13 +120,15 @@ fn trimmed<T: Clone>(object: &T, trim: fn(&mut T)) -> T {
 #[test]
 fn trimmed_objects_derive_what_full_ones_do() {
     let deployment: Deployment = fixture("deployment");
-    let slim_deployment = trimmed(&deployment, super::deployment);
+    let slim_deployment = CachedDeployment::from(deployment.clone()).to_deployment();
+    assert_eq!(slim_deployment, trimmed(&deployment, super::deployment));
     let now = at(1_900_000_000);
     let mut checked = 0;
     for (w, mw) in workload_variants() {
         let slim_mw = trimmed(&mw, super::workload);
         for (p, pod) in pod_variants() {
-            let slim_pod = trimmed(&pod, super::pod);
+            let slim_pod = CachedPod::from(pod.clone()).to_pod();
+            assert_eq!(slim_pod, trimmed(&pod, super::pod));
             for with_deployment in [true, false] {
                 let full =
                     Observed { deployment: with_deployment.then_some(&deployment), pods: vec![&pod], blocked: None };
@@ -158,12 +160,30 @@ fn trimmed_objects_derive_what_full_ones_do() {
 }
 
 #[test]
+fn cached_objects_are_read_from_the_api_as_the_kubernetes_type_and_trimmed() {
+    use kube::Resource;
+    assert_eq!(CachedDeployment::api_version(&()), Deployment::api_version(&()));
+    assert_eq!(CachedDeployment::plural(&()), Deployment::plural(&()));
+    assert_eq!(CachedPod::kind(&()), Pod::kind(&()));
+    assert_eq!(CachedPod::plural(&()), Pod::plural(&()));
+    let d: CachedDeployment =
+        serde_json::from_str(include_str!("../../tests/fixtures/cluster/deployment.json")).unwrap();
+    assert_eq!(d, CachedDeployment::from(fixture::<Deployment>("deployment")));
+    assert_eq!(d.meta().name.as_deref(), Some("w1"));
+    let p: CachedPod = serde_json::from_str(include_str!("../../tests/fixtures/cluster/pod.json")).unwrap();
+    assert_eq!(p.to_pod(), trimmed(&fixture::<Pod>("pod"), super::pod));
+    // Room for a spec is what the cached types save.
+    assert!(std::mem::size_of::<CachedDeployment>() * 3 < std::mem::size_of::<Deployment>());
+    assert!(std::mem::size_of::<CachedPod>() * 2 < std::mem::size_of::<Pod>());
+}
+
+#[test]
 fn trimmed_deployments_judge_drift_as_full_ones_do() {
     let mw: ManagedWorkload = fixture("managedworkload");
     let desired = crate::desired::deployment(&mw).unwrap();
     let live: Deployment = fixture("deployment");
     assert!(crate::drift::up_to_date(&desired, &live), "the fixture is the Deployment applied from the fixture CR");
-    assert!(crate::drift::up_to_date(&desired, &trimmed(&live, super::deployment)));
+    assert!(crate::drift::up_to_date(&desired, &CachedDeployment::from(live.clone()).to_deployment()));
 
     // Someone else took over a field the operator sets: drift, in either form.
     let mut taken = live.clone();
