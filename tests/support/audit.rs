@@ -59,11 +59,28 @@ pub fn user_agents(user: &str, namespace: &str) -> std::collections::BTreeSet<St
     write_entries(user, namespace).iter().map(|e| e["userAgent"].as_str().unwrap_or_default().to_string()).collect()
 }
 
+/// The audit log's files, oldest first: the API server rotates `audit.log` into
+/// `audit-<time>.log` at 200 MB (a run at N = 5000 writes more than that).
+fn log_files() -> Vec<std::path::PathBuf> {
+    let dir = std::path::PathBuf::from(super::log_dir());
+    let mut rotated: Vec<_> = std::fs::read_dir(&dir)
+        .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    rotated.retain(|p| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("audit-") && n.ends_with(".log"))
+    });
+    rotated.sort();
+    rotated.push(dir.join("audit.log"));
+    rotated
+}
+
 fn write_entries(user: &str, namespace: &str) -> Vec<Value> {
-    let path = format!("{}/audit.log", super::log_dir());
-    let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("opening the audit log {path}: {e}"));
-    BufReader::new(file)
-        .lines()
+    let lines = log_files().into_iter().flat_map(|path| {
+        let file =
+            std::fs::File::open(&path).unwrap_or_else(|e| panic!("opening the audit log {}: {e}", path.display()));
+        BufReader::new(file).lines()
+    });
+    lines
         .map_while(Result::ok)
         .filter_map(|line| serde_json::from_str::<Value>(&line).ok())
         .filter(|e| e["stage"] == "ResponseComplete" && e["user"]["username"] == user)
