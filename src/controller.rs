@@ -212,9 +212,9 @@ impl PerObject {
     }
 
     #[cfg(test)]
-    fn len(&self) -> (usize, usize) {
+    fn len(&self) -> (usize, usize, usize) {
         let inner = self.lock();
-        (inner.failures.len(), inner.written.len())
+        (inner.failures.len(), inner.written.len(), inner.last_write.len())
     }
 }
 
@@ -927,7 +927,7 @@ mod tests {
         let mut caught_up = mw.clone();
         caught_up.metadata.resource_version = Some("12".into());
         assert_eq!(objects.previous_status(&caught_up), None, "the cache's own status once it has the write");
-        assert_eq!(objects.len(), (0, 0));
+        assert_eq!(objects.len(), (0, 0, 1), "the write time stays: it spaces the next detail write");
         assert!(older(Some("9"), Some("10")) && !older(Some("10"), Some("10")) && !older(Some("11"), Some("10")));
         assert!(older(Some("x"), Some("y")) && !older(Some("y"), Some("y")), "opaque versions: only equality");
     }
@@ -963,14 +963,14 @@ mod tests {
             objects.wrote(&mw, Some("2".into()), Default::default());
         }
         objects.observe(&watcher::Event::Delete(workload("u1", "2")));
-        assert_eq!(objects.len(), (2, 2));
+        assert_eq!(objects.len(), (2, 2, 2));
         // A re-list after a watch gap that hid u2's deletion.
         objects.observe(&watcher::Event::Init);
         objects.observe(&watcher::Event::InitApply(workload("u3", "1")));
         objects.observe(&watcher::Event::InitDone);
-        assert_eq!(objects.len(), (1, 1));
+        assert_eq!(objects.len(), (1, 1, 1));
         objects.succeeded(Some("u3"));
-        assert_eq!(objects.len(), (0, 1));
+        assert_eq!(objects.len(), (0, 1, 1));
     }
 
     #[test]

@@ -98,6 +98,19 @@ where
     futures::stream::iter(0..n).map(f).buffer_unordered(IN_FLIGHT).collect::<Vec<()>>().await;
 }
 
+/// Create the floor's `n` plain Deployments in `ns`, IN_FLIGHT at once.
+async fn create_floor(ns: &TestNamespace, n: usize) {
+    let deployments = ns.api::<Deployment>();
+    each(n, |i| {
+        let api = deployments.clone();
+        let d = plain_deployment(&ns.name, i);
+        async move {
+            api.create(&PostParams::default(), &d).await.expect("creating a Deployment");
+        }
+    })
+    .await;
+}
+
 /// Watch `api` until `done(obj)` holds for `n` distinct objects; the instant each first did.
 async fn until_all<K>(api: Api<K>, n: usize, done: impl Fn(&K) -> bool) -> HashMap<String, Instant>
 where
@@ -153,14 +166,7 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace) {
     let deployments = floor_ns.api::<Deployment>();
     let watch = tokio::spawn(until_all(deployments.clone(), n, deployment_available));
     let t = Instant::now();
-    each(n, |i| {
-        let api = deployments.clone();
-        let d = plain_deployment(&floor_ns.name, i);
-        async move {
-            api.create(&PostParams::default(), &d).await.expect("creating a Deployment");
-        }
-    })
-    .await;
+    create_floor(&floor_ns, n).await;
     let ready = watch.await.expect("the floor watch");
     let floor_s = ready.values().max().map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0);
     gone(floor_ns).await;
@@ -323,14 +329,7 @@ async fn operator_against_the_floor() {
         let flip_writes = total(&writes(&ns.name)) - total(&writes_before);
         let floor_ns = TestNamespace::new("floor-flips").await;
         let deployments = floor_ns.api::<Deployment>();
-        each(FLIPS, |i| {
-            let api = deployments.clone();
-            let d = plain_deployment(&floor_ns.name, i);
-            async move {
-                api.create(&PostParams::default(), &d).await.expect("creating a Deployment");
-            }
-        })
-        .await;
+        create_floor(&floor_ns, FLIPS).await;
         until_all(deployments.clone(), FLIPS, deployment_available).await;
         let floor = flips(
             deployments,
