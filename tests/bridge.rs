@@ -455,3 +455,256 @@ async fn api_server_outage() {
     bridge.stop().await;
     db.close().await;
 }
+
+/// A Sequelize-form timestamp `offset_s` seconds from now (negative: in the past).
+fn stamp(offset_s: i64) -> String {
+    let at = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(offset_s);
+    format!("{} +00:00", at.strftime("%Y-%m-%d %H:%M:%S%.3f"))
+}
+
+/// Wait until the row of `hostname` holds exactly `want` (containerId, ipv4Address, macAddress).
+async fn wait_written(db: &ManagerDb, hostname: &str, want: (Option<String>, Option<String>, Option<String>)) {
+    eventually(&format!("row {hostname} to hold {want:?}"), TIMEOUT, || async {
+        let row = db.written(hostname).await.ok_or("no row")?;
+        if row == want { Ok(()) } else { Err(format!("row holds {row:?}")) }
+    })
+    .await;
+}
+
+/// Issue 17, item 4: a row keeps no address its workload does not have. A row whose workload
+/// is gone gets NULL; a row in error still follows the workload that runs for it.
+async fn dead_addresses(engine: Engine) {
+    let ns = TestNamespace::new(&format!("bridge-dead-ip-{engine:?}")).await;
+    let db = ManagerDb::new(engine).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    // A bad row carrying an address (an imported container): nothing serves it.
+    db.insert_container("k8s-lab-1", "never-ran", None, None).await;
+    db.exec(r#"UPDATE "Containers" SET "ipv4Address" = '10.15.10.199' WHERE hostname = 'never-ran'"#).await;
+    let bridge = Bridge::start(&ns, &db, &[]).await;
+    wait_ready(&workloads, "team-wiki", Phase::Running).await;
+    wait_row(&db, &workloads, "team-wiki", true).await;
+    bridge.wait_for_line(&["row not synced", "hostname=never-ran", "reason=missing_image"], TIMEOUT).await;
+    wait_written(&db, "never-ran", (None, None, None)).await;
+
+    // team-wiki's row goes bad; its workload runs on, made from the last good row.
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET template = 'local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst', "updatedAt" = '{}'
+           WHERE hostname = 'team-wiki'"#,
+        now()
+    ))
+    .await;
+    bridge.wait_for_line(&["row not synced", "hostname=team-wiki", "reason=bad_image"], TIMEOUT).await;
+    let set_state = |state: &'static str| {
+        let workloads = workloads.clone();
+        async move {
+            workloads
+                .patch("team-wiki", &PatchParams::default(), &Patch::Merge(json!({"spec": {"state": state}})))
+                .await
+                .expect("setting spec.state");
+        }
+    };
+    // Stopped: the row in error loses the address; started again: it gets the new one.
+    set_state("Stopped").await;
+    wait_ready(&workloads, "team-wiki", Phase::Stopped).await;
+    wait_row(&db, &workloads, "team-wiki", false).await;
+    set_state("Running").await;
+    wait_ready(&workloads, "team-wiki", Phase::Running).await;
+    assert!(wait_row(&db, &workloads, "team-wiki", true).await.is_some());
+    // The workload is deleted: the row keeps its provider id, not the dead address, and a
+    // row in error is not re-created until it is fixed.
+    workloads.delete("team-wiki", &Default::default()).await.expect("deleting team-wiki");
+    wait_written(&db, "team-wiki", (Some(format!("{}/team-wiki", ns.name)), None, None)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(workloads.get_opt("team-wiki").await.unwrap().is_none(), "a row in error was re-created");
+    bridge.stop().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_dead_addresses() {
+    dead_addresses(Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_dead_addresses() {
+    dead_addresses(Engine::Postgres).await;
+}
+
+/// Issue 17, item 5: a row stamped in the future (a writer whose clock runs ahead, as the
+/// bridge's own stamps did with a fast clock) must not hide the edits that follow it until
+/// the next full resync (an hour here: only the incremental poll can see them).
+async fn future_stamps(engine: Engine) {
+    let ns = TestNamespace::new(&format!("bridge-clock-{engine:?}")).await;
+    let db = ManagerDb::new(engine).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let bridge = Bridge::spawn(
+        &ns,
+        &db,
+        &support::bridge::kubeconfig(),
+        &["--poll-interval", support::bridge::POLL, "--resync-interval", "1h", "--requests-percent", "1"],
+    )
+    .await;
+    let command = |name: &'static str, want: &'static [&'static str]| {
+        let workloads = workloads.clone();
+        async move {
+            wait_until(&workloads, name, &format!("command {want:?}"), TIMEOUT, |mw: Option<&ManagedWorkload>| {
+                mw.is_some_and(|mw| mw.spec.command == want)
+            })
+            .await;
+        }
+    };
+    command("akumar-dev", &["/sbin/init"]).await;
+    // 30 s ahead of the database's clock (and of this machine's).
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET entrypoint = 'sleep infinity', "updatedAt" = '{}' WHERE hostname = 'akumar-dev'"#,
+        stamp(30)
+    ))
+    .await;
+    command("akumar-dev", &["sleep", "infinity"]).await;
+    // An edit Manager makes now, stamped by a correct clock.
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET entrypoint = 'nginx', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
+        now()
+    ))
+    .await;
+    let started = std::time::Instant::now();
+    command("team-wiki", &["nginx"]).await;
+    assert!(started.elapsed() < Duration::from_secs(20), "seen after {:?}", started.elapsed());
+    // The bridge's own stamps are the database's clock: never in the future.
+    let future = db
+        .count(&format!(
+            r#"SELECT CAST(COUNT(*) AS BIGINT) FROM "Containers" WHERE hostname <> 'akumar-dev' AND "updatedAt" > '{}'"#,
+            stamp(2)
+        ))
+        .await;
+    assert_eq!(future, 0, "a row written back carries a stamp from the future");
+    bridge.stop().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_future_stamps() {
+    future_stamps(Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_future_stamps() {
+    future_stamps(Engine::Postgres).await;
+}
+
+/// Issue 17, item 6: pointed at another Manager database (a staging copy, a new install)
+/// with a node of the same name, the bridge refuses to delete (or replace) what it made,
+/// says so, counts it and reports not ready; with the override it proceeds.
+async fn wrong_database(engine: Engine) {
+    let ns = TestNamespace::new(&format!("bridge-wrong-db-{engine:?}")).await;
+    let right = ManagerDb::new(engine).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let first = Bridge::start(&ns, &right, &[]).await;
+    let mut made = Vec::new();
+    for name in SAMPLES {
+        let mw = wait_until(&workloads, name, "the bridge's CR", TIMEOUT, |mw: Option<&ManagedWorkload>| mw.is_some())
+            .await
+            .unwrap();
+        made.push(mw);
+    }
+    first.stop().await;
+
+    // The same hostnames and ids, but other containers (other createdAt), and one more.
+    let wrong = ManagerDb::new(engine).await;
+    wrong.exec(r#"UPDATE "Containers" SET "createdAt" = '2026-11-01 00:00:00.000 +00:00'"#).await;
+    wrong.insert_container("k8s-lab-1", "staging-only", Some("docker.io/library/redis:7"), None).await;
+    let second = Bridge::start(&ns, &wrong, &[]).await;
+    second.wait_for_line(&["sync pass failed", "refusing to delete 3 of the bridge's 3"], TIMEOUT).await;
+    assert!(second.metric("mw_bridge_deletions_refused_total").await.unwrap_or(0.0) >= 1.0);
+    let (status, _) = second.http_get("/readyz").await;
+    assert_eq!(status, 503, "not ready while deletions are refused");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for mw in &made {
+        let now = workloads.get(&mw.name_any()).await.expect("the CR is still there");
+        assert_eq!(now.uid(), mw.uid(), "{} was replaced", mw.name_any());
+    }
+    assert!(workloads.get_opt("staging-only").await.unwrap().is_none(), "the refused pass wrote nothing");
+    second.stop().await;
+
+    // The override: the deletions are meant.
+    let third = Bridge::start(&ns, &wrong, &["--max-delete-percent", "100"]).await;
+    wait_until(&workloads, "staging-only", "the new row's CR", TIMEOUT, |mw: Option<&ManagedWorkload>| mw.is_some())
+        .await;
+    for mw in &made {
+        wait_until(
+            &workloads,
+            &mw.name_any(),
+            "the CR of the new container",
+            TIMEOUT,
+            |now: Option<&ManagedWorkload>| now.is_some_and(|now| now.uid() != mw.uid()),
+        )
+        .await;
+    }
+    third.stop().await;
+    right.close().await;
+    wrong.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_wrong_database() {
+    wrong_database(Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_wrong_database() {
+    wrong_database(Engine::Postgres).await;
+}
+
+/// Issue 17, item 3 (the bridge's part): an API server connection that hangs without
+/// failing (a black hole, not a refusal) pins no pass: the pass is abandoned at its time
+/// limit, the bridge reports not ready but stays alive, and converges once it clears.
+#[tokio::test]
+async fn hung_api_server() {
+    let ns = TestNamespace::new("bridge-hung-api").await;
+    let db = ManagerDb::new(Engine::Sqlite).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let proxy = support::proxy::Proxy::start(support::proxy::api_server()).await;
+    let kubeconfig = std::path::PathBuf::from(support::log_dir()).join(format!("bridge-{}.kubeconfig", ns.name));
+    proxy.kubeconfig(&support::bridge::kubeconfig(), &kubeconfig);
+    let mut bridge = Bridge::start_with(&ns, &db, kubeconfig.to_str().unwrap(), &["--pass-timeout", "5s"]).await;
+    for name in SAMPLES {
+        wait_ready(&workloads, name, Phase::Running).await;
+    }
+
+    proxy.stall();
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "environmentVars" = '{{"CHANGED":"yes"}}', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
+        now()
+    ))
+    .await;
+    bridge.wait_for_line(&["sync pass failed", "did not finish within 5s"], Duration::from_secs(60)).await;
+    eventually("/readyz to answer 503", Duration::from_secs(30), || async {
+        let (status, _) = bridge.http_get("/readyz").await;
+        if status == 503 { Ok(()) } else { Err(format!("{status}")) }
+    })
+    .await;
+    let (status, body) = bridge.http_get("/healthz").await;
+    assert_eq!(status, 200, "the loop goes on (it retries), so it is alive: {body}");
+    assert!(bridge.alive());
+    proxy.restore();
+
+    wait_until(&workloads, "team-wiki", "the env change made while hung", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| mw.spec.env.iter().any(|e| e.name == "CHANGED"))
+    })
+    .await;
+    bridge.wait_for_line(&["sync recovered"], TIMEOUT).await;
+    eventually("/readyz to answer 200 again", TIMEOUT, || async {
+        let (status, _) = bridge.http_get("/readyz").await;
+        if status == 200 { Ok(()) } else { Err(format!("{status}")) }
+    })
+    .await;
+    // The status watch came back too: a stop made now reaches the row.
+    workloads
+        .patch("team-wiki", &PatchParams::default(), &Patch::Merge(json!({"spec": {"state": "Stopped"}})))
+        .await
+        .unwrap();
+    wait_ready(&workloads, "team-wiki", Phase::Stopped).await;
+    wait_row(&db, &workloads, "team-wiki", false).await;
+    bridge.stop().await;
+    db.close().await;
+}

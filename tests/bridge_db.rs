@@ -78,10 +78,18 @@ async fn reads_and_writes(engine: Engine) {
         ipv4_address: Some("10.244.0.10".into()),
         mac_address: None,
     };
-    let written = db.write_back(wiki, &state, Timestamp::now()).await.unwrap();
+    // Stamped by the database's clock: between its clock read just before and just after.
+    let before = parse_timestamp(&db.fingerprint(&[node]).await.unwrap().db_now).expect("the database's clock");
+    let written = db.write_back(wiki, &state).await.unwrap();
     let stamp = written.expect("a first write");
-    assert!(parse_timestamp(&stamp).is_some(), "{stamp}");
-    assert!(db.write_back(wiki, &state, Timestamp::now()).await.unwrap().is_none(), "no change, no write");
+    let after = parse_timestamp(&db.fingerprint(&[node]).await.unwrap().db_now).unwrap();
+    let stamped = parse_timestamp(&stamp).unwrap_or_else(|| panic!("{stamp}"));
+    assert!(before <= stamped && stamped <= after, "{before} <= {stamped} <= {after}");
+    assert!(
+        Timestamp::now().duration_since(stamped).abs().as_secs() < 60,
+        "the database's clock is this machine's: {stamped}"
+    );
+    assert!(db.write_back(wiki, &state).await.unwrap().is_none(), "no change, no write");
     assert_eq!(
         manager.written("team-wiki").await.unwrap(),
         (Some("ns/team-wiki".into()), Some("10.244.0.10".into()), None)
@@ -97,7 +105,7 @@ async fn reads_and_writes(engine: Engine) {
     let mut impostor = wiki.clone();
     impostor.created_at = "2020-01-01 00:00:00.000 +00:00".into();
     let other = RowState { ipv4_address: None, ..state.clone() };
-    assert!(db.write_back(&impostor, &other, Timestamp::now()).await.unwrap().is_none());
+    assert!(db.write_back(&impostor, &other).await.unwrap().is_none());
 
     // An IP another row holds: a row error (unique constraint), not a crash.
     let pg_row = &rows[1];
@@ -106,7 +114,7 @@ async fn reads_and_writes(engine: Engine) {
         ipv4_address: Some("10.244.0.10".into()),
         mac_address: None,
     };
-    match db.write_back(pg_row, &clash, Timestamp::now()).await {
+    match db.write_back(pg_row, &clash).await {
         Err(WriteBackError::Row(RowError::UniqueWriteBack { .. })) => {}
         other => panic!("expected a unique violation, got {other:?}"),
     }

@@ -52,6 +52,18 @@ impl Engine {
         }
     }
 
+    /// The database's own clock, now, in the text form of `ts`. Stamps and poll bounds come
+    /// from here, never from the bridge's clock: the bridge's clock may be off from the one
+    /// Manager's rows are stamped by, and a stamp from the future would move the watermark
+    /// past edits Manager makes meanwhile.
+    fn now(self) -> String {
+        match self {
+            Engine::Postgres => self.ts("now()"),
+            // Sequelize's form: milliseconds (%f is SS.SSS) and an explicit offset.
+            Engine::Sqlite => "(strftime('%Y-%m-%d %H:%M:%f', 'now') || ' +00:00')".to_string(),
+        }
+    }
+
     /// Parameter `n` where a timestamp is expected.
     fn ts_param(self, n: u8) -> String {
         match self {
@@ -117,10 +129,10 @@ impl Database {
     /// loop like one that goes down later. Only a malformed URL fails here.
     pub fn connect(target: &Target) -> Result<Database, BridgeError> {
         let url = target.url.trim();
-        if url_has_password(url) {
-            return Err(BridgeError::Config(
-                "the database URL holds a password; give it with --database-password-file or MW_DATABASE_PASSWORD instead".into(),
-            ));
+        if let Some(why) = url_password(url) {
+            return Err(BridgeError::Config(format!(
+                "the database URL holds a password ({why}); give it with --database-password-file or MW_DATABASE_PASSWORD instead"
+            )));
         }
         let bad_url = |e: sqlx::Error| BridgeError::Config(format!("database URL: {e}"));
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -133,10 +145,8 @@ impl Database {
             if let Some(password) = &target.password {
                 options = options.password(password);
             }
-            if matches!(options.get_ssl_mode(), PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer) {
-                tracing::warn!(
-                    "the database connection is not required to use TLS; use sslmode=verify-full in production"
-                );
+            if let Some(why) = weak_tls(options.get_ssl_mode()) {
+                tracing::warn!(sslmode = ?options.get_ssl_mode(), "{why}; use sslmode=verify-full in production");
             }
             let pool = PgPoolOptions::new()
                 .max_connections(2)
@@ -246,50 +256,50 @@ impl Database {
                  (SELECT CAST(COALESCE(SUM(id), 0) AS BIGINT) FROM "Containers" WHERE {on_nodes}) AS id_sum,
                  (SELECT {} || '/' || CAST(COUNT(*) AS TEXT) FROM "Nodes") AS nodes_updated,
                  (SELECT {} FROM "Settings" WHERE key = 'default_container_env_vars') AS settings_updated,
-                 (SELECT {} || '/' || CAST(COUNT(*) AS TEXT) FROM "ResourceRequests") AS grants_updated"#,
+                 (SELECT {} || '/' || CAST(COUNT(*) AS TEXT) FROM "ResourceRequests") AS grants_updated,
+                 {} AS db_now"#,
             e.ts(r#"MAX("updatedAt")"#),
             e.ts(r#"MAX("updatedAt")"#),
             e.ts(r#"MAX("updatedAt")"#),
+            e.now(),
         );
         on_pool!(self, pool => sqlx::query_as(&sql).fetch_one(pool).await).map_err(BridgeError::db("polling"))
     }
 
     /// Write the bridge's columns of one row, only if one of them differs (so an unchanged
     /// row keeps its `updatedAt`), and only if the row is still the container it was (same
-    /// id, node and `createdAt`). Returns the `updatedAt` written, or None when nothing was.
-    pub async fn write_back(
-        &self,
-        row: &ContainerRow,
-        state: &RowState,
-        now: Timestamp,
-    ) -> Result<Option<String>, WriteBackError> {
+    /// id, node and `createdAt`). `updatedAt` is stamped by the database's clock. Returns the
+    /// `updatedAt` written, or None when nothing was.
+    pub async fn write_back(&self, row: &ContainerRow, state: &RowState) -> Result<Option<String>, WriteBackError> {
         let e = self.engine();
         let created = match e {
-            Engine::Postgres => format!(r#""createdAt" = {}"#, e.ts_param(6)),
-            Engine::Sqlite => format!(r#"CAST("createdAt" AS TEXT) = {}"#, e.ts_param(6)),
+            Engine::Postgres => format!(r#""createdAt" = {}"#, e.ts_param(5)),
+            Engine::Sqlite => format!(r#"CAST("createdAt" AS TEXT) = {}"#, e.ts_param(5)),
         };
         let sql = format!(
             r#"UPDATE "Containers"
-               SET "containerId" = $1, "ipv4Address" = $2, "macAddress" = NULL, "updatedAt" = {}
-               WHERE id = $4 AND "nodeId" = $5 AND {created}
+               SET "containerId" = $1, "ipv4Address" = $2, "macAddress" = NULL, "updatedAt" = {now}
+               WHERE id = $3 AND "nodeId" = $4 AND {created}
                  AND ("containerId" IS DISTINCT FROM $1 OR "ipv4Address" IS DISTINCT FROM $2
-                      OR "macAddress" IS NOT NULL)"#,
-            e.ts_param(3)
+                      OR "macAddress" IS NOT NULL)
+               RETURNING {stamp}"#,
+            now = match e {
+                // A timestamptz column takes now() as it is.
+                Engine::Postgres => "now()".to_string(),
+                Engine::Sqlite => e.now(),
+            },
+            stamp = e.ts(r#""updatedAt""#),
         );
-        let updated_at = e.format(now);
-        let result = on_pool!(self, pool => sqlx::query(&sql)
+        let result = on_pool!(self, pool => sqlx::query_scalar::<_, String>(&sql)
             .bind(&state.container_id)
             .bind(&state.ipv4_address)
-            .bind(&updated_at)
             .bind(row.id)
             .bind(row.node_id)
             .bind(&row.created_at)
-            .execute(pool)
-            .await
-            .map(|r| r.rows_affected()));
+            .fetch_optional(pool)
+            .await);
         match result {
-            Ok(0) => Ok(None),
-            Ok(_) => Ok(Some(updated_at)),
+            Ok(written) => Ok(written),
             Err(sqlx::Error::Database(err)) if err.kind() == ErrorKind::UniqueViolation => {
                 Err(WriteBackError::Row(RowError::UniqueWriteBack {
                     constraint: err.constraint().unwrap_or("a unique index").to_string(),
@@ -309,16 +319,64 @@ pub enum WriteBackError {
     Bridge(BridgeError),
 }
 
-/// `scheme://user:password@host` or `?password=`: a password in the URL would end up in
-/// process listings, shell history and logs.
-fn url_has_password(url: &str) -> bool {
-    let Some((_, rest)) = url.split_once("://") else { return false };
-    let authority = rest.split(['/', '?']).next().unwrap_or("");
-    let in_userinfo = authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':'));
-    let in_query = rest.split_once('?').is_some_and(|(_, query)| {
-        query.split('&').any(|pair| pair.split('=').next().is_some_and(|k| k.eq_ignore_ascii_case("password")))
+/// Why the URL holds a password, if it does: `scheme://user:password@host`, a `?password=`
+/// parameter, or either spelled with percent-escapes (`?pass%77ord=`, `user%3Apassword@`),
+/// which sqlx decodes before use. A password in the URL ends up in process listings, shell
+/// history and logs.
+fn url_password(url: &str) -> Option<&'static str> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        if userinfo.contains(':') {
+            return Some("user:password@ in the authority");
+        }
+        // sqlx percent-decodes the user name: `mw%3Asecret` is a user:password pair too.
+        if percent_decode(userinfo).contains(':') {
+            return Some("a percent-encoded ':' in the user name");
+        }
+    }
+    let query = rest.split_once('?').map(|(_, q)| q.split('#').next().unwrap_or(q)).unwrap_or("");
+    let has_password_key = query.split('&').any(|pair| {
+        let key = pair.split('=').next().unwrap_or("");
+        // Keys are decoded as application/x-www-form-urlencoded, as sqlx reads them.
+        percent_decode(&key.replace('+', " ")).trim().eq_ignore_ascii_case("password")
     });
-    in_userinfo || in_query
+    has_password_key.then_some("a password= parameter")
+}
+
+/// Decode `%XX` escapes; anything else (a bad escape, invalid UTF-8) is kept as it is, lossily.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'?'));
+                i += 3;
+            }
+            (b, ..) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Why an sslmode is weaker than verify-full, if it is: only verify-full checks both that
+/// the server's certificate is signed by a trusted CA and that it names the host connected
+/// to; anything less lets a machine in the path read the password exchange and the rows.
+fn weak_tls(mode: PgSslMode) -> Option<&'static str> {
+    match mode {
+        PgSslMode::VerifyFull => None,
+        PgSslMode::VerifyCa => Some("sslmode=verify-ca checks the server's CA but not its host name"),
+        PgSslMode::Require => Some("sslmode=require encrypts but does not check the server's certificate"),
+        PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => {
+            Some("the database connection is not required to use TLS")
+        }
+    }
 }
 
 #[cfg(test)]
@@ -327,14 +385,45 @@ mod tests {
 
     #[test]
     fn passwords_in_urls_are_refused() {
-        assert!(url_has_password("postgres://mw:secret@db:5432/manager"));
-        assert!(url_has_password("postgres://mw@db/manager?sslmode=require&password=secret"));
-        assert!(!url_has_password("postgres://mw@db:5432/manager?sslmode=verify-full"));
-        assert!(!url_has_password("postgres://db/manager"));
-        assert!(!url_has_password("sqlite:///var/lib/manager/database.sqlite"));
+        let has = |url: &str| url_password(url).is_some();
+        assert!(has("postgres://mw:secret@db:5432/manager"));
+        assert!(has("postgres://mw@db/manager?sslmode=require&password=secret"));
+        assert!(!has("postgres://mw@db:5432/manager?sslmode=verify-full"));
+        assert!(!has("postgres://db/manager"));
+        assert!(!has("sqlite:///var/lib/manager/database.sqlite"));
         let err = Database::connect(&Target { url: "postgres://u:p@h/d".into(), password: None }).unwrap_err();
         assert!(err.to_string().contains("--database-password-file"), "{err}");
         assert!(!err.to_string().contains(":p@"), "{err}");
+    }
+
+    #[test]
+    fn percent_encoded_passwords_in_urls_are_refused() {
+        // sqlx decodes these before use: each one sets a password.
+        for url in [
+            "postgres://mw@db/manager?pass%77ord=secret",
+            "postgres://mw@db/manager?%70%61%73%73%77%6F%72%64=secret",
+            "postgres://mw@db/manager?sslmode=verify-full&PASSWORD=secret",
+            "postgres://mw%3Asecret@db/manager",
+            "postgres://mw%3asecret@db/manager",
+            "postgres://mw:p%40ss@db/manager",
+        ] {
+            assert!(url_password(url).is_some(), "{url} holds a password");
+            let err = Database::connect(&Target { url: url.into(), password: None }).unwrap_err();
+            assert!(!err.to_string().contains("secret"), "{err}");
+        }
+        // Escapes that decode to nothing of the kind are fine.
+        assert_eq!(url_password("postgres://mw%40corp@db/manager?application_name=a%3Ab"), None);
+        assert_eq!(url_password("postgres://mw@db/manager?passwordless=1"), None);
+        assert_eq!(percent_decode("a%3Ab%zz%4"), "a:b%zz%4");
+        assert_eq!(percent_decode("%E2%9C%93"), "\u{2713}");
+    }
+
+    #[test]
+    fn tls_weaker_than_verify_full_is_warned_about() {
+        assert_eq!(weak_tls(PgSslMode::VerifyFull), None);
+        for mode in [PgSslMode::VerifyCa, PgSslMode::Require, PgSslMode::Prefer, PgSslMode::Allow, PgSslMode::Disable] {
+            assert!(weak_tls(mode).is_some(), "{mode:?}");
+        }
     }
 
     #[test]

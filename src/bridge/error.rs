@@ -81,6 +81,19 @@ pub enum BridgeError {
     },
     #[error(transparent)]
     Operator(#[from] crate::error::Error),
+    /// The pass was abandoned at its time limit (`--pass-timeout`): a database or API server
+    /// connection that hangs without failing must not pin the loop.
+    #[error(
+        "the sync pass did not finish within {limit:?} and was abandoned (a hung database or API server connection?)"
+    )]
+    PassTimeout { limit: std::time::Duration },
+    /// The deletion guard (`--max-delete-percent`, `--delete-guard-minimum`) held a pass back.
+    #[error(
+        "refusing to delete {deleting} of the bridge's {owned} ManagedWorkloads in one pass (more than {max_percent}%): \
+         is this the right Manager database? If the rows really are gone, run the bridge with --max-delete-percent 100 \
+         until the pass is done"
+    )]
+    DeletionRefused { deleting: usize, owned: usize, max_percent: u32 },
 }
 
 impl BridgeError {

@@ -22,6 +22,8 @@ pub struct Metrics {
     /// Rows of served nodes the bridge tracks, and how many of them are failing.
     pub rows: Gauge,
     pub rows_failing: Gauge,
+    /// Passes whose deletions the deletion guard refused.
+    pub deletions_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -33,6 +35,7 @@ impl Default for Metrics {
             full_resync_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 16)),
             rows: Gauge::default(),
             rows_failing: Gauge::default(),
+            deletions_refused: Counter::default(),
         }
     }
 }
@@ -52,6 +55,11 @@ impl Metrics {
         r.register("full_resync_duration_seconds", "Wall time of full resyncs", m.full_resync_seconds.clone());
         r.register("rows", "Rows of served nodes tracked", m.rows.clone());
         r.register("rows_failing", "Tracked rows that currently fail to sync", m.rows_failing.clone());
+        r.register(
+            "deletions_refused",
+            "Passes refused because they would delete more than --max-delete-percent of the bridge's workloads",
+            m.deletions_refused.clone(),
+        );
         std::sync::Arc::new(m)
     }
 

@@ -65,6 +65,17 @@ pub struct BridgeArgs {
     /// API requests in flight at once while syncing.
     #[arg(long, default_value_t = 16, env = "MW_BRIDGE_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
+    /// The longest one sync pass may take; then it is abandoned (what it finished is kept)
+    /// and retried with backoff, so a hung database or API server connection cannot pin it.
+    #[arg(long, default_value = "5m", env = "MW_BRIDGE_PASS_TIMEOUT", value_parser = parse_duration)]
+    pub pass_timeout: Duration,
+    /// Refuse a pass that would delete more than this percentage of the bridge's workloads
+    /// (a wrong database makes every workload look orphaned). 100 lets every deletion through.
+    #[arg(long, default_value_t = 50, env = "MW_BRIDGE_MAX_DELETE_PERCENT", value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub max_delete_percent: u32,
+    /// A pass deleting fewer workloads than this is never refused, whatever their share.
+    #[arg(long, default_value_t = 3, env = "MW_BRIDGE_DELETE_GUARD_MINIMUM", value_parser = clap::value_parser!(u32).range(1..))]
+    pub delete_guard_minimum: u32,
 }
 
 fn parse_mapping(s: &str) -> Result<NodeMapping, String> {
@@ -115,7 +126,22 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
     namespaces.dedup();
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);
-    let health = Arc::new(crate::telemetry::Health::default());
+    let settings = Settings {
+        nodes: args.nodes.clone(),
+        field_manager: args.field_manager.clone(),
+        poll_interval: args.poll_interval,
+        resync_interval: args.resync_interval,
+        requests_percent: args.requests_percent,
+        concurrency: usize::from(args.concurrency),
+        pass_timeout: args.pass_timeout,
+        delete_guard: plan::DeleteGuard {
+            max_percent: args.max_delete_percent,
+            minimum: usize::try_from(args.delete_guard_minimum).unwrap_or(usize::MAX),
+        },
+    };
+    // /healthz fails once the loop has finished no pass for longer than a healthy one can go;
+    // the clock starts now, so a start-up that hangs (a watch that never lists) counts too.
+    let health = Arc::new(crate::telemetry::Health::with_stall_limit(sync::stall_limit(&settings)));
     crate::telemetry::serve(args.metrics_address, Arc::new(registry), health.clone())
         .await
         .map_err(|e| BridgeError::Config(format!("serving probes and metrics on {}: {e}", args.metrics_address)))?;
@@ -128,17 +154,11 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         nodes = ?args.nodes.iter().map(|m| format!("{}={}", m.node, m.namespace)).collect::<Vec<_>>(),
         poll = ?args.poll_interval,
         resync = ?args.resync_interval,
+        pass_timeout = ?args.pass_timeout,
+        max_delete_percent = args.max_delete_percent,
         field_manager = %args.field_manager,
         "bridge started"
     );
-    let settings = Settings {
-        nodes: args.nodes,
-        field_manager: args.field_manager,
-        poll_interval: args.poll_interval,
-        resync_interval: args.resync_interval,
-        requests_percent: args.requests_percent,
-        concurrency: usize::from(args.concurrency),
-    };
     let bridge = sync::Bridge::new(database, Arc::new(cluster), settings, metrics, health);
     bridge.run(changed, shutdown_signal()).await;
     Ok(())

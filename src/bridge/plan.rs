@@ -1,10 +1,14 @@
 //! What to do about one row, one CR, one write-back: pure decisions over what was observed,
 //! so every ownership rule of DESIGN §5 is unit-tested without a cluster or a database.
 
+use std::collections::HashSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::error::RowError;
-use super::mapping::{BRIDGE_HASH_ANNOTATION, Desired, ROW_CREATED_ANNOTATION, SYNCED_BY_LABEL, key_of};
+use super::mapping::{BRIDGE_HASH_ANNOTATION, Desired, ROW_CREATED_ANNOTATION, SECRET_SUFFIX, SYNCED_BY_LABEL, key_of};
 use super::rows::{RowKey, RowState};
 use crate::resource::{ManagedWorkload, Phase};
 
@@ -123,6 +127,62 @@ pub fn row_state(mw: &ManagedWorkload) -> RowState {
         ipv4_address: if running { status.and_then(|s| s.pod_ip.clone()) } else { None },
         mac_address: None,
     }
+}
+
+/// What the row's written-back columns should hold, given the CR of ours that stands for it
+/// (`None`: there is none). A row in error whose workload still exists gets that workload's
+/// address; a row with no workload gets no address (Pod IPs are reused quickly: a stale one
+/// would send the container's traffic to whichever Pod gets the IP next). The provider id
+/// stays: it is the name the workload has or will have again.
+pub fn write_back_target(cr: Option<&ManagedWorkload>, written: &RowState) -> RowState {
+    match cr {
+        Some(cr) => row_state(cr),
+        None => RowState { container_id: written.container_id.clone(), ipv4_address: None, mac_address: None },
+    }
+}
+
+/// The deletion guard: a pass may delete up to `minimum - 1` workloads at any rate, and more
+/// only while they are at most `max_percent` of the bridge's workloads. A wrong database
+/// (restored, staging, new, with a node of the same name) makes every workload look
+/// orphaned; a real clean-up rarely removes most workloads at once, and can be let through
+/// with `max_percent` 100.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeleteGuard {
+    pub max_percent: u32,
+    pub minimum: usize,
+}
+
+impl DeleteGuard {
+    /// May one pass delete `deleting` of the `owned` workloads this bridge made?
+    pub fn allows(&self, deleting: usize, owned: usize) -> bool {
+        deleting < self.minimum || deleting.saturating_mul(100) <= owned.saturating_mul(self.max_percent as usize)
+    }
+}
+
+/// The env Secrets of this bridge that lost their way: labelled by `field_manager`, owned by
+/// nothing, created before `created_before`, and with no ManagedWorkload of the matching name
+/// in their namespace (a crash between writing the Secret and the CR). `workloads` are the
+/// (namespace, name) of the CRs that exist. Linear: one set of names, one look-up per Secret.
+pub fn orphan_secrets<'a>(
+    secrets: impl IntoIterator<Item = &'a ObjectMeta>,
+    workloads: impl IntoIterator<Item = (String, String)>,
+    field_manager: &str,
+    created_before: Timestamp,
+) -> Vec<&'a ObjectMeta> {
+    let expected: HashSet<(String, String)> =
+        workloads.into_iter().map(|(ns, name)| (ns, format!("{name}{SECRET_SUFFIX}"))).collect();
+    secrets
+        .into_iter()
+        .filter(|meta| {
+            meta.owner_references.as_ref().is_none_or(Vec::is_empty)
+                && meta.labels.as_ref().and_then(|l| l.get(SYNCED_BY_LABEL)).map(String::as_str) == Some(field_manager)
+                && meta.creation_timestamp.as_ref().is_some_and(|t| t.0 < created_before)
+        })
+        .filter(|meta| match (&meta.namespace, &meta.name) {
+            (Some(ns), Some(name)) => !expected.contains(&(ns.clone(), name.clone())),
+            _ => false,
+        })
+        .collect()
 }
 
 /// Where a row's CR belongs now: the row's `createdAt`, namespace and hostname.
@@ -301,6 +361,76 @@ mod tests {
         );
         mw.status.as_mut().unwrap().phase = Some(Phase::Stopped);
         assert_eq!(row_state(&mw).ipv4_address, None);
+    }
+
+    #[test]
+    fn rows_without_a_live_workload_get_no_address() {
+        let written = RowState {
+            container_id: Some("ns/app".into()),
+            ipv4_address: Some("10.244.0.9".into()),
+            mac_address: Some("aa:bb:cc:dd:ee:ff".into()),
+        };
+        assert_eq!(
+            write_back_target(None, &written),
+            RowState { container_id: Some("ns/app".into()), ipv4_address: None, mac_address: None },
+            "no workload: the dead address goes, the provider id stays"
+        );
+        let mut mw = desired().workload;
+        mw.status = Some(ManagedWorkloadStatus {
+            phase: Some(Phase::Running),
+            provider_id: Some("ns/app".into()),
+            pod_ip: Some("10.244.0.10".into()),
+            ..Default::default()
+        });
+        assert_eq!(write_back_target(Some(&mw), &written).ipv4_address.as_deref(), Some("10.244.0.10"));
+    }
+
+    #[test]
+    fn the_deletion_guard() {
+        let guard = DeleteGuard { max_percent: 50, minimum: 3 };
+        assert!(guard.allows(0, 0));
+        assert!(guard.allows(2, 2), "below the minimum, any share");
+        assert!(guard.allows(5, 10), "half is allowed");
+        assert!(!guard.allows(6, 10));
+        assert!(!guard.allows(3, 3), "every workload at once: refused");
+        assert!(!guard.allows(3, 0), "more than it owns (a stale count): refused");
+        assert!(DeleteGuard { max_percent: 100, minimum: 3 }.allows(1000, 1000), "100 lets everything through");
+        assert!(!DeleteGuard { max_percent: 0, minimum: 1 }.allows(1, 1000));
+    }
+
+    #[test]
+    fn orphan_secrets_linear_and_exact() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+        let old = Timestamp::UNIX_EPOCH;
+        let cutoff = Timestamp::from_second(1_000_000).unwrap();
+        let meta = |ns: &str, name: &str, fm: &str, at: Timestamp, owned: bool| ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            labels: Some([(SYNCED_BY_LABEL.to_string(), fm.to_string())].into()),
+            creation_timestamp: Some(Time(at)),
+            owner_references: owned.then(|| vec![OwnerReference::default()]),
+            ..Default::default()
+        };
+        let secrets = [
+            meta("a", "x-manager-env", "mw-bridge", old, false), // its CR exists
+            meta("b", "x-manager-env", "mw-bridge", old, false), // CR x is in another namespace
+            meta("a", "y-manager-env", "mw-bridge", old, true),  // owned: goes by garbage collection
+            meta("a", "z-manager-env", "other", old, false),     // another bridge's
+            meta("a", "w-manager-env", "mw-bridge", cutoff, false), // too young
+        ];
+        let orphans = orphan_secrets(&secrets, [("a".to_string(), "x".to_string())], "mw-bridge", cutoff);
+        assert_eq!(orphans.len(), 1);
+        assert_eq!((orphans[0].namespace.as_deref(), orphans[0].name.as_deref()), (Some("b"), Some("x-manager-env")));
+
+        // 40,000 workloads and Secrets: linear is milliseconds, workloads × Secrets would be
+        // 1.6 billion name comparisons.
+        let n = 40_000;
+        let many: Vec<ObjectMeta> =
+            (0..n).map(|i| meta("a", &format!("w{i}{SECRET_SUFFIX}"), "mw-bridge", old, false)).collect();
+        let started = std::time::Instant::now();
+        let orphans = orphan_secrets(&many, (1..n).map(|i| ("a".to_string(), format!("w{i}"))), "mw-bridge", cutoff);
+        assert_eq!(orphans.iter().map(|m| m.name.as_deref()).collect::<Vec<_>>(), [Some("w0-manager-env")]);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
     }
 
     impl Plan {

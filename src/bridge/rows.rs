@@ -122,4 +122,7 @@ pub struct Fingerprint {
     pub nodes_updated: Option<String>,
     pub settings_updated: Option<String>,
     pub grants_updated: Option<String>,
+    /// The database's clock when the fingerprint was read (`Engine::ts` form): the bound of
+    /// the incremental poll that follows.
+    pub db_now: String,
 }

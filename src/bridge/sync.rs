@@ -26,7 +26,7 @@ use super::env::{self, DefaultEnv};
 use super::error::{BridgeError, RowError};
 use super::mapping::{self, Context, Desired, SYNCED_BY_LABEL};
 use super::metrics::Metrics;
-use super::plan::{self, Existing, Plan};
+use super::plan::{self, DeleteGuard, Existing, Plan};
 use super::rows::{ContainerRow, Fingerprint, Grants, RowKey};
 use crate::telemetry::Health;
 
@@ -57,6 +57,17 @@ pub struct Settings {
     pub requests_percent: u32,
     /// API requests in flight at once during a pass.
     pub concurrency: usize,
+    /// The longest one pass (or one write-back) may take before it is abandoned and retried.
+    pub pass_timeout: Duration,
+    /// How many workloads one pass may delete.
+    pub delete_guard: DeleteGuard,
+}
+
+/// The longest a healthy loop goes without finishing a pass or a write-back: one that runs
+/// into its time limit, then the longest backoff with its jitter (or a poll interval), twice
+/// over for room. Beyond it `/healthz` reports the loop stalled.
+pub fn stall_limit(settings: &Settings) -> Duration {
+    (settings.pass_timeout + BACKOFF_MAX.mul_f64(1.2).max(settings.poll_interval)) * 2
 }
 
 /// What the bridge remembers of one row.
@@ -86,7 +97,13 @@ pub struct Bridge {
     grants: Grants,
     rows: HashMap<RowKey, Tracked>,
     unmapped: HashSet<RowKey>,
+    /// Rows updated at or after this (less `OVERLAP`) are read by the next incremental poll:
+    /// the newest `updatedAt` seen, but never later than the database's clock at the read,
+    /// so a row stamped in the future (a writer whose clock runs ahead) cannot move it past
+    /// the edits that follow.
     watermark: Option<Timestamp>,
+    /// The database's clock at the start of the current pass.
+    db_now: Option<Timestamp>,
     fingerprint: Option<Fingerprint>,
     next_full: Instant,
     metrics: Arc<Metrics>,
@@ -120,6 +137,7 @@ impl Bridge {
             rows: HashMap::new(),
             unmapped: HashSet::new(),
             watermark: None,
+            db_now: None,
             fingerprint: None,
             next_full: Instant::now(),
             metrics,
@@ -137,6 +155,7 @@ impl Bridge {
                 _ = &mut shutdown => break,
                 _ = tokio::time::sleep_until(next_poll) => {
                     let result = self.poll().instrument(info_span!("poll")).await;
+                    self.health.beat();
                     next_poll = Instant::now() + match result {
                         Ok(()) => {
                             if failures > 0 {
@@ -156,9 +175,14 @@ impl Bridge {
                 _ = changed.notified(), if failures == 0 => {
                     // Coalesce a burst of status changes into one pass.
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    if let Err(err) = self.write_back().await {
+                    let limit = self.settings.pass_timeout;
+                    let result = tokio::time::timeout(limit, self.write_back())
+                        .await
+                        .unwrap_or(Err(BridgeError::PassTimeout { limit }));
+                    if let Err(err) = result {
                         warn!(error = %err, "writing back to Manager failed; retrying on the next poll");
                     }
+                    self.health.beat();
                 }
             }
         }
@@ -173,7 +197,14 @@ impl Bridge {
 
     /// One pass: find changes, sync pending rows, write back.
     async fn poll(&mut self) -> Result<(), BridgeError> {
-        let result = self.pass().await;
+        // Bounded: a connection that hangs without failing (no reply, no reset) would
+        // otherwise pin the pass, and with it every row, forever. Whatever the pass finished
+        // is kept (rows are recorded per chunk); the rest stays pending for the next.
+        let limit = self.settings.pass_timeout;
+        let result = tokio::time::timeout(limit, self.pass()).await.unwrap_or(Err(BridgeError::PassTimeout { limit }));
+        if matches!(result, Err(BridgeError::DeletionRefused { .. })) {
+            self.metrics.deletions_refused.inc();
+        }
         self.metrics.pass(result.is_ok());
         let failing = self.rows.values().filter(|t| t.error.is_some() || t.write_back_error.is_some()).count();
         self.metrics.rows.set(i64::try_from(self.rows.len()).unwrap_or(i64::MAX));
@@ -187,6 +218,7 @@ impl Bridge {
     async fn pass(&mut self) -> Result<(), BridgeError> {
         let started = Instant::now();
         let fingerprint = self.db.fingerprint(&self.served_ids()).await?;
+        self.db_now = db::parse_timestamp(&fingerprint.db_now);
         let mut full = Instant::now() >= self.next_full || self.outside_containers_changed(&fingerprint);
         if !full {
             self.incremental().await?;
@@ -196,6 +228,17 @@ impl Bridge {
         }
         if full {
             self.full_resync().await?;
+            // Before anything is written: a pass that would delete most of what the bridge
+            // made is more likely a wrong database than a clean-up. Nothing of it is done
+            // (replacing a CR is a deletion too), and the bridge says so until it is fixed.
+            let (deleting, owned) = (self.orphans().len(), self.owned());
+            if !self.settings.delete_guard.allows(deleting, owned) {
+                return Err(BridgeError::DeletionRefused {
+                    deleting,
+                    owned,
+                    max_percent: self.settings.delete_guard.max_percent,
+                });
+            }
         }
         self.fingerprint = Some(fingerprint);
         self.sync_pending().await?;
@@ -314,7 +357,7 @@ impl Bridge {
     /// when `recheck` (a full resync compares every row with the cluster again).
     fn track(&mut self, row: ContainerRow, recheck: bool) {
         if let Some(at) = db::parse_timestamp(&row.updated_at) {
-            self.watermark = Some(self.watermark.map_or(at, |w| w.max(at)));
+            self.watermark = advance(self.watermark, at, self.db_now);
         }
         let Some(namespace) = self.served.get(&row.node_id).cloned() else { return };
         let mut moved = false;
@@ -475,9 +518,9 @@ impl Bridge {
         transient
     }
 
-    /// Delete the CRs this bridge made whose row is gone, and Secrets it wrote whose CR never
-    /// came (a crash between the two writes).
-    async fn collect_orphans(&mut self) -> Result<(), BridgeError> {
+    /// The CRs this bridge made whose row is gone (or belongs elsewhere now): (namespace,
+    /// name, uid, row).
+    fn orphans(&self) -> Vec<(String, String, String, Option<RowKey>)> {
         let fm = &self.settings.field_manager;
         let target = |key: RowKey| {
             self.rows.get(&key).map(|t| plan::RowTarget {
@@ -486,41 +529,55 @@ impl Bridge {
                 name: t.row.hostname.clone(),
             })
         };
+        let mut orphans = Vec::new();
         for mw in self.cluster.workloads() {
             let existing = Existing::of(&mw, fm);
             if !plan::is_orphan(&existing, |node| self.served.contains_key(&node), target) {
                 continue;
             }
-            let (Some(ns), Some(uid)) = (mw.namespace(), existing.uid.as_deref()) else { continue };
-            info!(namespace = %ns, name = %mw.name_any(), row = ?existing.key, "row is gone; deleting its ManagedWorkload");
-            self.cluster.delete_workload(&ns, &mw.name_any(), uid).await.map_err(|source| BridgeError::Kube {
-                operation: format!("deleting ManagedWorkload {ns}/{}", mw.name_any()),
+            if let (Some(ns), Some(uid)) = (mw.namespace(), existing.uid) {
+                orphans.push((ns, mw.name_any(), uid, existing.key));
+            }
+        }
+        orphans
+    }
+
+    /// How many CRs of this bridge stand for rows of the nodes it serves: what the deletion
+    /// guard's share is of.
+    fn owned(&self) -> usize {
+        let fm = &self.settings.field_manager;
+        self.cluster
+            .workloads()
+            .iter()
+            .filter(|mw| plan::made_for(mw, fm).is_some_and(|(key, _)| self.served.contains_key(&key.node_id)))
+            .count()
+    }
+
+    /// Delete the CRs this bridge made whose row is gone, and Secrets it wrote whose CR never
+    /// came (a crash between the two writes).
+    async fn collect_orphans(&mut self) -> Result<(), BridgeError> {
+        for (ns, name, uid, key) in self.orphans() {
+            info!(namespace = %ns, name = %name, row = ?key, "row is gone; deleting its ManagedWorkload");
+            self.cluster.delete_workload(&ns, &name, &uid).await.map_err(|source| BridgeError::Kube {
+                operation: format!("deleting ManagedWorkload {ns}/{name}"),
                 source,
             })?;
         }
         let grace = k8s_openapi::jiff::Timestamp::now()
             .saturating_sub(SignedDuration::from_mins(5))
             .unwrap_or(Timestamp::UNIX_EPOCH);
-        for secret in self.cluster.secrets() {
-            let meta = &secret.metadata;
-            let orphaned = meta.owner_references.as_ref().is_none_or(Vec::is_empty)
-                && meta.labels.as_ref().and_then(|l| l.get(SYNCED_BY_LABEL)) == Some(fm)
-                && meta.creation_timestamp.as_ref().is_some_and(|t| t.0 < grace);
-            if !orphaned {
-                continue;
-            }
+        let secrets = self.cluster.secrets();
+        let workloads = self.cluster.workloads();
+        let names = workloads.iter().filter_map(|mw| Some((mw.namespace()?, mw.name_any())));
+        let orphaned =
+            plan::orphan_secrets(secrets.iter().map(|s| &s.metadata), names, &self.settings.field_manager, grace);
+        for meta in orphaned {
             let (Some(ns), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid) else { continue };
-            let owner_exists = self.cluster.workloads().iter().any(|mw| {
-                mw.namespace().as_deref() == Some(ns.as_str())
-                    && format!("{}{}", mw.name_any(), mapping::SECRET_SUFFIX) == *name
-            });
-            if !owner_exists {
-                info!(namespace = %ns, name = %name, "deleting an env Secret whose ManagedWorkload was never created");
-                self.cluster.delete_secret(ns, name, uid).await.map_err(|source| BridgeError::Kube {
-                    operation: format!("deleting Secret {ns}/{name}"),
-                    source,
-                })?;
-            }
+            info!(namespace = %ns, name = %name, "deleting an env Secret whose ManagedWorkload was never created");
+            self.cluster
+                .delete_secret(ns, name, uid)
+                .await
+                .map_err(|source| BridgeError::Kube { operation: format!("deleting Secret {ns}/{name}"), source })?;
         }
         Ok(())
     }
@@ -530,26 +587,23 @@ impl Bridge {
         let fm = self.settings.field_manager.clone();
         let stale_after = Instant::now() - ROW_RETRY;
         for (key, t) in self.rows.iter_mut() {
-            if t.error.is_some() {
-                continue;
-            }
+            // Also for a row in error: its workload (made from an earlier, good version of
+            // the row) may still run, and the row must follow it, not keep its last address.
             let cr = self
                 .cluster
                 .workload(&t.namespace, &t.row.hostname)
                 .filter(|mw| plan::made_for(mw, &fm) == Some((*key, Some(t.row.created_at.as_str()))));
-            let Some(cr) = cr else {
-                // Synced a while ago and gone now: deleted by hand. Create it again.
-                if !t.pending && t.synced_at.is_some_and(|at| at < stale_after) {
-                    info!(row = %key, hostname = %t.row.hostname, "ManagedWorkload is gone but its row is not; creating it again");
-                    t.pending = true;
-                }
-                continue;
-            };
-            let target = plan::row_state(&cr);
+            // Synced a while ago and gone now: deleted by hand. Create it again (a row in
+            // error waits for its fix instead).
+            if cr.is_none() && t.error.is_none() && !t.pending && t.synced_at.is_some_and(|at| at < stale_after) {
+                info!(row = %key, hostname = %t.row.hostname, "ManagedWorkload is gone but its row is not; creating it again");
+                t.pending = true;
+            }
+            let target = plan::write_back_target(cr.as_deref(), &t.row.written());
             if target == t.row.written() {
                 continue;
             }
-            match self.db.write_back(&t.row, &target, Timestamp::now()).await {
+            match self.db.write_back(&t.row, &target).await {
                 Ok(written) => {
                     if let Some(updated_at) = written {
                         info!(row = %key, hostname = %t.row.hostname, container_id = ?target.container_id, ipv4_address = ?target.ipv4_address, "wrote back to Manager");
@@ -714,6 +768,13 @@ fn classify(err: kube::Error, operation: String) -> Failure {
     }
 }
 
+/// The watermark after seeing a row updated at `seen`: the newest seen, but capped at the
+/// database's clock (`db_now`, when known), so a future stamp never moves it past now.
+fn advance(watermark: Option<Timestamp>, seen: Timestamp, db_now: Option<Timestamp>) -> Option<Timestamp> {
+    let seen = db_now.map_or(seen, |now| seen.min(now));
+    Some(watermark.map_or(seen, |w| w.max(seen)))
+}
+
 /// 1 s, 2 s, 4 s … capped at 60 s, with up to 20 % jitter so bridges restarted together do
 /// not retry in step.
 fn backoff(failures: u32) -> Duration {
@@ -734,5 +795,33 @@ mod tests {
         let fourth = backoff(4);
         assert!(fourth >= Duration::from_secs(8) && fourth <= Duration::from_millis(9600), "{fourth:?}");
         assert!(backoff(u32::MAX) <= BACKOFF_MAX.mul_f64(1.2));
+    }
+
+    #[test]
+    fn future_stamps_never_move_the_watermark_past_the_database_clock() {
+        let t = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        assert_eq!(advance(None, t(0), Some(t(5))), Some(t(0)));
+        assert_eq!(advance(Some(t(0)), t(3), Some(t(5))), Some(t(3)), "moves forward");
+        assert_eq!(advance(Some(t(3)), t(1), Some(t(5))), Some(t(3)), "never back");
+        assert_eq!(advance(Some(t(3)), t(3600), Some(t(5))), Some(t(5)), "a future row: capped at the database's now");
+        assert_eq!(advance(None, t(30), Some(t(0))), Some(t(0)));
+        assert_eq!(advance(Some(t(3)), t(9), None), Some(t(9)), "no clock known: as seen");
+    }
+
+    #[test]
+    fn the_stall_limit_outlasts_a_timed_out_pass_and_the_longest_backoff() {
+        let settings = Settings {
+            nodes: vec![],
+            field_manager: "mw-bridge".into(),
+            poll_interval: Duration::from_secs(2),
+            resync_interval: Duration::from_secs(300),
+            requests_percent: 100,
+            concurrency: 16,
+            pass_timeout: Duration::from_secs(300),
+            delete_guard: DeleteGuard { max_percent: 50, minimum: 3 },
+        };
+        let limit = stall_limit(&settings);
+        assert!(limit > settings.pass_timeout + backoff(u32::MAX), "{limit:?}");
+        assert_eq!(limit, Duration::from_secs(744));
     }
 }

@@ -91,7 +91,14 @@ impl Bridge {
     /// the connection and node flags (the benchmark runs it with its defaults).
     pub async fn spawn(ns: &TestNamespace, db: &ManagerDb, kubeconfig: &str, args: &[&str]) -> Bridge {
         grant(ns).await;
-        let log = PathBuf::from(super::log_dir()).join(format!("bridge-{}.log", ns.name));
+        // One log per bridge process, so a second bridge in a test is not read from the first's.
+        let dir = PathBuf::from(super::log_dir());
+        let log = (1..)
+            .map(|n| {
+                dir.join(if n == 1 { format!("bridge-{}.log", ns.name) } else { format!("bridge-{}-{n}.log", ns.name) })
+            })
+            .find(|path| !path.exists())
+            .expect("a free log name");
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("opening the bridge log");
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_mw-operator"));
         cmd.arg("bridge")
