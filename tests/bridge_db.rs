@@ -142,3 +142,22 @@ async fn postgres_refuses_an_unverified_server() {
     let text = format!("{err:?}");
     assert!(text.to_lowercase().contains("certificate") || text.to_lowercase().contains("tls"), "{text}");
 }
+
+#[tokio::test]
+async fn postgres_password_is_used_as_given_never_decoded() {
+    // A password that looks percent-encoded ("%41" is "A" in a URL) and has URL delimiters:
+    // from the file (or MW_DATABASE_PASSWORD) it is the password itself, byte for byte.
+    let manager = ManagerDb::new(Engine::Postgres).await;
+    let role = format!("mw_pct_{}", std::process::id());
+    let password = "p%41ss:w@rd/?#%zz";
+    manager
+        .exec(&format!(r#"CREATE ROLE {role} LOGIN PASSWORD '{password}'; GRANT SELECT ON "Nodes" TO {role}"#))
+        .await;
+    let url = manager.url.replacen("postgres://mw@", &format!("postgres://{role}@"), 1);
+    let db = Database::connect(&Target { url: url.clone(), password: Some(password.into()) }).unwrap();
+    db.kubernetes_nodes().await.expect("the password as given logs in");
+    let decoded = Database::connect(&Target { url, password: Some("pAss:w@rd/?#%zz".into()) }).unwrap();
+    assert!(decoded.kubernetes_nodes().await.is_err(), "the decoded form is another password");
+    manager.exec(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).await;
+    manager.close().await;
+}
