@@ -554,13 +554,17 @@ async fn future_stamps(engine: Engine) {
         }
     };
     command("akumar-dev", &["/sbin/init"]).await;
-    // 30 s ahead of the database's clock (and of this machine's).
+    // A row stamped 30 s ahead of the database's clock (and of this machine's). A row in
+    // error, so that no write-back re-stamps it: the bridge reads it and reports it.
+    let insert = support::manager::insert_container_sql("k8s-lab-1", "from-the-future", None, None);
     db.exec(&format!(
-        r#"UPDATE "Containers" SET entrypoint = 'sleep infinity', "updatedAt" = '{}' WHERE hostname = 'akumar-dev'"#,
+        r#"BEGIN; {insert}; UPDATE "Containers" SET "updatedAt" = '{}' WHERE hostname = 'from-the-future'; COMMIT"#,
         stamp(30)
     ))
     .await;
-    command("akumar-dev", &["sleep", "infinity"]).await;
+    bridge.wait_for_line(&["row not synced", "hostname=from-the-future", "reason=missing_image"], TIMEOUT).await;
+    // Read at least once more with its future stamp (polls are 300 ms apart).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     // An edit Manager makes now, stamped by a correct clock.
     db.exec(&format!(
         r#"UPDATE "Containers" SET entrypoint = 'nginx', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
@@ -573,7 +577,7 @@ async fn future_stamps(engine: Engine) {
     // The bridge's own stamps are the database's clock: never in the future.
     let future = db
         .count(&format!(
-            r#"SELECT CAST(COUNT(*) AS BIGINT) FROM "Containers" WHERE hostname <> 'akumar-dev' AND "updatedAt" > '{}'"#,
+            r#"SELECT CAST(COUNT(*) AS BIGINT) FROM "Containers" WHERE hostname <> 'from-the-future' AND "updatedAt" > '{}'"#,
             stamp(2)
         ))
         .await;
