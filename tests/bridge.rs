@@ -509,7 +509,18 @@ async fn dead_addresses(engine: Engine) {
     wait_row(&db, &workloads, "team-wiki", false).await;
     set_state("Running").await;
     wait_ready(&workloads, "team-wiki", Phase::Running).await;
-    assert!(wait_row(&db, &workloads, "team-wiki", true).await.is_some());
+    // The Pod IP reaches the status a little after the phase (details wait in transition).
+    eventually("team-wiki's row to hold its new Pod IP", TIMEOUT, || async {
+        let mw = workloads.get("team-wiki").await.map_err(|e| e.to_string())?;
+        let pod_ip = mw.status.as_ref().and_then(|s| s.pod_ip.clone()).ok_or("no Pod IP in the status yet")?;
+        let row = db.written("team-wiki").await.ok_or("no row")?;
+        if phase_of(&mw) == Some(Phase::Running) && row.1.as_deref() == Some(pod_ip.as_str()) {
+            Ok(())
+        } else {
+            Err(format!("row holds {row:?}, the CR {:?} {pod_ip}", phase_of(&mw)))
+        }
+    })
+    .await;
     // The workload is deleted: the row keeps its provider id, not the dead address, and a
     // row in error is not re-created until it is fixed.
     workloads.delete("team-wiki", &Default::default()).await.expect("deleting team-wiki");
