@@ -228,17 +228,22 @@ impl Bridge {
         }
         if full {
             self.full_resync().await?;
-            // Before anything is written: a pass that would delete most of what the bridge
-            // made is more likely a wrong database than a clean-up. Nothing of it is done
-            // (replacing a CR is a deletion too), and the bridge says so until it is fixed.
-            let (deleting, owned) = (self.orphans().len(), self.owned());
-            if !self.settings.delete_guard.allows(deleting, owned) {
-                return Err(BridgeError::DeletionRefused {
-                    deleting,
-                    owned,
-                    max_percent: self.settings.delete_guard.max_percent,
-                });
-            }
+        }
+        // Before anything is written: a pass that would delete most of what the bridge made
+        // is more likely a wrong database than a clean-up. Nothing of it is done, and the
+        // bridge says so until it is fixed. Replacing a CR is a deletion too (and the only
+        // kind an incremental pass makes); orphans go on full resyncs.
+        let mut doomed: HashSet<String> = self.replacements().into_iter().collect();
+        if full {
+            doomed.extend(self.orphans().into_iter().map(|(_, _, uid, _)| uid));
+        }
+        let (deleting, owned) = (doomed.len(), self.owned());
+        if !self.settings.delete_guard.allows(deleting, owned) {
+            return Err(BridgeError::DeletionRefused {
+                deleting,
+                owned,
+                max_percent: self.settings.delete_guard.max_percent,
+            });
         }
         self.fingerprint = Some(fingerprint);
         self.sync_pending().await?;
@@ -540,6 +545,25 @@ impl Bridge {
             }
         }
         orphans
+    }
+
+    /// The UIDs of the CRs of this bridge that syncing the pending rows would delete to
+    /// replace: a CR of the row's name that stands for another container whose row is gone
+    /// (`plan` decides `Replace` for exactly these).
+    fn replacements(&self) -> Vec<String> {
+        let fm = &self.settings.field_manager;
+        self.rows
+            .iter()
+            .filter(|(_, t)| t.pending)
+            .filter_map(|(key, t)| {
+                let mw = self.cluster.workload(&t.namespace, &t.row.hostname)?;
+                let (stands_for, created_at) = plan::made_for(&mw, fm)?;
+                let same = stands_for == *key && created_at == Some(t.row.created_at.as_str());
+                let collision = stands_for != *key && self.rows.contains_key(&stands_for);
+                let deleting = mw.metadata.deletion_timestamp.is_some();
+                if same || collision || deleting { None } else { mw.uid() }
+            })
+            .collect()
     }
 
     /// How many CRs of this bridge stand for rows of the nodes it serves: what the deletion
