@@ -723,3 +723,41 @@ async fn hung_api_server() {
     bridge.stop().await;
     db.close().await;
 }
+
+/// Issue 17, item 6, between full resyncs: rows whose ids now name other containers (other
+/// `createdAt`, as a database swapped under the bridge would show them) would have every CR
+/// replaced by the incremental poll. The guard refuses that too.
+#[tokio::test]
+async fn mass_replacement_between_resyncs_is_refused() {
+    let ns = TestNamespace::new("bridge-mass-replace").await;
+    let db = ManagerDb::new(Engine::Sqlite).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let bridge = Bridge::spawn(
+        &ns,
+        &db,
+        &support::bridge::kubeconfig(),
+        &["--poll-interval", support::bridge::POLL, "--resync-interval", "1h", "--requests-percent", "1"],
+    )
+    .await;
+    let mut made = Vec::new();
+    for name in SAMPLES {
+        let mw = wait_until(&workloads, name, "the bridge's CR", TIMEOUT, |mw: Option<&ManagedWorkload>| mw.is_some())
+            .await
+            .unwrap();
+        made.push(mw);
+    }
+    bridge.wait_for_line(&["full resync done"], TIMEOUT).await;
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "createdAt" = '2026-11-01 00:00:00.000 +00:00', "updatedAt" = '{}'"#,
+        now()
+    ))
+    .await;
+    bridge.wait_for_line(&["sync pass failed", "refusing to delete 3 of the bridge's 3"], TIMEOUT).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for mw in &made {
+        let now = workloads.get(&mw.name_any()).await.expect("the CR is still there");
+        assert_eq!(now.uid(), mw.uid(), "{} was replaced", mw.name_any());
+    }
+    bridge.stop().await;
+    db.close().await;
+}
