@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use crate::desired::{self, TEMPLATE_HASH_ANNOTATION};
+use super::deployment::{self as desired, TEMPLATE_HASH_ANNOTATION};
+use super::ownership::applied_hash;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 
 /// Container waiting reasons that mean the Pod will not start without a change: reported as
@@ -251,8 +252,7 @@ fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>) -> Vec<Condit
 
 /// The live Deployment was applied from the desired object of the CR's current spec.
 fn built_from_current_spec(mw: &ManagedWorkload, deployment: &Deployment) -> bool {
-    desired::deployment(mw)
-        .is_some_and(|d| desired::applied_hash(&d).is_some_and(|h| Some(h) == desired::applied_hash(deployment)))
+    desired::deployment(mw).is_some_and(|d| applied_hash(&d).is_some_and(|h| Some(h) == applied_hash(deployment)))
 }
 
 /// A Deployment condition in metav1.Condition shape. Its own transition time is kept: it says

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::desired;
+use crate::operator::deployment as desired;
 use crate::resource::{ManagedWorkloadSpec, ManagedWorkloadStatus};
 
 fn at(seconds: i64) -> Time {
