@@ -91,7 +91,7 @@ fn run(
     let election = election.election(election::default_identity)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     let result = runtime.block_on(async {
-        let client = client::connect(&connection).await.map_err(|e| e.to_string())?;
+        let clients = client::connect_all(&connection).await.map_err(|e| e.to_string())?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = metrics::Metrics::register(&mut registry);
         let health = std::sync::Arc::new(telemetry::Health::default());
@@ -99,7 +99,7 @@ fn run(
             .await
             .map_err(|e| format!("serving probes and metrics on {metrics_address}: {e}"))?;
         let settings = operator::Settings { namespaces, concurrency, election };
-        operator::run(client, settings, metrics, health).await.map_err(|e| e.to_string())
+        operator::run(clients, settings, metrics, health).await.map_err(|e| e.to_string())
     });
     // Watch and server tasks are still running; they hold nothing that needs a clean end.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

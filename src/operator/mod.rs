@@ -63,7 +63,13 @@ pub struct Settings {
 /// Run until SIGTERM/SIGINT: fill the caches, then (as leader, when election is on) reconcile.
 /// A standby keeps its caches warm and writes nothing; on SIGTERM in-flight reconciles finish,
 /// the Lease is released and this returns.
-pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, health: Arc<Health>) -> Result<(), Error> {
+pub async fn run(
+    clients: crate::client::Clients,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> Result<(), Error> {
+    let client = clients.requests.clone();
     let scopes: Vec<Option<String>> = if settings.namespaces.is_empty() {
         vec![None]
     } else {
@@ -77,7 +83,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     metrics.set_max_concurrent(i64::from(settings.concurrency) * scopes.len() as i64);
     let shutdown = crate::election::shutdown_signal();
     let caches: Vec<Arc<Caches>> =
-        scopes.into_iter().map(|ns| Arc::new(Caches::start(&client, ns, metrics.clone()))).collect();
+        scopes.into_iter().map(|ns| Arc::new(Caches::start(&clients.watches, ns, metrics.clone()))).collect();
     let (synced_tx, mut synced) = watch::channel(false);
     tokio::spawn(report_health(caches.clone(), metrics.clone(), health, synced_tx));
     // Decisions read the caches, so nothing is reconciled before they are full; and only a
