@@ -26,6 +26,12 @@ pub const FAILURE_REASONS: [&str; 5] =
 /// reported Failed for at most two minutes after the container came back.
 pub const CRASH_LOOP_RECOVERY: Duration = Duration::from_secs(120);
 
+/// How long past its deletion deadline (`deletionTimestamp`, when the kubelet kills what is
+/// left) a Pod may take to go before it counts as stuck: its kubelet is unreachable (a node
+/// lost or partitioned), and the Pod stays Terminating until the node comes back or is
+/// deleted. A stuck Pod no longer keeps a workload whose replacement serves out of `Running`.
+pub const STUCK_TERMINATING: Duration = Duration::from_secs(30);
+
 pub const READY: &str = "Ready";
 pub const RECONCILING: &str = "Reconciling";
 pub const STALLED: &str = "Stalled";
@@ -184,12 +190,22 @@ pub fn urgency(previous: Option<&ManagedWorkloadStatus>, next: &ManagedWorkloadS
 
 /// When the same world, unchanged, would derive a different status: a restarted container
 /// that is still inside its crash-loop window stops counting as a failure once the window
-/// ends, and no watch event marks that moment. None when only a change can alter the status.
+/// ends, and a Pod being deleted counts as stuck once `STUCK_TERMINATING` has passed; no
+/// watch event marks either moment. None when only a change can alter the status.
 pub fn revisit_after(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Option<Duration> {
     if mw.spec.desired_state() == DesiredState::Stopped || observed.blocked.is_some() {
         return None;
     }
-    current_pods(observed)
+    let stuck = observed
+        .pods
+        .iter()
+        .filter(|p| !finished(p))
+        .filter_map(|p| stuck_in(p, now))
+        .filter(|&left| left > 0)
+        // One second late rather than early, as below.
+        .map(|left| Duration::from_secs(left + 1))
+        .min();
+    let recovered = current_pods(observed)
         .flat_map(container_statuses)
         .filter_map(|cs| {
             let started = cs.state.as_ref()?.running.as_ref()?.started_at.as_ref()?;
@@ -201,7 +217,8 @@ pub fn revisit_after(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) 
             // One second late rather than early: at the boundary the window has ended.
             (left >= 0).then(|| Duration::from_secs(left as u64 + 1))
         })
-        .min()
+        .min();
+    stuck.into_iter().chain(recovered).min()
 }
 
 /// The permanent id Manager stores for the container: `namespace/name`.
@@ -321,9 +338,15 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                 return Verdict::new(Phase::Creating, "Creating", "Creating: the Deployment does not exist yet");
             };
             // Unfinished Pods that are not live copies of the current template: an older
-            // template's, or terminating ones.
-            let others = unfinished - current.len();
-            let complete = rolled_out(deployment)
+            // template's, or terminating ones (but not those stuck on a lost node).
+            let holding = observed.pods.iter().filter(|p| !finished(p) && !stuck_terminating(p, now)).count();
+            let others = holding.saturating_sub(current.len());
+            // A Deployment controller that has not yet observed the latest Deployment
+            // generation still counts right when the template is the same: a generation bump
+            // that changes no Pod (an edited revisionHistoryLimit, say, which the operator
+            // then restores) is no rollout. The one current Pod being Ready is what says so.
+            let settled = rolled_out(deployment) || (current.len() == 1 && pod_ready(current[0]));
+            let complete = settled
                 && [
                     count(deployment, |s| s.replicas),
                     count(deployment, |s| s.updated_replicas),
@@ -348,6 +371,27 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
             Verdict::new(phase, word, format!("{word}: {detail}"))
         }
     }
+}
+
+/// The Pod's Ready condition is True.
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Being deleted, and still there `STUCK_TERMINATING` after its deletion deadline.
+fn stuck_terminating(pod: &Pod, now: &Time) -> bool {
+    stuck_in(pod, now).is_some_and(|left| left == 0)
+}
+
+/// Seconds until a Pod being deleted counts as stuck (0 once it does); None when it is not
+/// being deleted.
+fn stuck_in(pod: &Pod, now: &Time) -> Option<u64> {
+    let deadline = pod.metadata.deletion_timestamp.as_ref()?.0.as_second();
+    let stuck_at = deadline.saturating_add(STUCK_TERMINATING.as_secs() as i64);
+    Some(u64::try_from(stuck_at.saturating_sub(now.0.as_second())).unwrap_or(0))
 }
 
 /// A spec change is rolling out over a workload that ran: the last status was Running for an
