@@ -369,6 +369,8 @@ mod tests {
             "watch deployments.apps",
             "create deployments.apps",
             "patch deployments.apps",
+            "list replicasets.apps",
+            "watch replicasets.apps",
             "get pods",
             "list pods",
             "watch pods",

@@ -319,3 +319,44 @@ async fn a_rejected_spec_keeps_mirrored_conditions_at_their_generation_and_recov
     assert!(started.elapsed() < Duration::from_secs(60));
     assert_eq!(condition(&mw, "Available").observed_generation, updated.metadata.generation);
 }
+
+/// Pods count as a workload's only when they belong to its Deployment's ReplicaSets: a Pod
+/// that anyone could create with the workload's labels and template hash (here one kwok keeps
+/// crash-looping, with its own IP) neither fails the workload nor puts its IP in the status.
+#[tokio::test]
+async fn a_pod_with_the_workload_s_labels_but_not_its_replica_set_counts_for_nothing() {
+    let ns = TestNamespace::new("forged-pod").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
+    let running = wait_ready(&workloads, "web", Phase::Running).await;
+    let ip = running.status.as_ref().unwrap().pod_ip.clone();
+    assert!(ip.is_some());
+    let real = pods_of(&pods, "web").await.remove(0);
+
+    // The real Pod's labels and annotations (instance, managed, template hash), no owner.
+    let mut forged: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-forged", "labels": real.labels(), "annotations": real.annotations()},
+        "spec": {"containers": [{"name": "workload", "image": "kwok.example/crash-loop-backoff"}]},
+    }))
+    .unwrap();
+    forged.metadata.labels.get_or_insert_with(Default::default).remove("pod-template-hash");
+    pods.create(&PostParams::default(), &forged).await.unwrap();
+    eventually("kwok has the forged Pod crash-looping", TIMEOUT, || async {
+        let p = pods.get("web-forged").await.map_err(|e| e.to_string())?;
+        let waiting =
+            p.status.and_then(|s| s.container_statuses).into_iter().flatten().any(|c| {
+                c.state.and_then(|s| s.waiting).is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
+            });
+        if waiting { Ok(()) } else { Err("not yet in CrashLoopBackOff".into()) }
+    })
+    .await;
+    // Give the operator the time to react (the Pod's events were reconciled) and check that
+    // nothing moved: the workload is still Running with its own Pod's IP.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mw = workloads.get("web").await.unwrap();
+    let status = mw.status.as_ref().unwrap();
+    assert_eq!(status.phase, Some(Phase::Running), "{status:?}");
+    assert_eq!(status.pod_ip, ip);
+    assert_eq!(condition(&mw, "Ready").status, "True");
+}

@@ -22,6 +22,7 @@ pub mod ownership;
 pub mod plan;
 pub mod pod_index;
 pub mod reconcile;
+pub mod replica_sets;
 pub mod slim;
 pub mod status;
 pub mod watches;
@@ -201,6 +202,7 @@ async fn lead(
         client,
         metrics,
         deployments: caches.deployments.clone(),
+        replica_sets: caches.replica_sets.clone(),
         pods: caches.pods.clone(),
         pod_index: caches.pod_index.clone(),
         objects: caches.objects.clone(),

@@ -22,6 +22,7 @@ use super::memory::PerObject;
 use super::ownership::FIELD_MANAGER;
 use super::plan::{self, Decision, Mode, Refusal};
 use super::pod_index::PodIndex;
+use super::replica_sets::ReplicaSets;
 use super::slim::{CachedDeployment, CachedPod};
 use super::status::{self, Blocked, Observed};
 use super::watches::Workload;
@@ -53,6 +54,8 @@ pub struct Context {
     pub client: Client,
     pub metrics: Arc<Metrics>,
     pub deployments: Store<CachedDeployment>,
+    /// Which ReplicaSets each Deployment controls.
+    pub replica_sets: Arc<ReplicaSets>,
     pub pods: Store<CachedPod>,
     /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.
     pub pod_index: Arc<PodIndex>,
@@ -173,7 +176,16 @@ async fn report(
     name: &str,
     acted: Acted,
 ) -> Result<Action, Error> {
-    let pods: Vec<Pod> = ctx.pod_index.pods(&ctx.pods, namespace, name).iter().map(|p| p.to_pod()).collect();
+    // Labelled as the workload's, and belonging to its Deployment's ReplicaSets: a Pod anyone
+    // could create with those labels counts for nothing.
+    let deployment_uid = acted.deployment.as_ref().and_then(|d| d.metadata.uid.as_deref());
+    let pods: Vec<Pod> = ctx
+        .pod_index
+        .pods(&ctx.pods, namespace, name)
+        .iter()
+        .map(|p| p.to_pod())
+        .filter(|p| deployment_uid.is_some_and(|uid| ctx.replica_sets.owns(uid, p)))
+        .collect();
     let recheck = match &acted.blocked {
         Some(b) if b.reason == REJECTED => Some(REJECTED_RECHECK),
         Some(_) => Some(CONFLICT_RECHECK),

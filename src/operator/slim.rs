@@ -166,7 +166,16 @@ pub fn pod(p: &mut Pod) {
     p.metadata.managed_fields = None;
     keep(&mut p.metadata.labels, &[INSTANCE_LABEL]);
     keep(&mut p.metadata.annotations, &[TEMPLATE_HASH_ANNOTATION]);
-    p.metadata.owner_references = None;
+    // Only the controller (its ReplicaSet), by kind and UID: what says whose Pod it is.
+    if let Some(owners) = &mut p.metadata.owner_references {
+        owners.retain(|o| o.controller == Some(true));
+        for o in owners.iter_mut() {
+            o.api_version = String::new();
+            o.name = String::new();
+            o.block_owner_deletion = None;
+        }
+        owners.shrink_to_fit();
+    }
     p.metadata.generate_name = None;
     p.metadata.finalizers = None;
     let Some(status) = &mut p.status else { return };

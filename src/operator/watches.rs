@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::core::DeserializeGuard;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -16,6 +17,7 @@ use super::api;
 use super::memory::PerObject;
 use super::ownership::{INSTANCE_LABEL, MANAGED_LABEL};
 use super::pod_index::PodIndex;
+use super::replica_sets::ReplicaSets;
 use super::slim::{CachedDeployment, CachedPod};
 use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
@@ -29,6 +31,7 @@ pub type Workload = DeserializeGuard<ManagedWorkload>;
 pub struct Caches {
     pub namespace: Option<String>,
     pub deployments: Store<CachedDeployment>,
+    pub replica_sets: Arc<ReplicaSets>,
     pub pods: Store<CachedPod>,
     pub workloads: Store<Workload>,
     pub pod_index: Arc<PodIndex>,
@@ -55,6 +58,25 @@ impl Caches {
             .reflect(writer)
             .touched_objects();
         let deployment_targets = targets(deployment_events, "deployments", owner_of);
+
+        // ReplicaSets: only which Deployment controls each (see replica_sets.rs). A new one
+        // may arrive after its first Pod, which then counts from here on: reconcile the
+        // workload (the Deployment's name is the workload's).
+        let replica_sets = Arc::new(ReplicaSets::default());
+        let indexer = replica_sets.clone();
+        let replica_set_events = watcher(api::<PartialObjectMeta<ReplicaSet>>(client, ns), managed.clone())
+            .default_backoff()
+            .inspect(move |event| {
+                if let Ok(event) = event {
+                    indexer.observe(event);
+                }
+            })
+            .touched_objects();
+        let replica_set_targets = targets(replica_set_events, "replicasets", |rs: &PartialObjectMeta<ReplicaSet>| {
+            let deployment =
+                rs.owner_references().iter().find(|o| o.controller == Some(true) && o.kind == "Deployment")?;
+            Some(ObjectRef::new(&deployment.name).within(&rs.namespace()?))
+        });
 
         let (pods, writer) = reflector::store();
         let pod_index = Arc::new(PodIndex::default());
@@ -92,16 +114,17 @@ impl Caches {
             .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
         let workload_targets =
             targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
-        // One task drives all three watches, so their events (and cache updates) are handled
+        // One task drives all four watches, so their events (and cache updates) are handled
         // one at a time in the order they arrive, as when the Controller itself polled them.
-        let all = futures::stream::select_all([deployment_targets, pod_targets, workload_targets]);
+        let all = futures::stream::select_all([deployment_targets, replica_set_targets, pod_targets, workload_targets]);
         tokio::spawn(fan_out(all, triggers.clone(), metrics));
 
-        Caches { namespace, deployments, pods, workloads, pod_index, objects, triggers }
+        Caches { namespace, deployments, replica_sets, pods, workloads, pod_index, objects, triggers }
     }
 
     pub async fn ready(&self) -> bool {
         self.deployments.wait_until_ready().await.is_ok()
+            && self.replica_sets.ready().await
             && self.pods.wait_until_ready().await.is_ok()
             && self.workloads.wait_until_ready().await.is_ok()
     }

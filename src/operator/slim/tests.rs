@@ -227,7 +227,10 @@ fn trimming_keeps_identity_and_drops_the_rest() {
 
     let full: Pod = fixture("pod");
     let p = trimmed(&full, super::pod);
-    assert!(p.spec.is_none() && p.managed_fields().is_empty() && p.owner_references().is_empty());
+    assert!(p.spec.is_none() && p.managed_fields().is_empty());
+    let controller = full.owner_references().iter().find(|o| o.controller == Some(true)).unwrap();
+    assert_eq!(p.owner_references().len(), 1, "only the controller");
+    assert_eq!((p.owner_references()[0].kind.as_str(), &p.owner_references()[0].uid), ("ReplicaSet", &controller.uid));
     assert_eq!(p.labels().get(INSTANCE_LABEL), full.labels().get(INSTANCE_LABEL));
     assert_eq!(p.labels().len(), 1);
     let status = p.status.as_ref().unwrap();
