@@ -1,7 +1,9 @@
 //! A TCP proxy in front of the API server that a test can cut and restore: the client's view
 //! of an API server that went away (connections reset, new ones refused) and came back,
-//! without stopping the control plane the other tests share. TLS passes through untouched
-//! (the serving certificate is for 127.0.0.1, which the proxy also is).
+//! without stopping the control plane the other tests share; or one that black-holes
+//! (connections stay open and nothing gets through, as when a network path dies without a
+//! reset). TLS passes through untouched (the serving certificate is for 127.0.0.1, which the
+//! proxy also is).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +15,8 @@ use tokio::sync::watch;
 pub struct Proxy {
     pub addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    /// True while black-holing.
+    holding: watch::Sender<bool>,
     generation: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -23,7 +27,8 @@ impl Proxy {
         let addr = listener.local_addr().expect("proxy address");
         let cut = Arc::new(AtomicBool::new(false));
         let (generation, _) = watch::channel(0u64);
-        let (is_cut, gen_tx) = (cut.clone(), generation.clone());
+        let (holding, _) = watch::channel(false);
+        let (is_cut, gen_tx, hold_tx) = (cut.clone(), generation.clone(), holding.clone());
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 if is_cut.load(Ordering::SeqCst) {
@@ -31,16 +36,26 @@ impl Proxy {
                     continue;
                 }
                 let mut cut_signal = gen_tx.subscribe();
+                let mut hold = hold_tx.subscribe();
                 tokio::spawn(async move {
+                    // Accepted while black-holing: never connected, closed once it heals.
+                    let held = *hold.borrow_and_update();
+                    if held {
+                        until(&mut hold, false).await;
+                        return;
+                    }
                     let Ok(mut outbound) = TcpStream::connect(target).await else { return };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         _ = cut_signal.changed() => {}
+                        // Black-holed: both ends stay open and nothing more is copied; once it
+                        // heals they are closed, as a path that was dead that long leaves them.
+                        () = until(&mut hold, true) => until(&mut hold, false).await,
                     }
                 });
             }
         });
-        Proxy { addr, cut, generation, task }
+        Proxy { addr, cut, holding, generation, task }
     }
 
     /// Drop every open connection and refuse new ones.
@@ -51,6 +66,17 @@ impl Proxy {
 
     pub fn restore(&self) {
         self.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// Stop forwarding without closing anything: open connections and new ones stay open and
+    /// silent.
+    pub fn black_hole(&self) {
+        self.holding.send_replace(true);
+    }
+
+    /// End the black hole: the connections it held are closed, new ones are forwarded.
+    pub fn heal(&self) {
+        self.holding.send_replace(false);
     }
 
     /// A copy of `kubeconfig` whose server is this proxy, written to `path`.
@@ -68,6 +94,11 @@ impl Proxy {
     }
 }
 
+/// Until the black hole is (`true`) or is not (`false`) on.
+async fn until(hold: &mut watch::Receiver<bool>, on: bool) {
+    let _ = hold.wait_for(|h| *h == on).await;
+}
+
 /// The API server's address, from the admin kubeconfig of the test control plane.
 pub fn api_server() -> SocketAddr {
     let path = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
@@ -78,6 +109,7 @@ pub fn api_server() -> SocketAddr {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        self.heal();
         self.cut();
         self.task.abort();
     }
