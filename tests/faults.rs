@@ -453,7 +453,13 @@ async fn credentials_never_appear_in_output_events_or_status() {
     }
     // Refused credentials, a forbidden namespace, a missing context, an unverified server:
     // each ends the process with an error that must not quote the kubeconfig.
-    let wrong_token = format!("{}x", &token[..token.len() - 1]);
+    // One character changed inside the signature, where every bit counts. (Changing the last
+    // one did not always invalidate it: the last base64url character of an RS256 signature
+    // carries only 2 bits, and a decoder that ignores the rest accepted about one in four of
+    // such "wrong" tokens, which then led to a 403, not the 401 this case is about.)
+    let at = token.len() - 10;
+    let swapped = if token.as_bytes()[at] == b'A' { "B" } else { "A" };
+    let wrong_token = format!("{}{swapped}{}", &token[..at], &token[at + 1..]);
     let failing = [
         ("unauthorized", write_kubeconfig(&ns.name, "leaky-wrong", json!({"token": wrong_token})), vec![]),
         (
