@@ -49,15 +49,16 @@ pub async fn service_account_kubeconfig(ns: &TestNamespace, name: &str) -> (Path
         .patch(&format!("{name}-operator"), &apply, &Patch::Apply(&binding))
         .await
         .expect("binding the operator's ClusterRole");
-    grant_leader_election(ns, &format!("{name}-leader-election"), name).await;
+    let account = json!({"kind": "ServiceAccount", "name": name, "namespace": ns.name});
+    grant_leader_election(ns, &format!("{name}-leader-election"), account).await;
     let token = token_for(ns, name).await;
     let path = write_kubeconfig(&ns.name, name, json!({"token": token}));
     (path, token, format!("system:serviceaccount:{}:{name}", ns.name))
 }
 
 /// The shipped leader-election Role (config/rbac/leader-election-role.yaml) in the test
-/// namespace, and a RoleBinding `binding` of it to ServiceAccount `account` there.
-pub async fn grant_leader_election(ns: &TestNamespace, binding: &str, account: &str) {
+/// namespace, and a RoleBinding `binding` of it to `subject` (a RoleBinding subject).
+pub async fn grant_leader_election(ns: &TestNamespace, binding: &str, subject: Value) {
     let apply = PatchParams::apply("integration-test").force();
     let text = std::fs::read_to_string("config/rbac/leader-election-role.yaml").expect("the leader-election Role");
     let role: Value = serde_saphyr::from_str(&text).expect("parsing the leader-election Role");
@@ -69,7 +70,7 @@ pub async fn grant_leader_election(ns: &TestNamespace, binding: &str, account: &
         "kind": "RoleBinding",
         "metadata": {"name": binding},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns.name}],
+        "subjects": [subject],
     });
     let bindings: Api<RoleBinding> = ns.api();
     bindings.patch(binding, &apply, &Patch::Apply(&body)).await.expect("binding the leader-election Role");

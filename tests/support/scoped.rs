@@ -269,6 +269,9 @@ impl Operator {
             // Its Lease in its own namespace, the only one where it may write Leases.
             .arg("--lease-namespace")
             .arg(home)
+            // Probes on a free port: the default 0.0.0.0:8080 may be taken on a shared machine.
+            .arg("--metrics-address")
+            .arg(super::operator::free_address().to_string())
             .env("RUST_LOG", "info,kube=warn")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("the log file"))
