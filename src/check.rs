@@ -140,8 +140,8 @@ pub fn required(component: Component) -> Result<Vec<Permission>, CheckError> {
 }
 
 /// What leader election needs on the Lease `lease_name`, in the Lease's namespace only
-/// (config/rbac/leader-election-role.yaml): create (not restricted by name), and get, list,
-/// watch and patch of that one Lease.
+/// (config/rbac/leader-election-role.yaml): create (not restricted by name), and get and
+/// patch of that one Lease.
 pub fn lease_required(lease_name: &str) -> Result<Vec<Permission>, CheckError> {
     permissions("config/rbac/leader-election-role.yaml", LEADER_ELECTION_ROLE, Some(lease_name))
 }
@@ -471,8 +471,6 @@ mod tests {
             [
                 "create leases.coordination.k8s.io",
                 "get leases.coordination.k8s.io named my-lease",
-                "list leases.coordination.k8s.io named my-lease",
-                "watch leases.coordination.k8s.io named my-lease",
                 "patch leases.coordination.k8s.io named my-lease",
             ]
         );
@@ -490,7 +488,7 @@ mod tests {
         let namespaces = vec!["team-a".to_string(), "team-b".to_string()];
         let all = asks(Component::Operator, &namespaces, Some(&lease())).unwrap();
         let leases: Vec<&Ask> = all.iter().filter(|a| a.permission.resource == "leases" && a.required).collect();
-        assert_eq!(leases.len(), 5, "{all:#?}");
+        assert_eq!(leases.len(), 3, "{all:#?}");
         assert!(leases.iter().all(|a| a.namespace.as_deref() == Some("mw-system")), "{leases:#?}");
         // In the watched namespaces: the Role, and that no Lease may be written there.
         for ns in ["team-a", "team-b"] {
@@ -499,7 +497,7 @@ mod tests {
             assert!(here.iter().filter(|a| a.permission.resource == "leases").all(|a| !a.required), "{here:#?}");
         }
         assert!(!all.iter().any(|a| a.namespace.as_deref() == Some("mw-system") && !a.required));
-        assert_eq!(all.len(), 2 * (15 + 3) + 5);
+        assert_eq!(all.len(), 2 * (17 + 3) + 3);
 
         // Cluster-wide: the Role in all namespaces, the Lease still in its own namespace.
         let all = asks(Component::Operator, &[], Some(&lease())).unwrap();
@@ -508,7 +506,7 @@ mod tests {
                 .filter(|a| a.permission.resource == "leases" && a.required)
                 .all(|a| a.namespace.as_deref() == Some("mw-system"))
         );
-        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 15);
+        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 17);
 
         // Without leader election, or for the bridge (it has none): no Lease asked anywhere.
         let none = asks(Component::Operator, &namespaces, None).unwrap();

@@ -205,7 +205,7 @@ fn operations_md_names_stalled_reasons_not_condition_types() {
         .collect();
     assert!(reasons.contains(&"FailedCreate"), "{reasons:?}");
     // A mirrored Deployment condition's type is never a reason: the reason is copied from it.
-    for type_ in mw_operator::status::MIRRORED {
+    for type_ in mw_operator::operator::status::MIRRORED {
         assert!(!reasons.contains(&type_), "docs/operations.md gives the condition type {type_} as a reason");
     }
 }

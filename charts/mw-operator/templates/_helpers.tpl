@@ -53,7 +53,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   resourceNames: [{{ .Values.leaderElection.leaseName | quote }}]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "patch"]
 {{- end -}}
 
 {{/* The bridge (mw-operator bridge): its name, labels and permissions. */}}
