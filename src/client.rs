@@ -2,6 +2,7 @@
 //! service account, with TLS verification always on.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -20,10 +21,47 @@ pub struct ConnectionArgs {
     pub context: Option<String>,
 }
 
-/// A client for the configured cluster. Refuses a configuration that turns TLS verification
-/// off: the operator's credentials must never be sent to an unverified server.
+/// The longest any single request may wait for the API server: to connect, to send, or for
+/// the next bytes of an answer. A request on a connection that stopped forwarding (a dead
+/// load balancer, a half-open TCP connection) fails after this instead of hanging, and is
+/// retried on a fresh connection.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A watch waits longer: the API server ends a watch after kube's `timeoutSeconds` (290 s) and
+/// may be silent until then. kube's watcher restarts it on any error, so a hung watch costs
+/// at most this long.
+pub const WATCH_TIMEOUT: Duration = Duration::from_secs(295);
+
+/// The two clients every long-running command uses.
+#[derive(Clone)]
+pub struct Clients {
+    /// For reads, writes and the Lease: every request bounded by `REQUEST_TIMEOUT`.
+    pub requests: Client,
+    /// For watches only: bounded by `WATCH_TIMEOUT`.
+    pub watches: Client,
+}
+
+/// A client for the configured cluster, every request bounded by `REQUEST_TIMEOUT`. Refuses a
+/// configuration that turns TLS verification off: the operator's credentials must never be
+/// sent to an unverified server.
 pub async fn connect(args: &ConnectionArgs) -> Result<Client, Error> {
-    Client::try_from(config(args).await?).map_err(Error::Client)
+    Ok(connect_all(args).await?.requests)
+}
+
+/// `connect`'s client, and one for watches.
+pub async fn connect_all(args: &ConnectionArgs) -> Result<Clients, Error> {
+    let config = config(args).await?;
+    Ok(Clients {
+        requests: Client::try_from(bounded(config.clone(), REQUEST_TIMEOUT)).map_err(Error::Client)?,
+        watches: Client::try_from(bounded(config, WATCH_TIMEOUT)).map_err(Error::Client)?,
+    })
+}
+
+fn bounded(mut config: Config, read: Duration) -> Config {
+    config.connect_timeout = Some(REQUEST_TIMEOUT.min(read));
+    config.write_timeout = Some(REQUEST_TIMEOUT.min(read));
+    config.read_timeout = Some(read);
+    config
 }
 
 /// The client configuration `connect` uses, already checked for disabled TLS verification.

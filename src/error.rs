@@ -64,7 +64,7 @@ impl Error {
             _ => return None,
         };
         match source {
-            kube::Error::Api(status) if status.code == 403 => Some(&status.message),
+            kube::Error::Api(status) if is_authorization_denial(status) => Some(&status.message),
             _ => None,
         }
     }
@@ -106,6 +106,15 @@ impl Error {
     }
 }
 
+/// A 403 that the authorizer (RBAC) gave, as opposed to one from admission: a ResourceQuota
+/// ("exceeded quota"), a ValidatingAdmissionPolicy or a webhook also answer 403 Forbidden, and
+/// granting a Role cures none of them. The API server words an authorization denial as
+/// `<resource> "<name>" is forbidden: User "<user>" cannot <verb> resource "<resource>" ...`
+/// (k8s.io/apiserver's `forbiddenMessage`); nothing else it says has that form.
+pub fn is_authorization_denial(status: &kube::core::Status) -> bool {
+    status.code == 403 && status.message.contains("forbidden: User \"") && status.message.contains("\" cannot ")
+}
+
 fn permanent_api_error(err: &kube::Error) -> bool {
     match err {
         kube::Error::Api(status) => matches!(status.code, 400 | 404 | 422),
@@ -126,6 +135,31 @@ mod tests {
 
     fn write(code: u16) -> Error {
         Error::WriteStatus { namespace: "a".into(), name: "b".into(), source: api(code) }
+    }
+
+    fn status(code: u16, message: &str) -> kube::core::Status {
+        kube::core::Status::failure(message, "Forbidden").with_code(code)
+    }
+
+    #[test]
+    fn only_the_authorizer_s_403_is_a_missing_permission() {
+        // As kube-apiserver 1.36 words them.
+        let rbac = r#"deployments.apps "web" is forbidden: User "system:serviceaccount:ops:mw-operator" cannot patch resource "deployments" in API group "apps" in the namespace "apps""#;
+        let quota = r#"deployments.apps "web" is forbidden: exceeded quota: deployments, requested: count/deployments.apps=1, used: count/deployments.apps=1, limited: count/deployments.apps=1"#;
+        let webhook = r#"admission webhook "policy.example.com" denied the request: User "x" cannot run this image"#;
+        let policy = r#"deployments.apps "web" is forbidden: ValidatingAdmissionPolicy 'no-latest' with binding 'b' denied request: failed expression"#;
+        assert!(is_authorization_denial(&status(403, rbac)));
+        for other in [quota, webhook, policy] {
+            assert!(!is_authorization_denial(&status(403, other)), "{other}");
+        }
+        assert!(!is_authorization_denial(&status(409, rbac)), "only a 403");
+        let write = |message: &str| Error::WriteStatus {
+            namespace: "a".into(),
+            name: "b".into(),
+            source: kube::Error::Api(status(403, message).boxed()),
+        };
+        assert_eq!(write(rbac).forbidden(), Some(rbac));
+        assert_eq!(write(quota).forbidden(), None, "a quota is not reported as a missing permission");
     }
 
     #[test]

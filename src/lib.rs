@@ -1,24 +1,20 @@
 //! A Kubernetes operator that runs Manager (mieweb/opensource-server) containers as
 //! `ManagedWorkload` resources, each reconciled into a single-replica Deployment.
 //!
-//! Pure parts: `resource` (the API), `desired` (CR → Deployment), `drift` (is the live
-//! Deployment up to date?), `status` (observed objects → status). I/O: `controller`, `client`.
+//! `resource` is the API. Two pipelines of the same shape, each its own module tree:
+//! `operator` (ManagedWorkload → the objects it owns, and their state back into its status) and
+//! `bridge` (Manager's database → ManagedWorkloads, and their address back). Shared: `client`
+//! (connecting), `election` (leader election), `error`, `metrics`, `telemetry` (probes and
+//! metrics server), `retry` (backoff); `check` verifies an install; `crdgen` prints the CRDs.
 
 pub mod bridge;
 pub mod check;
 pub mod client;
-pub mod controller;
 pub mod crdgen;
-pub mod desired;
-pub mod drift;
 pub mod election;
 pub mod error;
-pub mod events;
 pub mod metrics;
+pub mod operator;
 pub mod resource;
-pub mod slim;
-pub mod status;
+pub mod retry;
 pub mod telemetry;
-
-#[cfg(test)]
-mod properties;

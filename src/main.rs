@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use mw_operator::{bridge, check, client, controller, crdgen, election, metrics, telemetry};
+use mw_operator::{bridge, check, client, crdgen, election, metrics, operator, telemetry};
 use tracing::error;
 
 #[derive(Parser)]
@@ -91,15 +91,15 @@ fn run(
     let election = election.election(election::default_identity)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     let result = runtime.block_on(async {
-        let client = client::connect(&connection).await.map_err(|e| e.to_string())?;
+        let clients = client::connect_all(&connection).await.map_err(|e| e.to_string())?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = metrics::Metrics::register(&mut registry);
         let health = std::sync::Arc::new(telemetry::Health::default());
         telemetry::serve(metrics_address, std::sync::Arc::new(registry), health.clone())
             .await
             .map_err(|e| format!("serving probes and metrics on {metrics_address}: {e}"))?;
-        let settings = controller::Settings { namespaces, concurrency, election };
-        controller::run(client, settings, metrics, health).await.map_err(|e| e.to_string())
+        let settings = operator::Settings { namespaces, concurrency, election };
+        operator::run(clients, settings, metrics, health).await.map_err(|e| e.to_string())
     });
     // Watch and server tasks are still running; they hold nothing that needs a clean end.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

@@ -109,7 +109,7 @@ impl Metrics {
         r.register("api_writes", "Write requests sent to the API server, by resource and verb", m.api_writes.clone());
         r.register(
             "events_dropped",
-            "Events dropped because too many were waiting to be sent (the API server is down or slow)",
+            "Events dropped: too many were waiting to be sent (the API server is down or slow), or still waiting when a term of leadership ended",
             m.events_dropped.clone(),
         );
         r.register(
@@ -148,6 +148,16 @@ impl Metrics {
 
     pub fn event_dropped(&self) {
         self.events_dropped.inc();
+    }
+
+    #[cfg(test)]
+    pub fn dropped_events(&self) -> u64 {
+        self.events_dropped.get()
+    }
+
+    /// Events lost at once: still queued when a term's sender had to stop.
+    pub fn events_dropped(&self, n: u64) {
+        self.events_dropped.inc_by(n);
     }
 
     /// Replace the workloads-by-phase gauges with `counts` (every phase is always exported,

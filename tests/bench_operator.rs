@@ -21,7 +21,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use mw_operator::desired::MANAGED_LABEL;
+use mw_operator::operator::ownership::MANAGED_LABEL;
 use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, Phase};
 use serde_json::{Value, json};
 use support::TestNamespace;
@@ -66,7 +66,7 @@ fn plain_deployment(namespace: &str, i: usize) -> Deployment {
     let mut mw = ManagedWorkload::new(&format!("w{i}"), spec);
     mw.metadata.namespace = Some(namespace.into());
     mw.metadata.uid = Some("00000000-0000-0000-0000-000000000000".into());
-    let mut d = mw_operator::desired::deployment(&mw).expect("a desired Deployment");
+    let mut d = mw_operator::operator::deployment::deployment(&mw).expect("a desired Deployment");
     d.metadata.owner_references = None;
     d.metadata.annotations = None;
     // Not the operator's label either: the operator's label-selected caches would hold the

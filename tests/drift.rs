@@ -131,7 +131,7 @@ async fn reconciles_that_find_nothing_to_change_write_nothing() {
     }
     // Let the last status writes (e.g. a Deployment condition that changes reason just after
     // availability) and their events settle.
-    let before = audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+    let before = audit::settled_writes(&ns.name).await;
 
     // Events that trigger reconciles without changing anything the operator owns: a label on
     // the CR (passes the controller's label predicate), a label on a Deployment. (Not an
@@ -142,7 +142,8 @@ async fn reconciles_that_find_nothing_to_change_write_nothing() {
         workloads.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
         deployments.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // All three are Running (a steady phase), so nothing is held back longer than QUIET.
+    tokio::time::sleep(audit::QUIET).await;
     let after = audit::operator_writes(&ns.name);
     assert_eq!(
         after[before.len()..],

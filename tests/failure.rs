@@ -72,3 +72,49 @@ async fn progress_deadline_exceeded() {
     assert_eq!(condition(&mw, "Stalled").reason, "ProgressDeadlineExceeded");
     assert_eq!(condition(&mw, "Progressing").status, "False");
 }
+
+/// A ResourceQuota answers 403 Forbidden too, but it is no missing permission: the workload is
+/// Failed at once with the quota's own words (not a `Forbidden` Event telling the admin to
+/// grant a Role, retried forever with no phase), and recovers by itself once the quota allows
+/// it, with no change of the workload.
+#[tokio::test]
+async fn a_full_quota_is_a_rejection_not_a_missing_permission() {
+    use k8s_openapi::api::core::v1::{Event, ResourceQuota};
+    use kube::api::{ListParams, Patch, PatchParams, PostParams};
+    use support::eventually;
+
+    let ns = TestNamespace::new("quota").await;
+    let quotas = ns.api::<ResourceQuota>();
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "deployments"},
+        "spec": {"hard": {"count/deployments.apps": "0"}},
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // The quota controller fills in the usage; until then admission refuses everything counted.
+    eventually("the quota's usage is counted", std::time::Duration::from_secs(30), || async {
+        let q = quotas.get("deployments").await.map_err(|e| e.to_string())?;
+        let used = q.status.and_then(|s| s.used).unwrap_or_default();
+        if used.contains_key("count/deployments.apps") { Ok(()) } else { Err("no usage yet".into()) }
+    })
+    .await;
+
+    let workloads = ns.api::<ManagedWorkload>();
+    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
+    let mw = wait_condition(&workloads, "web", "Stalled", "True").await;
+    assert_eq!(mw.status.as_ref().unwrap().phase, Some(Phase::Failed));
+    let stalled = condition(&mw, "Stalled");
+    assert_eq!(stalled.reason, "DeploymentRejected");
+    assert!(stalled.message.contains("exceeded quota"), "the quota's own words: {}", stalled.message);
+
+    let events: kube::Api<Event> = ns.api();
+    let list = events.list(&ListParams::default()).await.unwrap();
+    let forbidden: Vec<_> = list.items.iter().filter(|e| e.reason.as_deref() == Some("Forbidden")).collect();
+    assert!(forbidden.is_empty(), "a quota is not reported as a missing permission: {forbidden:?}");
+
+    // Room in the quota: the workload recovers within its recheck, untouched.
+    let room = json!({"spec": {"hard": {"count/deployments.apps": "1"}}});
+    quotas.patch("deployments", &PatchParams::default(), &Patch::Merge(&room)).await.unwrap();
+    let mw = wait_ready(&workloads, "web", Phase::Running).await;
+    assert_eq!(condition(&mw, "Stalled").status, "False");
+}

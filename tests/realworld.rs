@@ -51,14 +51,18 @@ async fn an_evicted_pod_is_history_and_a_stopped_workload_with_only_finished_pod
     // below would undo it. Wait until the Pod has not changed for a second.
     let victim = pods_of(&pods, "web").await.remove(0).name_any();
     let mut version = pods.get(&victim).await.unwrap().metadata.resource_version;
+    let mut settled = false;
     for _ in 0..30 {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         let now = pods.get(&victim).await.unwrap().metadata.resource_version;
         if now == version {
+            settled = true;
             break;
         }
         version = now;
     }
+    // Going on with a Pod kwok still writes to would test kwok's race, not the operator.
+    assert!(settled, "the Pod {victim} kept changing for 30 s; logs: {}", support::log_dir());
     let phases = PhaseLog::start(&workloads, "web").await;
 
     // What the kubelet leaves after an eviction: phase Failed, reason Evicted, until Pod GC.
@@ -133,7 +137,7 @@ async fn normalised_values_and_other_managers_entries_are_not_drift_but_a_hand_e
     });
     apply(&workloads, "web", spec).await.unwrap();
     wait_ready(&workloads, "web", Phase::Running).await;
-    let before = audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+    let before = audit::settled_writes(&ns.name).await;
     let count = |writes: &[audit::Write], resource: &str| writes.iter().filter(|w| w.resource == resource).count();
     assert_eq!(count(&before, "deployments"), 1, "one apply created it: {before:?}");
     assert_eq!(event_reasons(&before), 1, "one Event, Running (a new workload's Creating is not news): {before:?}");
@@ -148,7 +152,7 @@ async fn normalised_values_and_other_managers_entries_are_not_drift_but_a_hand_e
     })
     .await;
     wait_phase(&workloads, "web", Phase::Running).await;
-    let after = audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+    let after = audit::settled_writes(&ns.name).await;
     let new = &after[before.len()..];
     assert_eq!(count(new, "deployments"), 0, "nothing to correct: {new:?}");
     let events: Api<k8s_openapi::api::events::v1::Event> = ns.api();
@@ -175,7 +179,7 @@ async fn normalised_values_and_other_managers_entries_are_not_drift_but_a_hand_e
             == Some("nginx:latest")
     })
     .await;
-    audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+    audit::settled_writes(&ns.name).await;
     wait_phase(&workloads, "web", Phase::Running).await;
     assert_eq!(drift_events().await, 1, "exactly one DriftCorrected");
     let all = audit::operator_writes(&ns.name);
@@ -192,7 +196,7 @@ async fn failure_cycle_writes_nothing(image: &str, reason: &str, cycling: fn(&Po
     apply(&workloads, "web", json!({"image": image, "progressDeadlineSeconds": 3600})).await.unwrap();
     let mw = wait_condition(&workloads, "web", "Stalled", "True").await;
     assert_eq!(condition(&mw, "Stalled").reason, reason);
-    let before = audit::settled_writes(&ns.name, Duration::from_secs(2)).await;
+    let before = audit::settled_writes(&ns.name).await;
 
     // Watch the Pod go through its cycle for a while.
     let min_states = states;
@@ -318,4 +322,45 @@ async fn a_rejected_spec_keeps_mirrored_conditions_at_their_generation_and_recov
     eprintln!("rolled out {:?} after the policy was removed", started.elapsed());
     assert!(started.elapsed() < Duration::from_secs(60));
     assert_eq!(condition(&mw, "Available").observed_generation, updated.metadata.generation);
+}
+
+/// Pods count as a workload's only when they belong to its Deployment's ReplicaSets: a Pod
+/// that anyone could create with the workload's labels and template hash (here one kwok keeps
+/// crash-looping, with its own IP) neither fails the workload nor puts its IP in the status.
+#[tokio::test]
+async fn a_pod_with_the_workload_s_labels_but_not_its_replica_set_counts_for_nothing() {
+    let ns = TestNamespace::new("forged-pod").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
+    let running = wait_ready(&workloads, "web", Phase::Running).await;
+    let ip = running.status.as_ref().unwrap().pod_ip.clone();
+    assert!(ip.is_some());
+    let real = pods_of(&pods, "web").await.remove(0);
+
+    // The real Pod's labels and annotations (instance, managed, template hash), no owner.
+    let mut forged: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-forged", "labels": real.labels(), "annotations": real.annotations()},
+        "spec": {"containers": [{"name": "workload", "image": "kwok.example/crash-loop-backoff"}]},
+    }))
+    .unwrap();
+    forged.metadata.labels.get_or_insert_with(Default::default).remove("pod-template-hash");
+    pods.create(&PostParams::default(), &forged).await.unwrap();
+    eventually("kwok has the forged Pod crash-looping", TIMEOUT, || async {
+        let p = pods.get("web-forged").await.map_err(|e| e.to_string())?;
+        let waiting =
+            p.status.and_then(|s| s.container_statuses).into_iter().flatten().any(|c| {
+                c.state.and_then(|s| s.waiting).is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
+            });
+        if waiting { Ok(()) } else { Err("not yet in CrashLoopBackOff".into()) }
+    })
+    .await;
+    // Give the operator the time to react (the Pod's events were reconciled) and check that
+    // nothing moved: the workload is still Running with its own Pod's IP.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mw = workloads.get("web").await.unwrap();
+    let status = mw.status.as_ref().unwrap();
+    assert_eq!(status.phase, Some(Phase::Running), "{status:?}");
+    assert_eq!(status.pod_ip, ip);
+    assert_eq!(condition(&mw, "Ready").status, "True");
 }

@@ -14,7 +14,7 @@ use super::env::{self, DefaultEnv};
 use super::error::RowError;
 use super::image;
 use super::rows::{ContainerRow, Grants, RowKey};
-use crate::desired;
+use crate::operator::ownership as desired;
 use crate::resource::{
     CONTAINER_ID_LABEL, EnvVar, EnvVarSource, KeyRef, ManagedWorkload, ManagedWorkloadSpec, NODE_ID_LABEL, Quantity,
     ResourceList, Resources,

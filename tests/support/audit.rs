@@ -89,9 +89,18 @@ fn write_entries(user: &str, namespace: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Wait until the operator has made no write in `namespace` for `quiet`, and return its writes
+/// A quiet window long enough to see any write the operator still holds back from a workload in
+/// a steady phase (Running, Stopped, Failed): status details wait at most
+/// `DETAIL_DELAY` after the previous write. (In transition, Creating, Updating or Stopping,
+/// they may wait 60 s, but the transition's end is written at once and carries them: wait for
+/// the steady phase first, as every caller does.)
+pub const QUIET: std::time::Duration =
+    mw_operator::operator::status::DETAIL_DELAY.saturating_add(std::time::Duration::from_secs(2));
+
+/// Wait until the operator has made no write in `namespace` for `QUIET`, and return its writes
 /// so far: the settled starting point for a "nothing more is written" check.
-pub async fn settled_writes(namespace: &str, quiet: std::time::Duration) -> Vec<Write> {
+pub async fn settled_writes(namespace: &str) -> Vec<Write> {
+    let quiet = QUIET;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut seen = operator_writes(namespace);
     loop {

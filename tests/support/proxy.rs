@@ -1,9 +1,9 @@
 //! A TCP proxy in front of the API server that a test can cut and restore: the client's view
 //! of an API server that went away (connections reset, new ones refused) and came back,
-//! without stopping the control plane the other tests share. Or stall: connections stay
-//! open but nothing passes (a black hole: a dead route, a hung peer), until restored, when
-//! the held connections are reset (as the peer's eventual RST would). TLS passes through untouched
-//! (the serving certificate is for 127.0.0.1, which the proxy also is).
+//! without stopping the control plane the other tests share; or one that black-holes
+//! (connections stay open and nothing gets through, as when a network path dies without a
+//! reset). TLS passes through untouched (the serving certificate is for 127.0.0.1, which the
+//! proxy also is).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,7 +15,8 @@ use tokio::sync::watch;
 pub struct Proxy {
     pub addr: SocketAddr,
     cut: Arc<AtomicBool>,
-    stalled: Arc<AtomicBool>,
+    /// True while black-holing.
+    holding: watch::Sender<bool>,
     generation: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -25,37 +26,36 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding the proxy");
         let addr = listener.local_addr().expect("proxy address");
         let cut = Arc::new(AtomicBool::new(false));
-        let stalled = Arc::new(AtomicBool::new(false));
         let (generation, _) = watch::channel(0u64);
-        let (is_cut, is_stalled, gen_tx) = (cut.clone(), stalled.clone(), generation.clone());
+        let (holding, _) = watch::channel(false);
+        let (is_cut, gen_tx, hold_tx) = (cut.clone(), generation.clone(), holding.clone());
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 if is_cut.load(Ordering::SeqCst) {
                     drop(inbound); // refused: reset at once
                     continue;
                 }
-                let mut signal = gen_tx.subscribe();
-                let is_stalled = is_stalled.clone();
+                let mut cut_signal = gen_tx.subscribe();
+                let mut hold = hold_tx.subscribe();
                 tokio::spawn(async move {
-                    if is_stalled.load(Ordering::SeqCst) {
-                        // Accepted, never answered: held until restored.
-                        let _ = signal.changed().await;
+                    // Accepted while black-holing: never connected, closed once it heals.
+                    let held = *hold.borrow_and_update();
+                    if held {
+                        until(&mut hold, false).await;
                         return;
                     }
                     let Ok(mut outbound) = TcpStream::connect(target).await else { return };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = signal.changed() => {
-                            if is_stalled.load(Ordering::SeqCst) {
-                                // Both ends stay open, nothing is copied: wait for restore.
-                                let _ = signal.changed().await;
-                            }
-                        }
+                        _ = cut_signal.changed() => {}
+                        // Black-holed: both ends stay open and nothing more is copied; once it
+                        // heals they are closed, as a path that was dead that long leaves them.
+                        () = until(&mut hold, true) => until(&mut hold, false).await,
                     }
                 });
             }
         });
-        Proxy { addr, cut, stalled, generation, task }
+        Proxy { addr, cut, holding, generation, task }
     }
 
     /// Drop every open connection and refuse new ones.
@@ -64,18 +64,19 @@ impl Proxy {
         self.generation.send_modify(|g| *g += 1);
     }
 
-    /// Stop forwarding on every open connection and on new ones, without closing any.
-    pub fn stall(&self) {
-        self.stalled.store(true, Ordering::SeqCst);
-        self.generation.send_modify(|g| *g += 1);
-    }
-
     pub fn restore(&self) {
         self.cut.store(false, Ordering::SeqCst);
-        if self.stalled.swap(false, Ordering::SeqCst) {
-            // The held connections are reset; new ones forward again.
-            self.generation.send_modify(|g| *g += 1);
-        }
+    }
+
+    /// Stop forwarding without closing anything: open connections and new ones stay open and
+    /// silent.
+    pub fn black_hole(&self) {
+        self.holding.send_replace(true);
+    }
+
+    /// End the black hole: the connections it held are closed, new ones are forwarded.
+    pub fn heal(&self) {
+        self.holding.send_replace(false);
     }
 
     /// A copy of `kubeconfig` whose server is this proxy, written to `path`.
@@ -93,6 +94,11 @@ impl Proxy {
     }
 }
 
+/// Until the black hole is (`true`) or is not (`false`) on.
+async fn until(hold: &mut watch::Receiver<bool>, on: bool) {
+    let _ = hold.wait_for(|h| *h == on).await;
+}
+
 /// The API server's address, from the admin kubeconfig of the test control plane.
 pub fn api_server() -> SocketAddr {
     let path = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
@@ -103,6 +109,7 @@ pub fn api_server() -> SocketAddr {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        self.heal();
         self.cut();
         self.task.abort();
     }

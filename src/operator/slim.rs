@@ -24,8 +24,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ObjectMeta};
 use kube::ResourceExt;
 use serde_json::Value;
 
-use crate::desired::{APPLIED_HASH_ANNOTATION, INSTANCE_LABEL, TEMPLATE_HASH_ANNOTATION};
-use crate::drift::FIELD_MANAGER;
+use super::deployment::TEMPLATE_HASH_ANNOTATION;
+use super::ownership::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, INSTANCE_LABEL};
 
 /// Set by client-side `kubectl apply`: a copy of the whole manifest, read by kubectl only.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -44,7 +44,7 @@ pub struct CachedDeployment {
 impl From<Deployment> for CachedDeployment {
     fn from(mut d: Deployment) -> Self {
         deployment(&mut d);
-        let template_hash = crate::desired::current_template_hash(&d).map(str::to_owned);
+        let template_hash = super::deployment::current_template_hash(&d).map(str::to_owned);
         CachedDeployment { metadata: d.metadata, template_hash, status: d.status }
     }
 }
@@ -130,7 +130,7 @@ fn template_only(template_hash: Option<String>) -> DeploymentSpec {
 /// was applied from, which pod template it runs), the operator's own server-side apply record
 /// (how drift is told apart from normalisation, see drift.rs) and the status.
 pub fn deployment(d: &mut Deployment) {
-    let template_hash = crate::desired::current_template_hash(d).map(str::to_owned);
+    let template_hash = super::deployment::current_template_hash(d).map(str::to_owned);
     d.spec = Some(template_only(template_hash));
     keep(&mut d.metadata.annotations, &[APPLIED_HASH_ANNOTATION]);
     d.metadata.labels = None;
@@ -166,7 +166,16 @@ pub fn pod(p: &mut Pod) {
     p.metadata.managed_fields = None;
     keep(&mut p.metadata.labels, &[INSTANCE_LABEL]);
     keep(&mut p.metadata.annotations, &[TEMPLATE_HASH_ANNOTATION]);
-    p.metadata.owner_references = None;
+    // Only the controller (its ReplicaSet), by kind and UID: what says whose Pod it is.
+    if let Some(owners) = &mut p.metadata.owner_references {
+        owners.retain(|o| o.controller == Some(true));
+        for o in owners.iter_mut() {
+            o.api_version = String::new();
+            o.name = String::new();
+            o.block_owner_deletion = None;
+        }
+        owners.shrink_to_fit();
+    }
     p.metadata.generate_name = None;
     p.metadata.finalizers = None;
     let Some(status) = &mut p.status else { return };

@@ -13,12 +13,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use proptest::prelude::*;
 
-use crate::desired::{self, CONTAINER_NAME, TEMPLATE_HASH_ANNOTATION};
+use super::deployment::{self as desired, CONTAINER_NAME, TEMPLATE_HASH_ANNOTATION};
+use super::{drift, status};
 use crate::resource::{
     ContainerPort, DesiredState, EnvVar, EnvVarSource, KeyRef, ManagedWorkload, ManagedWorkloadSpec,
     ManagedWorkloadStatus, Phase, Protocol, Quantity, ResourceList, Resources, UpdateStrategy,
 };
-use crate::{drift, status};
 
 fn at(second: i64) -> Time {
     Time(Timestamp::from_second(second).unwrap_or(Timestamp::UNIX_EPOCH))
@@ -269,7 +269,7 @@ proptest! {
         prop_assert_eq!(pod.containers.len(), 1);
         prop_assert_eq!(pod.containers[0].image.as_deref(), Some(mw.spec.image.as_str()));
         prop_assert!(pod.containers[0].env.iter().flatten().all(|e| e.value.as_deref() != Some("")), "no empty values sent");
-        prop_assert!(desired::current_template_hash(&d).is_some() && desired::applied_hash(&d).is_some());
+        prop_assert!(desired::current_template_hash(&d).is_some() && super::ownership::applied_hash(&d).is_some());
         let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
         prop_assert_eq!(owner.controller, Some(true));
         let json = serde_json::to_value(&d).unwrap();

@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use crate::desired::{self, TEMPLATE_HASH_ANNOTATION};
+use super::deployment::{self as desired, TEMPLATE_HASH_ANNOTATION};
+use super::ownership::applied_hash;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 
 /// Container waiting reasons that mean the Pod will not start without a change: reported as
@@ -24,6 +25,12 @@ pub const FAILURE_REASONS: [&str; 5] =
 /// within seconds of starting, back-off growing to five minutes) while a one-off restart is
 /// reported Failed for at most two minutes after the container came back.
 pub const CRASH_LOOP_RECOVERY: Duration = Duration::from_secs(120);
+
+/// How long past its deletion deadline (`deletionTimestamp`, when the kubelet kills what is
+/// left) a Pod may take to go before it counts as stuck: its kubelet is unreachable (a node
+/// lost or partitioned), and the Pod stays Terminating until the node comes back or is
+/// deleted. A stuck Pod no longer keeps a workload whose replacement serves out of `Running`.
+pub const STUCK_TERMINATING: Duration = Duration::from_secs(30);
 
 pub const READY: &str = "Ready";
 pub const RECONCILING: &str = "Reconciling";
@@ -183,12 +190,22 @@ pub fn urgency(previous: Option<&ManagedWorkloadStatus>, next: &ManagedWorkloadS
 
 /// When the same world, unchanged, would derive a different status: a restarted container
 /// that is still inside its crash-loop window stops counting as a failure once the window
-/// ends, and no watch event marks that moment. None when only a change can alter the status.
+/// ends, and a Pod being deleted counts as stuck once `STUCK_TERMINATING` has passed; no
+/// watch event marks either moment. None when only a change can alter the status.
 pub fn revisit_after(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Option<Duration> {
     if mw.spec.desired_state() == DesiredState::Stopped || observed.blocked.is_some() {
         return None;
     }
-    current_pods(observed)
+    let stuck = observed
+        .pods
+        .iter()
+        .filter(|p| !finished(p))
+        .filter_map(|p| stuck_in(p, now))
+        .filter(|&left| left > 0)
+        // One second late rather than early, as below.
+        .map(|left| Duration::from_secs(left + 1))
+        .min();
+    let recovered = current_pods(observed)
         .flat_map(container_statuses)
         .filter_map(|cs| {
             let started = cs.state.as_ref()?.running.as_ref()?.started_at.as_ref()?;
@@ -200,7 +217,8 @@ pub fn revisit_after(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) 
             // One second late rather than early: at the boundary the window has ended.
             (left >= 0).then(|| Duration::from_secs(left as u64 + 1))
         })
-        .min()
+        .min();
+    stuck.into_iter().chain(recovered).min()
 }
 
 /// The permanent id Manager stores for the container: `namespace/name`.
@@ -251,8 +269,7 @@ fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>) -> Vec<Condit
 
 /// The live Deployment was applied from the desired object of the CR's current spec.
 fn built_from_current_spec(mw: &ManagedWorkload, deployment: &Deployment) -> bool {
-    desired::deployment(mw)
-        .is_some_and(|d| desired::applied_hash(&d).is_some_and(|h| Some(h) == desired::applied_hash(deployment)))
+    desired::deployment(mw).is_some_and(|d| applied_hash(&d).is_some_and(|h| Some(h) == applied_hash(deployment)))
 }
 
 /// A Deployment condition in metav1.Condition shape. Its own transition time is kept: it says
@@ -321,9 +338,22 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                 return Verdict::new(Phase::Creating, "Creating", "Creating: the Deployment does not exist yet");
             };
             // Unfinished Pods that are not live copies of the current template: an older
-            // template's, or terminating ones.
-            let others = unfinished - current.len();
-            let complete = rolled_out(deployment)
+            // template's, or terminating ones (but not those stuck on a lost node).
+            let holding = observed.pods.iter().filter(|p| !finished(p) && !stuck_terminating(p, now)).count();
+            let others = holding.saturating_sub(current.len());
+            // A Deployment generation the Deployment controller has not observed yet is no
+            // rollout when nothing of ours changed: the workload was Running at this very
+            // spec, so the desired Deployment is the one it ran, and the bump is someone
+            // else's edit (an annotation bumps a Deployment's generation too), which the
+            // controller observes within moments. Only then, and only with the one current
+            // Pod Ready, does the unobserved generation not count. (After a change of ours the
+            // Deployment's status may trail its Pods; reading it early would flap.)
+            let ran_this_spec = mw
+                .status
+                .as_ref()
+                .is_some_and(|s| s.phase == Some(Phase::Running) && s.observed_generation == mw.metadata.generation);
+            let settled = rolled_out(deployment) || (ran_this_spec && current.len() == 1 && pod_ready(current[0]));
+            let complete = settled
                 && [
                     count(deployment, |s| s.replicas),
                     count(deployment, |s| s.updated_replicas),
@@ -348,6 +378,27 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
             Verdict::new(phase, word, format!("{word}: {detail}"))
         }
     }
+}
+
+/// The Pod's Ready condition is True.
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Being deleted, and still there `STUCK_TERMINATING` after its deletion deadline.
+fn stuck_terminating(pod: &Pod, now: &Time) -> bool {
+    stuck_in(pod, now).is_some_and(|left| left == 0)
+}
+
+/// Seconds until a Pod being deleted counts as stuck (0 once it does); None when it is not
+/// being deleted.
+fn stuck_in(pod: &Pod, now: &Time) -> Option<u64> {
+    let deadline = pod.metadata.deletion_timestamp.as_ref()?.0.as_second();
+    let stuck_at = deadline.saturating_add(STUCK_TERMINATING.as_secs() as i64);
+    Some(u64::try_from(stuck_at.saturating_sub(now.0.as_second())).unwrap_or(0))
 }
 
 /// A spec change is rolling out over a workload that ran: the last status was Running for an

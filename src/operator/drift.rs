@@ -1,4 +1,5 @@
-//! Is the live Deployment already what we would apply? Answering this without a write is
+//! Is a live owned object (a Deployment, and every kind the operator applies) already what
+//! we would apply? Answering this without a write is
 //! what keeps an idle operator from touching the API server.
 //!
 //! Two checks, both pure:
@@ -12,28 +13,26 @@
 //!   managers add (`kubectl set env`, a mutating webhook) change no ownership of ours, so they
 //!   are not drift: re-applying could not change them anyway.
 
-use k8s_openapi::api::apps::v1::Deployment;
+use kube::Resource;
+use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::desired::applied_hash;
-
-/// The field manager whose ownership is checked (the operator's).
-pub const FIELD_MANAGER: &str = "mw-operator";
+use super::ownership::{FIELD_MANAGER, applied_hash};
 
 /// True when applying `desired` would change nothing on `live`.
-pub fn up_to_date(desired: &Deployment, live: &Deployment) -> bool {
+pub fn up_to_date<K: Resource + Serialize>(desired: &K, live: &K) -> bool {
     same_desired(desired, live) && owns_everything(desired, live)
 }
 
 /// `live` was last applied from exactly this desired object, so any difference between them is
 /// someone else's edit (drift) rather than a change of the workload's spec.
-pub fn same_desired(desired: &Deployment, live: &Deployment) -> bool {
+pub fn same_desired<K: Resource>(desired: &K, live: &K) -> bool {
     applied_hash(desired).is_some() && applied_hash(desired) == applied_hash(live)
 }
 
 /// The operator's `Apply` entry in `live`'s managedFields still covers every field `desired`
 /// sets.
-fn owns_everything(desired: &Deployment, live: &Deployment) -> bool {
+fn owns_everything<K: Resource + Serialize>(desired: &K, live: &K) -> bool {
     let Some(owned) = owned_fields(live) else { return false };
     let Some(owned) = parsed(owned) else { return false };
     let Ok(mut want) = serde_json::to_value(desired) else { return false };
@@ -62,8 +61,8 @@ fn parsed(fields: &Value) -> Option<std::borrow::Cow<'_, Value>> {
 
 /// The fields the operator's field manager owns through server-side apply (the main resource,
 /// not a subresource), in either form `parsed` reads.
-fn owned_fields(live: &Deployment) -> Option<&Value> {
-    let entries = live.metadata.managed_fields.as_ref()?;
+fn owned_fields<K: Resource>(live: &K) -> Option<&Value> {
+    let entries = live.meta().managed_fields.as_ref()?;
     let entry = entries.iter().find(|m| {
         m.manager.as_deref() == Some(FIELD_MANAGER)
             && m.operation.as_deref() == Some("Apply")
@@ -105,8 +104,9 @@ fn keyed_entry<'a>(set: &'a Map<String, Value>, entry: &Map<String, Value>) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired;
+    use crate::operator::deployment as desired;
     use crate::resource::{EnvVar, ManagedWorkload, ManagedWorkloadSpec, Quantity, ResourceList, Resources};
+    use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::Container;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 
@@ -264,7 +264,7 @@ mod tests {
             &["f:spec", "f:template", "f:spec", "f:containers", CONTAINER, "f:image"],
             &["f:spec", "f:template", "f:spec", "f:containers", CONTAINER, "f:env", r#"k:{"name":"A"}"#],
             &["f:spec", "f:template", "f:spec", "f:containers", CONTAINER, "f:command"],
-            &["f:metadata", "f:labels", &format!("f:{}", desired::MANAGED_LABEL)],
+            &["f:metadata", "f:labels", &format!("f:{}", crate::operator::ownership::MANAGED_LABEL)],
         ] {
             let edited = taken_over(stored.clone(), path);
             assert!(!up_to_date(&desired, &edited), "{path:?}");

@@ -8,14 +8,14 @@ use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStateWaiting
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::operator::status::{self, Observed};
 use crate::resource::{DesiredState, ManagedWorkload};
-use crate::status::{self, Observed};
 
 fn fixture<T: serde::de::DeserializeOwned>(name: &str) -> T {
     let text = match name {
-        "deployment" => include_str!("../../tests/fixtures/cluster/deployment.json"),
-        "pod" => include_str!("../../tests/fixtures/cluster/pod.json"),
-        _ => include_str!("../../tests/fixtures/cluster/managedworkload.json"),
+        "deployment" => include_str!("../../../tests/fixtures/cluster/deployment.json"),
+        "pod" => include_str!("../../../tests/fixtures/cluster/pod.json"),
+        _ => include_str!("../../../tests/fixtures/cluster/managedworkload.json"),
     };
     serde_json::from_str(text).expect("a fixture that parses")
 }
@@ -167,10 +167,10 @@ fn cached_objects_are_read_from_the_api_as_the_kubernetes_type_and_trimmed() {
     assert_eq!(CachedPod::kind(&()), Pod::kind(&()));
     assert_eq!(CachedPod::plural(&()), Pod::plural(&()));
     let d: CachedDeployment =
-        serde_json::from_str(include_str!("../../tests/fixtures/cluster/deployment.json")).unwrap();
+        serde_json::from_str(include_str!("../../../tests/fixtures/cluster/deployment.json")).unwrap();
     assert_eq!(d, CachedDeployment::from(fixture::<Deployment>("deployment")));
     assert_eq!(d.meta().name.as_deref(), Some("w1"));
-    let p: CachedPod = serde_json::from_str(include_str!("../../tests/fixtures/cluster/pod.json")).unwrap();
+    let p: CachedPod = serde_json::from_str(include_str!("../../../tests/fixtures/cluster/pod.json")).unwrap();
     assert_eq!(p.to_pod(), trimmed(&fixture::<Pod>("pod"), super::pod));
     // Room for a spec is what the cached types save.
     assert!(std::mem::size_of::<CachedDeployment>() * 3 < std::mem::size_of::<Deployment>());
@@ -180,10 +180,13 @@ fn cached_objects_are_read_from_the_api_as_the_kubernetes_type_and_trimmed() {
 #[test]
 fn trimmed_deployments_judge_drift_as_full_ones_do() {
     let mw: ManagedWorkload = fixture("managedworkload");
-    let desired = crate::desired::deployment(&mw).unwrap();
+    let desired = crate::operator::deployment::deployment(&mw).unwrap();
     let live: Deployment = fixture("deployment");
-    assert!(crate::drift::up_to_date(&desired, &live), "the fixture is the Deployment applied from the fixture CR");
-    assert!(crate::drift::up_to_date(&desired, &CachedDeployment::from(live.clone()).to_deployment()));
+    assert!(
+        crate::operator::drift::up_to_date(&desired, &live),
+        "the fixture is the Deployment applied from the fixture CR"
+    );
+    assert!(crate::operator::drift::up_to_date(&desired, &CachedDeployment::from(live.clone()).to_deployment()));
 
     // Someone else took over a field the operator sets: drift, in either form.
     let mut taken = live.clone();
@@ -191,14 +194,14 @@ fn trimmed_deployments_judge_drift_as_full_ones_do() {
     let FieldsV1(Value::Object(fields)) = own.fields_v1.as_mut().unwrap() else { panic!("a field set") };
     let Some(Value::Object(spec)) = fields.get_mut("f:spec") else { panic!("spec fields") };
     assert!(spec.remove("f:replicas").is_some());
-    assert!(!crate::drift::up_to_date(&desired, &taken));
-    assert!(!crate::drift::up_to_date(&desired, &trimmed(&taken, super::deployment)));
+    assert!(!crate::operator::drift::up_to_date(&desired, &taken));
+    assert!(!crate::operator::drift::up_to_date(&desired, &trimmed(&taken, super::deployment)));
 
     // A spec change of the CR: a different applied hash.
     let mut changed = mw.clone();
     changed.spec.image = "nginx:1.27".into();
-    let desired = crate::desired::deployment(&changed).unwrap();
-    assert!(!crate::drift::up_to_date(&desired, &trimmed(&live, super::deployment)));
+    let desired = crate::operator::deployment::deployment(&changed).unwrap();
+    assert!(!crate::operator::drift::up_to_date(&desired, &trimmed(&live, super::deployment)));
 }
 
 #[test]
@@ -211,9 +214,12 @@ fn trimming_keeps_identity_and_drops_the_rest() {
     assert_eq!(d.metadata.generation, live.metadata.generation);
     assert_eq!(d.metadata.owner_references, live.metadata.owner_references);
     assert_eq!(d.status, live.status);
-    assert_eq!(crate::desired::current_template_hash(&d), crate::desired::current_template_hash(&live));
-    assert!(crate::desired::current_template_hash(&d).is_some());
-    assert_eq!(crate::desired::applied_hash(&d), crate::desired::applied_hash(&live));
+    assert_eq!(
+        crate::operator::deployment::current_template_hash(&d),
+        crate::operator::deployment::current_template_hash(&live)
+    );
+    assert!(crate::operator::deployment::current_template_hash(&d).is_some());
+    assert_eq!(crate::operator::ownership::applied_hash(&d), crate::operator::ownership::applied_hash(&live));
     assert!(d.spec.as_ref().unwrap().template.spec.is_none(), "no pod spec");
     assert_eq!(d.managed_fields().len(), 1, "only the operator's own apply record");
     assert!(d.managed_fields()[0].fields_v1.as_ref().unwrap().0.is_string());
@@ -221,7 +227,10 @@ fn trimming_keeps_identity_and_drops_the_rest() {
 
     let full: Pod = fixture("pod");
     let p = trimmed(&full, super::pod);
-    assert!(p.spec.is_none() && p.managed_fields().is_empty() && p.owner_references().is_empty());
+    assert!(p.spec.is_none() && p.managed_fields().is_empty());
+    let controller = full.owner_references().iter().find(|o| o.controller == Some(true)).unwrap();
+    assert_eq!(p.owner_references().len(), 1, "only the controller");
+    assert_eq!((p.owner_references()[0].kind.as_str(), &p.owner_references()[0].uid), ("ReplicaSet", &controller.uid));
     assert_eq!(p.labels().get(INSTANCE_LABEL), full.labels().get(INSTANCE_LABEL));
     assert_eq!(p.labels().len(), 1);
     let status = p.status.as_ref().unwrap();

@@ -1,5 +1,6 @@
-//! The Deployment a ManagedWorkload should have: a pure function of the CR, so every rule
-//! about names, labels, replicas and the pod template is unit-tested without a cluster.
+//! The Deployment room: the Deployment a ManagedWorkload should have, a pure function of the
+//! CR, so every rule about names, labels, replicas and the pod template is unit-tested without
+//! a cluster.
 
 use std::collections::BTreeMap;
 
@@ -13,44 +14,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::resource::{
-    CONTAINER_ID_LABEL, DesiredState, ManagedWorkload, NODE_ID_LABEL, Protocol, ResourceList, UpdateStrategy,
-};
+use super::ownership::{fingerprint, labels, selector_labels, stamp_applied_hash};
+use crate::resource::{DesiredState, ManagedWorkload, Protocol, ResourceList, UpdateStrategy};
 
 /// Name of the single container in every workload Pod.
 pub const CONTAINER_NAME: &str = "workload";
-/// `app.kubernetes.io/managed-by` value on everything this operator creates.
-pub const MANAGER_NAME: &str = "mw-operator";
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
-/// Selects every Deployment and Pod the operator manages (its Pod watch uses it).
-pub const MANAGED_LABEL: &str = "opensource-server.mieweb.org/managed";
 /// Fingerprint of the pod template, stamped on it so a Pod tells which template it runs.
 pub const TEMPLATE_HASH_ANNOTATION: &str = "opensource-server.mieweb.org/template-hash";
-/// Fingerprint of the whole desired Deployment, so "is it up to date?" needs no write.
-pub const APPLIED_HASH_ANNOTATION: &str = "opensource-server.mieweb.org/applied-hash";
 
 /// Old ReplicaSets kept per workload; each costs etcd space and watch traffic, and the
 /// operator reverts a `kubectl rollout undo` anyway.
 const REVISION_HISTORY_LIMIT: i32 = 3;
-
-/// Labels on the Deployment and its Pods. Built from the CR's name and Manager identity
-/// labels only, so nothing a user sets can override them.
-pub fn labels(mw: &ManagedWorkload) -> BTreeMap<String, String> {
-    let mut labels = selector_labels(mw);
-    labels.insert(MANAGED_BY_LABEL.into(), MANAGER_NAME.into());
-    for key in [NODE_ID_LABEL, CONTAINER_ID_LABEL] {
-        if let Some(value) = mw.labels().get(key) {
-            labels.insert(key.into(), value.clone());
-        }
-    }
-    labels
-}
-
-/// The Deployment's selector (immutable once created, so only labels that never change).
-pub fn selector_labels(mw: &ManagedWorkload) -> BTreeMap<String, String> {
-    BTreeMap::from([(INSTANCE_LABEL.to_string(), mw.name_any()), (MANAGED_LABEL.to_string(), "true".to_string())])
-}
 
 /// The desired Deployment, ready for server-side apply. `None` when the CR has no UID yet
 /// (it was never stored, so nothing can be owned by it).
@@ -99,8 +73,7 @@ pub fn deployment(mw: &ManagedWorkload) -> Option<Deployment> {
         }),
         status: None,
     };
-    let applied = fingerprint(&deployment);
-    deployment.metadata.annotations = Some(BTreeMap::from([(APPLIED_HASH_ANNOTATION.to_string(), applied)]));
+    stamp_applied_hash(&mut deployment);
     Some(deployment)
 }
 
@@ -189,20 +162,6 @@ fn resource_list(list: &ResourceList) -> Option<BTreeMap<String, Quantity>> {
     (!map.is_empty()).then_some(map)
 }
 
-/// FNV-1a over the JSON form. Hand-rolled rather than std's hasher, whose output may change
-/// between Rust releases: a changed template hash would roll out every workload on upgrade.
-pub fn fingerprint(value: &impl serde::Serialize) -> String {
-    // Serializing plain data with string keys cannot fail.
-    let bytes = serde_json::to_vec(value).unwrap_or_default();
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
-    format!("{hash:016x}")
-}
-
-/// The fingerprint of the desired object a Deployment was applied from.
-pub fn applied_hash(deployment: &Deployment) -> Option<&str> {
-    deployment.metadata.annotations.as_ref()?.get(APPLIED_HASH_ANNOTATION).map(String::as_str)
-}
-
 /// The template hash the desired Deployment carries, for comparing against Pods.
 pub fn current_template_hash(deployment: &Deployment) -> Option<&str> {
     deployment
@@ -220,6 +179,8 @@ pub fn current_template_hash(deployment: &Deployment) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operator::ownership::{INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGED_LABEL, MANAGER_NAME};
+    use crate::resource::{CONTAINER_ID_LABEL, NODE_ID_LABEL};
     use crate::resource::{EnvVarSource as MwEnvVarSource, KeyRef, ManagedWorkloadSpec, Resources};
 
     fn workload(spec: ManagedWorkloadSpec) -> ManagedWorkload {

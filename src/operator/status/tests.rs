@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::desired;
+use crate::operator::deployment as desired;
 use crate::resource::{ManagedWorkloadSpec, ManagedWorkloadStatus};
 
 fn at(seconds: i64) -> Time {
@@ -102,8 +102,9 @@ fn waiting(mut p: Pod, reason: &str, message: &str) -> Pod {
     p
 }
 
+/// Being deleted, its deletion deadline 10 s before `derive_with`'s now.
 fn terminating(mut p: Pod) -> Pod {
-    p.metadata.deletion_timestamp = Some(at(200));
+    p.metadata.deletion_timestamp = Some(at(990));
     p
 }
 
@@ -162,11 +163,58 @@ fn running_when_rolled_out_and_available() {
 
 #[test]
 fn not_running_until_the_deployment_controller_saw_the_latest_spec() {
-    // Stale status: counts say 1/1/1 but for the previous generation.
+    // Stale status: counts say 1/1/1 but for the previous generation, whose template the only
+    // Pod still runs.
     let mw = with_phase(workload(DesiredState::Running, 2), Phase::Running);
     let d = deployment(&mw, 2, 1, [1, 1, 1, 1]);
-    let s = derive_with(&mw, Some(&d), &[pod(&d, true, true, "10.0.0.5")]);
+    let s = derive_with(&mw, Some(&d), &[pod(&d, false, true, "10.0.0.5")]);
     assert_summary(&s, Phase::Updating, "False", "True", "False");
+    // Nor while the Pod of the new template is not yet Ready.
+    let s = derive_with(&mw, Some(&d), &[pod(&d, true, false, "10.0.0.6")]);
+    assert_summary(&s, Phase::Updating, "False", "True", "False");
+}
+
+#[test]
+fn a_deployment_generation_that_changes_no_pod_is_no_rollout() {
+    // Someone edited a Deployment field outside the template (the operator restores it): the
+    // generation moves, the Deployment controller has not caught up, and the one Ready Pod
+    // runs the current template. Nothing rolls out, so nothing says it does.
+    let mut mw = with_phase(workload(DesiredState::Running, 1), Phase::Running);
+    mw.status.as_mut().unwrap().observed_generation = Some(1);
+    let d = deployment(&mw, 3, 2, [1, 1, 1, 1]);
+    let s = derive_with(&mw, Some(&d), &[pod(&d, true, true, "10.0.0.5")]);
+    assert_summary(&s, Phase::Running, "True", "False", "False");
+
+    // After a change of ours the Deployment's status trails its Pods: the new Pod Ready and
+    // the old one gone, but the status still the old generation's 1/1/1. Not Running yet:
+    // the next status (2 replicas while the old Pod goes) would flap it back.
+    let updating = with_phase(workload(DesiredState::Running, 2), Phase::Updating);
+    let d = deployment(&updating, 2, 1, [1, 1, 1, 1]);
+    let s = derive_with(&updating, Some(&d), &[pod(&d, true, true, "10.0.0.6")]);
+    assert_summary(&s, Phase::Updating, "False", "True", "False");
+}
+
+#[test]
+fn a_pod_stuck_terminating_on_a_lost_node_does_not_hold_back_its_replacement() {
+    let mw = with_phase(workload(DesiredState::Running, 1), Phase::Running);
+    let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let replacement = pod(&d, true, true, "10.0.0.6");
+    let mut old = terminating(pod(&d, true, false, "10.0.0.5"));
+    old.metadata.name = Some("web-old".into());
+    let observed = |now: i64, pods: &[Pod]| {
+        let o = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None };
+        (derive(&mw, &o, &at(now)), revisit_after(&mw, &o, &at(now)))
+    };
+    // Deadline at 990: within the kubelet's time to report, it is still going.
+    let pods = [old.clone(), replacement.clone()];
+    let (s, revisit) = observed(1000, &pods);
+    assert_ne!(s.phase, Some(Phase::Running), "{s:#?}");
+    assert!(cond(&s, RECONCILING).message.ends_with("waiting for old Pods to terminate"), "{s:#?}");
+    assert_eq!(revisit, Some(Duration::from_secs(21)), "looked at again once it counts as stuck");
+    // Long past its deadline: its node is gone; the replacement serves.
+    let (s, revisit) = observed(2000, &pods);
+    assert_summary(&s, Phase::Running, "True", "False", "False");
+    assert_eq!(revisit, None);
 }
 
 #[test]

@@ -1,0 +1,246 @@
+//! What the operator remembers per workload between reconciles (failure counts, the status
+//! and Deployment it last wrote until its caches show them, when it last wrote), and when it
+//! forgets: with the workload, or after a re-list that no longer holds it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::ResourceExt;
+use kube::runtime::watcher;
+
+use super::status;
+use super::watches::Workload;
+use crate::resource::{ManagedWorkload, ManagedWorkloadStatus};
+
+/// What the operator remembers per ManagedWorkload UID between reconciles.
+#[derive(Default)]
+pub struct PerObject {
+    inner: Mutex<PerObjectInner>,
+}
+
+#[derive(Default)]
+struct PerObjectInner {
+    /// Consecutive failures, for exponential backoff; cleared on success.
+    failures: HashMap<String, u32>,
+    /// The status last written, until the cache has caught up with it.
+    written: HashMap<String, Written>,
+    /// The Deployment as the last apply returned it, until the cache has caught up with it:
+    /// while a watch is down (an API server outage) the cache keeps the old one, and every
+    /// retry would apply the same change again.
+    applied: HashMap<String, Deployment>,
+    /// When the operator last wrote each workload's status, to let details wait (see
+    /// `status::urgency`).
+    last_write: HashMap<String, Instant>,
+    /// UIDs listed since the watch (re)started its initial list.
+    listing: Option<HashSet<String>>,
+}
+
+/// A status write the cache may not show yet.
+struct Written {
+    /// resourceVersion the write produced: a cached CR older than that predates the write.
+    version: Option<String>,
+    status: ManagedWorkloadStatus,
+}
+
+/// `cached` is older than `written`. resourceVersions are etcd revisions; they are compared as
+/// numbers only to order the operator's own write against its cache, and when either does not
+/// parse, only an exact match counts as caught up.
+fn older(cached: Option<&str>, written: Option<&str>) -> bool {
+    match (cached.and_then(|c| c.parse::<u64>().ok()), written.and_then(|w| w.parse::<u64>().ok())) {
+        (Some(c), Some(w)) => c < w,
+        _ => cached != written,
+    }
+}
+
+impl PerObject {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PerObjectInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keep the map in step with the CR watch: forget deleted workloads, and after a re-list
+    /// (a watch gap may hide deletions) every workload that is no longer listed.
+    pub fn observe(&self, event: &watcher::Event<Workload>) {
+        let mut inner = self.lock();
+        match event {
+            watcher::Event::Delete(mw) => inner.forget(mw.uid().as_deref()),
+            watcher::Event::Init => inner.listing = Some(HashSet::new()),
+            watcher::Event::InitApply(mw) => {
+                if let (Some(listing), Some(uid)) = (inner.listing.as_mut(), mw.uid()) {
+                    listing.insert(uid);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = inner.listing.take() {
+                    inner.failures.retain(|uid, _| listed.contains(uid));
+                    inner.written.retain(|uid, _| listed.contains(uid));
+                    inner.applied.retain(|uid, _| listed.contains(uid));
+                    inner.last_write.retain(|uid, _| listed.contains(uid));
+                }
+            }
+            watcher::Event::Apply(_) => {}
+        }
+    }
+
+    /// The status the CR has as far as the operator knows: the one it last wrote while the
+    /// cached CR predates that write, else the cached one.
+    pub fn previous_status(&self, mw: &ManagedWorkload) -> Option<ManagedWorkloadStatus> {
+        let uid = mw.uid()?;
+        let mut inner = self.lock();
+        match inner.written.get(&uid) {
+            Some(w) if older(mw.metadata.resource_version.as_deref(), w.version.as_deref()) => Some(w.status.clone()),
+            Some(_) => {
+                inner.written.remove(&uid);
+                mw.status.clone()
+            }
+            None => mw.status.clone(),
+        }
+    }
+
+    pub fn wrote(&self, mw: &ManagedWorkload, version: Option<String>, status: ManagedWorkloadStatus) {
+        if let Some(uid) = mw.uid() {
+            let mut inner = self.lock();
+            inner.last_write.insert(uid.clone(), Instant::now());
+            inner.written.insert(uid, Written { version, status });
+        }
+    }
+
+    /// How long to hold back a status change of this urgency: none when it is urgent or the
+    /// last write (if the operator made one since it started) is long enough ago.
+    pub fn hold_back(&self, mw: &ManagedWorkload, urgency: status::Urgency) -> Duration {
+        let status::Urgency::Within(delay) = urgency else { return Duration::ZERO };
+        let last = mw.uid().and_then(|uid| self.lock().last_write.get(&uid).copied());
+        last.map_or(Duration::ZERO, |at| delay.saturating_sub(at.elapsed()))
+    }
+
+    /// The live Deployment as far as the operator knows: the one its last apply returned while
+    /// the cached one predates it, else the cached one. Nothing cached: the caller asks the
+    /// API server (it may have been deleted since), and the memo goes.
+    pub fn newest_deployment(&self, mw: &ManagedWorkload, cached: Option<Deployment>) -> Option<Deployment> {
+        let Some(uid) = mw.uid() else { return cached };
+        let mut inner = self.lock();
+        let newer = match (&cached, inner.applied.get(&uid)) {
+            (Some(c), Some(a))
+                if older(c.metadata.resource_version.as_deref(), a.metadata.resource_version.as_deref()) =>
+            {
+                Some(a.clone())
+            }
+            _ => None,
+        };
+        if newer.is_none() {
+            inner.applied.remove(&uid);
+        }
+        newer.or(cached)
+    }
+
+    pub fn applied(&self, mw: &ManagedWorkload, mut deployment: Deployment) {
+        if let Some(uid) = mw.uid() {
+            super::slim::deployment(&mut deployment);
+            self.lock().applied.insert(uid, deployment);
+        }
+    }
+
+    pub fn failed(&self, uid: Option<String>) -> u32 {
+        let mut inner = self.lock();
+        let n = inner.failures.entry(uid.unwrap_or_default()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    pub fn succeeded(&self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.lock().failures.remove(uid);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> (usize, usize, usize) {
+        let inner = self.lock();
+        (inner.failures.len(), inner.written.len(), inner.last_write.len())
+    }
+}
+
+impl PerObjectInner {
+    fn forget(&mut self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.failures.remove(uid);
+            self.written.remove(uid);
+            self.applied.remove(uid);
+            self.last_write.remove(uid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::Phase;
+    use kube::core::DeserializeGuard;
+
+    fn workload(uid: &str, rv: &str) -> Workload {
+        let mut mw = ManagedWorkload::new("web", Default::default());
+        mw.metadata.uid = Some(uid.into());
+        mw.metadata.resource_version = Some(rv.into());
+        DeserializeGuard(Ok(mw))
+    }
+
+    #[test]
+    fn the_last_written_status_counts_until_the_cache_moves_past_it() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
+        let written = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
+        objects.wrote(&mw, Some("12".into()), written.clone());
+        assert_eq!(objects.previous_status(&mw), Some(written.clone()), "the cache still holds version 10");
+        let mut between = mw.clone();
+        between.metadata.resource_version = Some("11".into());
+        assert_eq!(objects.previous_status(&between), Some(written), "version 11 (a spec change) predates it too");
+        let mut caught_up = mw.clone();
+        caught_up.metadata.resource_version = Some("12".into());
+        assert_eq!(objects.previous_status(&caught_up), None, "the cache's own status once it has the write");
+        assert_eq!(objects.len(), (0, 0, 1), "the write time stays: it spaces the next detail write");
+        assert!(older(Some("9"), Some("10")) && !older(Some("10"), Some("10")) && !older(Some("11"), Some("10")));
+        assert!(older(Some("x"), Some("y")) && !older(Some("y"), Some("y")), "opaque versions: only equality");
+    }
+
+    #[test]
+    fn the_last_applied_deployment_counts_until_the_cache_moves_past_it() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "1").0 else { unreachable!() };
+        let at = |rv: &str| {
+            let mut d = Deployment::default();
+            d.metadata.resource_version = Some(rv.into());
+            d
+        };
+        objects.applied(&mw, at("20"));
+        let seen = |cached: Option<Deployment>| {
+            objects.newest_deployment(&mw, cached).and_then(|d| d.metadata.resource_version)
+        };
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("20"), "a stale cache: the applied one");
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("20"), "still, on a retry");
+        assert_eq!(seen(Some(at("20"))).as_deref(), Some("20"), "caught up");
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("10"), "the memo went once the cache caught up");
+        objects.applied(&mw, at("30"));
+        assert_eq!(seen(None), None, "not cached: asked of the API server (it may be gone)");
+        assert_eq!(seen(Some(at("10"))).as_deref(), Some("10"));
+    }
+
+    #[test]
+    fn per_object_state_goes_with_the_object() {
+        let objects = PerObject::default();
+        for uid in ["u1", "u2", "u3"] {
+            objects.failed(Some(uid.into()));
+            let Ok(mw) = workload(uid, "1").0 else { unreachable!() };
+            objects.wrote(&mw, Some("2".into()), Default::default());
+        }
+        objects.observe(&watcher::Event::Delete(workload("u1", "2")));
+        assert_eq!(objects.len(), (2, 2, 2));
+        // A re-list after a watch gap that hid u2's deletion.
+        objects.observe(&watcher::Event::Init);
+        objects.observe(&watcher::Event::InitApply(workload("u3", "1")));
+        objects.observe(&watcher::Event::InitDone);
+        assert_eq!(objects.len(), (1, 1, 1));
+        objects.succeeded(Some("u3"));
+        assert_eq!(objects.len(), (0, 1, 1));
+    }
+}

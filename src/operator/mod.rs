@@ -1,0 +1,230 @@
+//! The operator: watches ManagedWorkloads and what they own, and reconciles each into the
+//! objects it asks for. One room per concern:
+//!
+//! - `watches` (the three watches, their caches, the fan-out of triggers), `pod_index`,
+//!   `slim` (what the caches keep), `memory` (what is remembered per workload);
+//! - `reconcile`: one reconcile as a pipeline, observe → decide → act → report;
+//! - `plan` (pure): the decision table for an owned object and what an apply's refusal means;
+//! - one room per owned kind, its desired state built purely from the CR: `deployment`;
+//! - shared by every owned kind: `ownership` (field manager, labels, owner, fingerprints) and
+//!   `drift` (is the live object what we would apply?);
+//! - `status` (pure): the status from what was observed; `events`: Events off the reconcile
+//!   path.
+//!
+//! This file runs it all: caches first, then (as leader, when election is on) one controller
+//! per watched scope.
+
+pub mod deployment;
+pub mod drift;
+pub mod events;
+pub mod memory;
+pub mod ownership;
+pub mod plan;
+pub mod pod_index;
+pub mod reconcile;
+pub mod replica_sets;
+pub mod slim;
+pub mod status;
+pub mod watches;
+
+#[cfg(test)]
+mod properties;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::ListParams;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info};
+
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::resource::ManagedWorkload;
+use crate::telemetry::Health;
+use ownership::FIELD_MANAGER;
+use reconcile::{Context, error_policy, reconcile};
+use watches::{Caches, Workload, subscribe};
+
+/// What to watch and how hard to work.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Namespaces to watch; empty means all.
+    pub namespaces: Vec<String>,
+    /// Reconciles running at once (per watched namespace).
+    pub concurrency: u16,
+    /// Leader election; None runs the controller at once (one replica only).
+    pub election: Option<crate::election::Election>,
+}
+
+/// Run until SIGTERM/SIGINT: fill the caches, then (as leader, when election is on) reconcile.
+/// A standby keeps its caches warm and writes nothing; on SIGTERM in-flight reconciles finish,
+/// the Lease is released and this returns.
+pub async fn run(
+    clients: crate::client::Clients,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> Result<(), Error> {
+    let client = clients.requests.clone();
+    let scopes: Vec<Option<String>> = if settings.namespaces.is_empty() {
+        vec![None]
+    } else {
+        settings.namespaces.iter().cloned().map(Some).collect()
+    };
+    for scope in &scopes {
+        check_access(&client, scope.as_deref()).await?;
+    }
+    info!(namespaces = ?settings.namespaces, concurrency = settings.concurrency, "starting ManagedWorkload controller");
+    // One controller per watched namespace, each with its own limit.
+    metrics.set_max_concurrent(i64::from(settings.concurrency) * scopes.len() as i64);
+    let shutdown = crate::election::shutdown_signal();
+    let caches: Vec<Arc<Caches>> =
+        scopes.into_iter().map(|ns| Arc::new(Caches::start(&clients.watches, ns, metrics.clone()))).collect();
+    let (synced_tx, mut synced) = watch::channel(false);
+    tokio::spawn(report_health(caches.clone(), metrics.clone(), health, synced_tx));
+    // Decisions read the caches, so nothing is reconciled before they are full; and only a
+    // replica whose caches are full competes for the Lease: a new leader decides at once, and
+    // takeover time is the Lease's, not a full list's.
+    let mut stop = shutdown.clone();
+    tokio::select! {
+        done = synced.wait_for(|s| *s) => if done.is_err() { return Err(Error::CacheClosed) },
+        _ = stop.wait_for(|s| *s) => {
+            info!("shut down before the caches synced");
+            return Ok(());
+        }
+    }
+    let concurrency = settings.concurrency;
+    let term = |stop: watch::Receiver<bool>| {
+        let (client, caches, metrics) = (client.clone(), caches.clone(), metrics.clone());
+        async move {
+            let controllers =
+                caches.iter().map(|c| lead(client.clone(), c.clone(), concurrency, metrics.clone(), stop.clone()));
+            futures::future::join_all(controllers).await;
+        }
+    };
+    match settings.election {
+        None => crate::election::until_stopped(crate::election::STOP_GRACE, shutdown.clone(), term(shutdown)).await,
+        Some(election) => election.run(client.clone(), &metrics, shutdown, term).await?,
+    }
+    info!("controller stopped");
+    Ok(())
+}
+
+pub(crate) fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Fail fast, with a hint, when the CRD is missing or RBAC does not let the operator list
+/// ManagedWorkloads where it is told to watch, instead of retrying watches forever.
+async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Error> {
+    let probe = api::<ManagedWorkload>(client, namespace);
+    match probe.list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Err(Error::CrdMissing(kube::Error::Api(status))),
+        Err(err) => {
+            // The API's own message ("... is forbidden: User ... cannot list ...") says it all;
+            // the full Status debug dump would bury it.
+            let message = match err {
+                kube::Error::Api(status) => status.message,
+                // A TLS or connection failure is several sources down the chain.
+                other => crate::check::explain_connect_error(&crate::check::error_chain(&other)),
+            };
+            Err(Error::Access { scope: namespace.unwrap_or("all namespaces").to_string(), message })
+        }
+    }
+}
+
+/// Mark the process ready once every watch has synced (and say so on `synced`), and keep the
+/// workloads-by-phase gauges current (from the cache: free, and right on a standby too).
+///
+/// This is the only task that waits for the stores to become ready: kube-runtime's
+/// `wait_until_ready` wakes only the last of several concurrent waiters, so everyone else
+/// waits on `synced`.
+async fn report_health(
+    caches: Vec<Arc<Caches>>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    synced: watch::Sender<bool>,
+) {
+    let mut all_ready = true;
+    for cache in &caches {
+        all_ready &= cache.ready().await;
+    }
+    if !all_ready {
+        // A watch stream ended (shutdown): nothing to report.
+        return;
+    }
+    info!("caches synced; ready");
+    health.set_ready(true);
+    let _ = synced.send(true);
+    loop {
+        let mut counts = std::collections::BTreeMap::new();
+        for cache in &caches {
+            for guard in cache.workloads.state() {
+                let phase = guard.0.as_ref().ok().and_then(|mw| mw.status.as_ref()?.phase);
+                *counts.entry(crate::metrics::phase_label(phase)).or_insert(0) += 1;
+            }
+        }
+        metrics.set_workloads(&counts);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// One term of leadership for one scope: reconcile everything once, then every trigger, until
+/// `stop`; in-flight reconciles finish before this returns.
+async fn lead(
+    client: Client,
+    caches: Arc<Caches>,
+    concurrency: u16,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (resync, resyncs) = mpsc::unbounded_channel();
+    // Subscribed before the first full pass, so nothing between the two is missed.
+    let triggers = subscribe(&caches.triggers, resync.clone());
+    let _ = resync.send(());
+    let resyncs = futures::stream::unfold(resyncs, |mut rx| async move { rx.recv().await.map(|()| ((), rx)) });
+    let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
+    let (events, event_sender) = events::start(client.clone(), reporter, metrics.clone());
+    let ctx = Arc::new(Context {
+        events,
+        client,
+        metrics,
+        deployments: caches.deployments.clone(),
+        replica_sets: caches.replica_sets.clone(),
+        pods: caches.pods.clone(),
+        pod_index: caches.pod_index.clone(),
+        objects: caches.objects.clone(),
+    });
+    info!(namespace = caches.namespace.as_deref(), "reconciling");
+    Controller::for_stream(futures::stream::pending::<Result<Workload, watcher::Error>>(), caches.workloads.clone())
+        .reconcile_on(triggers)
+        .reconcile_all_on(resyncs)
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .graceful_shutdown_on(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => debug!(namespace = obj.namespace.as_deref(), name = %obj.name, "reconciled"),
+                // Reconcile failures are logged by error_policy.
+                Err(err) => debug!(error = %err, "reconcile did not complete"),
+            }
+        })
+        .await;
+    // The controller (and with it every handle to the event queue) is gone: send what is queued.
+    event_sender.drain().await;
+    info!(namespace = caches.namespace.as_deref(), "stopped reconciling");
+}

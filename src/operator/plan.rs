@@ -1,0 +1,182 @@
+//! Decide before acting: what to do about one owned object, from the desired object and the
+//! live one the cache (or a GET) showed, and what the API server's answer to an apply means.
+//! Pure, so the whole decision table is unit-tested; `reconcile` only carries it out. Generic
+//! over the owned kind: every kind the operator applies follows the same rules.
+
+use std::time::Duration;
+
+use kube::Resource;
+use serde::Serialize;
+
+use super::drift;
+use super::ownership::is_controlled_by;
+use crate::resource::ManagedWorkload;
+
+/// What to do about one owned object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// An object of that name exists and this workload does not control it: never touched;
+    /// the workload reports it.
+    Conflict,
+    /// Applying would change nothing: no write.
+    UpToDate,
+    /// Server-side apply the desired object.
+    Apply(Mode),
+}
+
+/// How to apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Nothing of that name exists: create it, neither forced nor able to touch an object
+    /// that appears in the meantime.
+    Create,
+    /// It is ours and differs: apply forced (controllers own their fields). `drift`: it was
+    /// applied from this very desired object, so the difference is someone else's edit (worth
+    /// an Event of its own), not a change of the workload's spec.
+    Update { drift: bool },
+}
+
+impl Mode {
+    /// Whether the apply takes fields over from other managers.
+    pub fn force(self) -> bool {
+        matches!(self, Mode::Update { .. })
+    }
+}
+
+pub fn decide<K: Resource + Serialize>(mw: &ManagedWorkload, desired: &K, live: Option<&K>) -> Decision {
+    match live {
+        None => Decision::Apply(Mode::Create),
+        Some(live) if !is_controlled_by(live, mw) => Decision::Conflict,
+        Some(live) if drift::up_to_date(desired, live) => Decision::UpToDate,
+        Some(live) => Decision::Apply(Mode::Update { drift: drift::same_desired(desired, live) }),
+    }
+}
+
+/// What the API server's refusal of an apply means.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A create-only apply found an object that appeared since the cache or GET said there
+    /// was none (409). Whose it is, the next reconcile tells; soon.
+    Appeared,
+    /// The API server refused the object built from the spec (400, 422), or admission did
+    /// (a ResourceQuota, a policy or a webhook answering 403): reported on the workload with
+    /// the server's own words and rechecked, since a freed quota or a changed policy cures it
+    /// without any change of the workload.
+    Rejected(String),
+    /// Anything else (unreachable, 5xx, 429, an authorization denial an RBAC fix cures):
+    /// an error, retried with backoff.
+    Retry,
+}
+
+/// How soon to look again at a workload whose object appeared while creating it.
+pub const APPEARED_RECHECK: Duration = Duration::from_secs(1);
+
+pub fn judge(mode: Mode, err: &kube::Error) -> Refusal {
+    let kube::Error::Api(status) = err else { return Refusal::Retry };
+    match status.code {
+        409 if mode == Mode::Create => Refusal::Appeared,
+        400 | 422 => Refusal::Rejected(status.message.clone()),
+        403 if !crate::error::is_authorization_denial(status) => Refusal::Rejected(status.message.clone()),
+        _ => Refusal::Retry,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::deployment;
+    use crate::resource::ManagedWorkloadSpec;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+
+    fn workload(uid: &str, image: &str) -> ManagedWorkload {
+        let mut mw = ManagedWorkload::new("web", ManagedWorkloadSpec { image: image.into(), ..Default::default() });
+        mw.metadata.namespace = Some("apps".into());
+        mw.metadata.uid = Some(uid.into());
+        mw
+    }
+
+    /// `desired` as the API server would store it after the operator applied it: the
+    /// operator's Apply entry owns every field it set.
+    fn stored(desired: &Deployment) -> Deployment {
+        fn fields(value: &serde_json::Value) -> serde_json::Value {
+            match value {
+                serde_json::Value::Object(map) => {
+                    serde_json::Value::Object(map.iter().map(|(k, v)| (format!("f:{k}"), fields(v))).collect())
+                }
+                // Lists owned whole: enough for these tests, which never edit inside one.
+                _ => serde_json::json!({}),
+            }
+        }
+        let mut live = desired.clone();
+        let mut want = serde_json::to_value(desired).unwrap();
+        want.as_object_mut().unwrap().retain(|k, _| k == "metadata" || k == "spec");
+        want["metadata"].as_object_mut().unwrap().retain(|k, _| k != "name" && k != "namespace");
+        live.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(super::super::ownership::FIELD_MANAGER.into()),
+            operation: Some("Apply".into()),
+            fields_v1: Some(FieldsV1(fields(&want))),
+            ..Default::default()
+        }]);
+        live
+    }
+
+    #[test]
+    fn the_decision_table() {
+        let mw = workload("u1", "nginx:1");
+        let desired = deployment::deployment(&mw).unwrap();
+        let live = stored(&desired);
+        assert_eq!(decide(&mw, &desired, None), Decision::Apply(Mode::Create), "absent: create, not forced");
+        assert!(!Mode::Create.force());
+        assert_eq!(decide(&mw, &desired, Some(&live)), Decision::UpToDate, "applied from this spec, untouched");
+
+        let changed = workload("u1", "nginx:2");
+        let newer = deployment::deployment(&changed).unwrap();
+        assert_eq!(
+            decide(&changed, &newer, Some(&live)),
+            Decision::Apply(Mode::Update { drift: false }),
+            "a spec change: forced, no drift Event"
+        );
+        assert!(Mode::Update { drift: false }.force());
+
+        let mut edited = live.clone();
+        edited.metadata.managed_fields = None;
+        assert_eq!(
+            decide(&mw, &desired, Some(&edited)),
+            Decision::Apply(Mode::Update { drift: true }),
+            "a field taken over behind the operator's back: restored, and said so"
+        );
+
+        let successor = workload("u2", "nginx:1");
+        assert_eq!(
+            decide(&successor, &deployment::deployment(&successor).unwrap(), Some(&live)),
+            Decision::Conflict,
+            "a re-created workload of the same name does not control its predecessor's Deployment"
+        );
+        let mut foreign = live.clone();
+        foreign.metadata.owner_references = None;
+        assert_eq!(decide(&mw, &desired, Some(&foreign)), Decision::Conflict, "someone else's: never touched");
+    }
+
+    fn api(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(kube::core::Status::failure(message, "Reason").with_code(code).boxed())
+    }
+
+    #[test]
+    fn what_a_refusal_means() {
+        let update = Mode::Update { drift: false };
+        assert_eq!(judge(Mode::Create, &api(409, "exists")), Refusal::Appeared);
+        assert_eq!(judge(update, &api(409, "conflict")), Refusal::Retry, "a forced apply's 409 is no appearance");
+        for code in [400, 422] {
+            assert_eq!(judge(update, &api(code, "spec.x: Invalid")), Refusal::Rejected("spec.x: Invalid".into()));
+        }
+        let quota = r#"deployments.apps "web" is forbidden: exceeded quota: q, requested: count/deployments.apps=1"#;
+        assert_eq!(judge(Mode::Create, &api(403, quota)), Refusal::Rejected(quota.into()), "quota: rejected, named");
+        let rbac = r#"deployments.apps "web" is forbidden: User "u" cannot patch resource "deployments" in API group "apps" in the namespace "a""#;
+        assert_eq!(judge(Mode::Create, &api(403, rbac)), Refusal::Retry, "RBAC: retried until granted");
+        for code in [429, 500, 503, 504] {
+            assert_eq!(judge(update, &api(code, "busy")), Refusal::Retry, "{code}");
+        }
+        assert_eq!(judge(update, &kube::Error::Service("connection reset".into())), Refusal::Retry);
+    }
+}

@@ -1,0 +1,345 @@
+//! One reconcile, read as a pipeline: observe (the caches, one GET when the cache cannot
+//! tell) → decide (`plan`, pure) → act (server-side apply) → report (`status`, pure, then
+//! one status write when it differs). Only observe and act, and the status write, talk to the
+//! API server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::core::error_boundary::InvalidObject;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::memory::PerObject;
+use super::ownership::FIELD_MANAGER;
+use super::plan::{self, Decision, Mode, Refusal};
+use super::pod_index::PodIndex;
+use super::replica_sets::ReplicaSets;
+use super::slim::{CachedDeployment, CachedPod};
+use super::status::{self, Blocked, Observed};
+use super::watches::Workload;
+use super::{deployment, events};
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::resource::{ManagedWorkload, ManagedWorkloadStatus, Phase};
+use crate::retry::Backoff;
+
+/// After a failed reconcile: 2 s, doubling per consecutive failure of the same object, up to
+/// 5 minutes.
+const BACKOFF: Backoff = Backoff { base: Duration::from_secs(2), max: Duration::from_secs(300) };
+/// Steady-state resync. Watches deliver every change; this only bounds how long a missed
+/// event could go unnoticed. It costs reads from the local cache, never a write.
+const RESYNC: Duration = Duration::from_secs(600);
+/// Recheck of a workload blocked by a Deployment it does not control. That Deployment is
+/// outside the operator's label-selected watch, so nothing announces its deletion; a GET
+/// every few seconds lets the workload recover within seconds of the cause going away.
+const CONFLICT_RECHECK: Duration = Duration::from_secs(5);
+/// Retry of a Deployment the API server rejected. A spec change retries at once (it is a new
+/// generation); this catches causes outside the spec (a quota, an admission policy, a webhook).
+const REJECTED_RECHECK: Duration = Duration::from_secs(10);
+
+/// Reason reported when the API server refuses the Deployment built from the spec.
+const REJECTED: &str = "DeploymentRejected";
+
+/// Shared state of one controller (one per watched namespace, or one for all).
+pub struct Context {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub deployments: Store<CachedDeployment>,
+    /// Which ReplicaSets each Deployment controls.
+    pub replica_sets: Arc<ReplicaSets>,
+    pub pods: Store<CachedPod>,
+    /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.
+    pub pod_index: Arc<PodIndex>,
+    pub events: events::Events,
+    /// Per-workload memory, dropped when the workload goes.
+    pub objects: Arc<PerObject>,
+}
+
+pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = guard.name_any();
+    let namespace = guard.namespace().ok_or_else(|| Error::MissingNamespace(name.clone()))?;
+    let span =
+        info_span!("reconcile", object = %format_args!("{namespace}/{name}"), generation = guard.meta().generation);
+    let timer = ctx.metrics.reconcile_started();
+    let result = match &guard.0 {
+        Ok(mw) => reconcile_one(mw, &ctx, &namespace, &name).instrument(span.clone()).await,
+        Err(invalid) => report_invalid(&ctx, &guard, invalid).instrument(span.clone()).await,
+    };
+    timer.finish(result.is_ok());
+    match &result {
+        Ok(_) => ctx.objects.succeeded(guard.uid().as_deref()),
+        // RBAC taken away at runtime: said on the object too (`kubectl describe` is where a
+        // workload's owner looks; error_policy logs it for the admin). Retried with backoff,
+        // so the operator recovers by itself once the permission is back.
+        Err(err) => {
+            if let (Some(message), Ok(mw)) = (err.forbidden(), &guard.0) {
+                let note = format!(
+                    "the operator lacks a permission it needs: {message}; grant the shipped Role (config/rbac) \
+                     and verify with `mw-operator check`"
+                );
+                publish(&ctx, mw, EventType::Warning, "Forbidden", &note);
+            }
+        }
+    }
+    result
+}
+
+/// What acting on the Deployment left to report.
+struct Acted {
+    /// The Deployment as it now is, when this workload controls one.
+    deployment: Option<Deployment>,
+    /// Why it is not what it should be, when a human must act.
+    blocked: Option<Blocked>,
+}
+
+async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, name: &str) -> Result<Action, Error> {
+    // Deletion is garbage collection's job: the Deployment is owned by the CR. No finalizer,
+    // so an uninstalled operator can never leave CRs stuck.
+    if mw.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let Some(desired) = deployment::deployment(mw) else {
+        return Ok(Action::await_change());
+    };
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let live = observe_deployment(ctx, &api, mw, namespace, name).await?;
+    let acted = match plan::decide(mw, &desired, live.as_ref()) {
+        Decision::Conflict => Acted { deployment: None, blocked: Some(conflict(name)) },
+        Decision::UpToDate => Acted { deployment: live, blocked: None },
+        Decision::Apply(mode) => match apply(ctx, &api, name, &desired, mode).await {
+            Ok(applied) => {
+                ctx.objects.applied(mw, applied.clone());
+                info!(verb = if mode.force() { "updated" } else { "created" }, "applied Deployment");
+                // Spec changes are announced by the phase change they cause; an edit made to
+                // the Deployment behind the operator's back deserves its own event.
+                if mode == (Mode::Update { drift: true }) {
+                    let note = format!("Deployment {name} was changed outside the operator; restored");
+                    publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
+                }
+                Acted { deployment: Some(applied), blocked: None }
+            }
+            Err(source) => match plan::judge(mode, &source) {
+                Refusal::Appeared => {
+                    info!("a Deployment appeared while creating it; rechecking");
+                    return Ok(Action::requeue(plan::APPEARED_RECHECK));
+                }
+                Refusal::Rejected(message) => {
+                    Acted { deployment: live, blocked: Some(Blocked { reason: REJECTED, message }) }
+                }
+                Refusal::Retry => {
+                    return Err(Error::ApplyDeployment { namespace: namespace.into(), name: name.into(), source });
+                }
+            },
+        },
+    };
+    report(ctx, mw, namespace, name, acted).await
+}
+
+/// The live Deployment: the newest the operator knows of (its cache, or what its last apply
+/// returned while the cache lags), else one GET. The caches are full by now (a controller runs
+/// only once every watch has synced), but the Deployment cache is label-selected: "not in the
+/// cache" is either absent, just created and not seen yet, or a Deployment someone else made
+/// under this name, which must not be touched.
+async fn observe_deployment(
+    ctx: &Context,
+    api: &Api<Deployment>,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Deployment>, Error> {
+    let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| d.to_deployment());
+    match ctx.objects.newest_deployment(mw, cached) {
+        Some(d) => Ok(Some(d)),
+        None => api.get_opt(name).await.map_err(|source| Error::GetDeployment {
+            namespace: namespace.into(),
+            name: name.into(),
+            source,
+        }),
+    }
+}
+
+/// Derive the status from what was observed and acted on, and write it when it differs from
+/// what the CR has (or, for details, once they have waited long enough).
+async fn report(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+    acted: Acted,
+) -> Result<Action, Error> {
+    // Labelled as the workload's, and belonging to its Deployment's ReplicaSets: a Pod anyone
+    // could create with those labels counts for nothing.
+    let deployment_uid = acted.deployment.as_ref().and_then(|d| d.metadata.uid.as_deref());
+    let pods: Vec<Pod> = ctx
+        .pod_index
+        .pods(&ctx.pods, namespace, name)
+        .iter()
+        .map(|p| p.to_pod())
+        .filter(|p| deployment_uid.is_some_and(|uid| ctx.replica_sets.owns(uid, p)))
+        .collect();
+    let recheck = match &acted.blocked {
+        Some(b) if b.reason == REJECTED => Some(REJECTED_RECHECK),
+        Some(_) => Some(CONFLICT_RECHECK),
+        None => None,
+    };
+    let observed =
+        Observed { deployment: acted.deployment.as_ref(), pods: pods.iter().collect(), blocked: acted.blocked };
+    let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
+    // Compared with what the operator last wrote, not only with the cache, which may not
+    // hold that write yet: a stale cache would mean a duplicate write and phase Event.
+    let mut known = mw.clone();
+    known.status = ctx.objects.previous_status(mw);
+    let status = status::derive(&known, &observed, &now);
+
+    let mut held = None;
+    if known.status.as_ref() != Some(&status) {
+        // Details wait for more changes to fold into one write; the requeue below comes back
+        // for them if nothing else does first.
+        let wait = ctx.objects.hold_back(mw, status::urgency(known.status.as_ref(), &status));
+        if wait.is_zero() {
+            let version = write_status(ctx, mw, namespace, name, &status).await?;
+            ctx.objects.wrote(mw, version, status.clone());
+            announce_phase_change(ctx, &known, &status);
+        } else {
+            debug!(?wait, "status details held back");
+            held = Some(wait);
+        }
+    }
+    let revisit = status::revisit_after(&known, &observed, &now);
+    Ok(Action::requeue([Some(RESYNC), recheck, revisit, held].into_iter().flatten().min().unwrap_or(RESYNC)))
+}
+
+fn conflict(name: &str) -> Blocked {
+    Blocked {
+        reason: "DeploymentConflict",
+        message: format!(
+            "a Deployment named {name} already exists and is not controlled by this ManagedWorkload; \
+             delete or rename it, or rename the ManagedWorkload"
+        ),
+    }
+}
+
+/// Server-side apply of the desired Deployment under the operator's field manager, as `mode`
+/// says. Creating, it is neither forced nor able to touch an existing object: the
+/// resourceVersion precondition "1" matches no stored object (etcd's first write is revision
+/// 2) and is ignored when the object is created, so a Deployment that appeared since the GET
+/// answers 409 instead of being merged into.
+async fn apply(
+    ctx: &Context,
+    api: &Api<Deployment>,
+    name: &str,
+    desired: &Deployment,
+    mode: Mode,
+) -> Result<Deployment, kube::Error> {
+    ctx.metrics.wrote("deployments", "apply");
+    let mut params = PatchParams::apply(FIELD_MANAGER);
+    params.force = mode.force();
+    if mode.force() {
+        return api.patch(name, &params, &Patch::Apply(desired)).await;
+    }
+    let mut create_only = desired.clone();
+    create_only.metadata.resource_version = Some("1".into());
+    api.patch(name, &params, &Patch::Apply(&create_only)).await
+}
+
+/// Writes the status; returns the resourceVersion the write produced.
+async fn write_status(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+    status: &ManagedWorkloadStatus,
+) -> Result<Option<String>, Error> {
+    let api: Api<ManagedWorkload> = Api::namespaced(ctx.client.clone(), namespace);
+    ctx.metrics.wrote("managedworkloads/status", "apply");
+    // Server-side apply: fields we stop setting (a pod IP that is gone) are removed, and no
+    // resourceVersion is needed, so there are no 409 conflicts with spec writers.
+    let written = api
+        .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&status_patch(mw, status)))
+        .await
+        .map_err(|source| Error::WriteStatus { namespace: namespace.into(), name: name.into(), source })?;
+    debug!(phase = ?status.phase, "status written");
+    Ok(written.metadata.resource_version)
+}
+
+/// The status apply patch. It carries the workload's UID, which the API server checks against
+/// the stored object: a reconcile that was slow enough for its workload to be deleted and
+/// re-created under the same name is refused instead of writing the old one's status onto the
+/// new one.
+fn status_patch(mw: &ManagedWorkload, status: &ManagedWorkloadStatus) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": ManagedWorkload::api_version(&()),
+        "kind": ManagedWorkload::kind(&()),
+        "metadata": { "uid": mw.metadata.uid },
+        "status": status,
+    })
+}
+
+fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {
+    let before = mw.status.as_ref().and_then(|s| s.phase);
+    let Some(after) = status.phase else { return };
+    // A new workload starting is the user's own act, not news: its first Event is the phase it
+    // reaches (Running), or a failure (which is news from the start).
+    if before == Some(after) || (before.is_none() && after == Phase::Creating) {
+        debug!(to = ?after, "phase set");
+        return;
+    }
+    let ready = status.conditions.iter().find(|c| c.type_ == status::READY);
+    let note = ready.map(|c| c.message.as_str()).unwrap_or(after.as_str());
+    let type_ = if after == Phase::Failed { EventType::Warning } else { EventType::Normal };
+    info!(from = ?before, to = ?after, "phase changed");
+    publish(ctx, mw, type_, after.as_str(), note);
+}
+
+fn publish(ctx: &Context, mw: &ManagedWorkload, type_: EventType, reason: &str, note: &str) {
+    ctx.events.send(mw.object_ref(&()), type_, reason, note);
+}
+
+/// An object that does not parse cannot be reconciled; say so once, on the object, and wait
+/// for it to change. Every other workload keeps being served.
+async fn report_invalid(ctx: &Context, guard: &Workload, invalid: &InvalidObject) -> Result<Action, Error> {
+    warn!(error = %invalid.error, "cannot parse the ManagedWorkload; skipping it until it changes");
+    let note = format!("the operator cannot read this object: {}", invalid.error);
+    ctx.events.send(guard.object_ref(&()), EventType::Warning, "InvalidSpec", &note);
+    Ok(Action::await_change())
+}
+
+pub fn error_policy(mw: Arc<Workload>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_failed(err.kind());
+    let (namespace, name) = (mw.namespace(), mw.name_any());
+    if err.is_permanent() {
+        // Retrying the same object gets the same answer; its next change is reconciled at once.
+        warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), "reconcile failed permanently; waiting for the object to change");
+        ctx.objects.succeeded(mw.uid().as_deref());
+        return Action::await_change();
+    }
+    let failures = ctx.objects.failed(mw.uid());
+    let delay = BACKOFF.delay(failures);
+    warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), failures, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_write_names_the_workload_it_is_for() {
+        let mut mw = ManagedWorkload::new("web", Default::default());
+        mw.metadata.uid = Some("u1".into());
+        let status = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
+        let patch = status_patch(&mw, &status);
+        assert_eq!(patch["metadata"]["uid"], "u1", "a re-created workload (another UID) refuses it");
+        assert_eq!(patch["status"]["phase"], "Running");
+        assert_eq!(patch["kind"], "ManagedWorkload");
+    }
+}

@@ -1,0 +1,221 @@
+//! The watches of one scope (a namespace, or all), the caches they fill, and the fan-out of
+//! "this workload may need a reconcile" to whichever controller runs now. They run from
+//! start to exit, leader or not, so a standby is warm when it takes over.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::{broadcast, mpsc};
+use tracing::warn;
+
+use super::api;
+use super::memory::PerObject;
+use super::ownership::{INSTANCE_LABEL, MANAGED_LABEL};
+use super::pod_index::PodIndex;
+use super::replica_sets::ReplicaSets;
+use super::slim::{CachedDeployment, CachedPod};
+use crate::metrics::Metrics;
+use crate::resource::ManagedWorkload;
+
+/// A ManagedWorkload as watched: parsed, or the reason it could not be.
+pub type Workload = DeserializeGuard<ManagedWorkload>;
+
+/// The watches of one scope (a namespace, or all), their caches, and the fan-out of "this
+/// workload may need a reconcile" to whichever controller runs now. They run from start to
+/// exit, leader or not, so a standby is warm when it takes over.
+pub struct Caches {
+    pub namespace: Option<String>,
+    pub deployments: Store<CachedDeployment>,
+    pub replica_sets: Arc<ReplicaSets>,
+    pub pods: Store<CachedPod>,
+    pub workloads: Store<Workload>,
+    pub pod_index: Arc<PodIndex>,
+    pub objects: Arc<PerObject>,
+    /// Workloads to reconcile, mapped from all three watches. Only a leader subscribes; a
+    /// standby's sends go nowhere.
+    pub triggers: broadcast::Sender<ObjectRef<Workload>>,
+}
+
+/// Queued triggers per subscriber. A leader that falls this far behind reconciles everything
+/// once (see `subscribe`) instead of losing a trigger; a reconcile from the cache is cheap.
+const TRIGGER_BUFFER: usize = 4096;
+
+impl Caches {
+    pub fn start(client: &Client, namespace: Option<String>, metrics: Arc<Metrics>) -> Caches {
+        let ns = namespace.as_deref();
+        let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+        let (triggers, _) = broadcast::channel(TRIGGER_BUFFER);
+
+        // Each cache keeps only what the operator reads of its objects (see slim.rs).
+        let (deployments, writer) = reflector::store();
+        let deployment_events = watcher(api::<CachedDeployment>(client, ns), managed.clone())
+            .default_backoff()
+            .reflect(writer)
+            .touched_objects();
+        let deployment_targets = targets(deployment_events, "deployments", owner_of);
+
+        // ReplicaSets: only which Deployment controls each (see replica_sets.rs). A new one
+        // may arrive after its first Pod, which then counts from here on: reconcile the
+        // workload (the Deployment's name is the workload's).
+        let replica_sets = Arc::new(ReplicaSets::default());
+        let indexer = replica_sets.clone();
+        let replica_set_events = watcher(api::<PartialObjectMeta<ReplicaSet>>(client, ns), managed.clone())
+            .default_backoff()
+            .inspect(move |event| {
+                if let Ok(event) = event {
+                    indexer.observe(event);
+                }
+            })
+            .touched_objects();
+        let replica_set_targets = targets(replica_set_events, "replicasets", |rs: &PartialObjectMeta<ReplicaSet>| {
+            let deployment =
+                rs.owner_references().iter().find(|o| o.controller == Some(true) && o.kind == "Deployment")?;
+            Some(ObjectRef::new(&deployment.name).within(&rs.namespace()?))
+        });
+
+        let (pods, writer) = reflector::store();
+        let pod_index = Arc::new(PodIndex::default());
+        let indexer = pod_index.clone();
+        let pod_events = watcher(api::<CachedPod>(client, ns), managed)
+            .default_backoff()
+            .inspect(move |event| {
+                if let Ok(event) = event {
+                    indexer.observe(event);
+                }
+            })
+            .reflect(writer)
+            .touched_objects();
+        let pod_targets = targets(pod_events, "pods", |pod: &CachedPod| {
+            let name = pod.labels().get(INSTANCE_LABEL)?;
+            Some(ObjectRef::new(name).within(&pod.namespace()?))
+        });
+
+        // Our own status writes change neither generation nor labels, so they do not echo back
+        // as reconciles. DeserializeGuard: one object the operator cannot parse (say, stored under
+        // an older schema) is reported on its own instead of failing the whole watch.
+        let (workloads, writer) = reflector::store();
+        let objects = Arc::new(PerObject::default());
+        let pruner = objects.clone();
+        let workload_events = watcher(api::<Workload>(client, ns), watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(super::slim::workload)
+            .inspect(move |event| {
+                if let Ok(event) = event {
+                    pruner.observe(event);
+                }
+            })
+            .reflect(writer)
+            .applied_objects()
+            .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
+        let workload_targets =
+            targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
+        // One task drives all four watches, so their events (and cache updates) are handled
+        // one at a time in the order they arrive, as when the Controller itself polled them.
+        let all = futures::stream::select_all([deployment_targets, replica_set_targets, pod_targets, workload_targets]);
+        tokio::spawn(fan_out(all, triggers.clone(), metrics));
+
+        Caches { namespace, deployments, replica_sets, pods, workloads, pod_index, objects, triggers }
+    }
+
+    pub async fn ready(&self) -> bool {
+        self.deployments.wait_until_ready().await.is_ok()
+            && self.replica_sets.ready().await
+            && self.pods.wait_until_ready().await.is_ok()
+            && self.workloads.wait_until_ready().await.is_ok()
+    }
+}
+
+/// The controller a Deployment belongs to, from its controller ownerReference.
+fn owner_of(deployment: &impl Resource) -> Option<ObjectRef<Workload>> {
+    let owner = deployment.owner_references().iter().find(|o| {
+        o.controller == Some(true)
+            && o.kind == ManagedWorkload::kind(&())
+            && o.api_version == ManagedWorkload::api_version(&())
+    })?;
+    Some(ObjectRef::new(&owner.name).within(&deployment.namespace()?))
+}
+
+/// What one watch event means for the controller: the workload to reconcile (if any), or the
+/// watch's failure, named by resource.
+type Target = Result<Option<ObjectRef<Workload>>, (&'static str, watcher::Error)>;
+
+fn targets<K: Send + 'static>(
+    events: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    resource: &'static str,
+    map: impl Fn(&K) -> Option<ObjectRef<Workload>> + Send + 'static,
+) -> futures::stream::BoxStream<'static, Target> {
+    events.map(move |event| event.map(|object| map(&object)).map_err(|err| (resource, err))).boxed()
+}
+
+/// Drive the watches (which fill the caches) and send the workload each event concerns to the
+/// subscribed controller, if any.
+async fn fan_out(
+    events: impl futures::Stream<Item = Target>,
+    triggers: broadcast::Sender<ObjectRef<Workload>>,
+    metrics: Arc<Metrics>,
+) {
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Some(target)) => {
+                // No receiver (a standby, or between terms) is fine: a new leader starts by
+                // reconciling everything.
+                let _ = triggers.send(target);
+            }
+            Ok(None) => {}
+            Err((resource, err)) => {
+                metrics.watch_restarted(resource);
+                warn!(resource, error = %err, "watch failed; retrying with backoff");
+            }
+        }
+    }
+}
+
+/// The triggers from now on, as a stream; a gap (the buffer overflowed) asks for a reconcile
+/// of everything through `resync`.
+pub fn subscribe(
+    triggers: &broadcast::Sender<ObjectRef<Workload>>,
+    resync: mpsc::UnboundedSender<()>,
+) -> impl futures::Stream<Item = ObjectRef<Workload>> + Send + 'static {
+    futures::stream::unfold((triggers.subscribe(), resync), |(mut rx, resync)| async move {
+        loop {
+            match rx.recv().await {
+                Ok(target) => return Some((target, (rx, resync))),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    warn!(missed, "the controller fell behind its watches; reconciling every workload");
+                    let _ = resync.send(());
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::Deployment;
+
+    #[test]
+    fn owned_deployments_map_to_their_controller_only() {
+        let mut d = Deployment::default();
+        d.metadata.namespace = Some("a".into());
+        let owner = |kind: &str, controller| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: ManagedWorkload::api_version(&()).into(),
+            kind: kind.into(),
+            name: format!("{kind}-owner"),
+            uid: "u".into(),
+            controller: Some(controller),
+            ..Default::default()
+        };
+        d.metadata.owner_references = Some(vec![owner("ManagedWorkload", false), owner("Other", true)]);
+        assert_eq!(owner_of(&d), None);
+        d.metadata.owner_references.as_mut().unwrap().push(owner("ManagedWorkload", true));
+        assert_eq!(owner_of(&d), Some(ObjectRef::new("ManagedWorkload-owner").within("a")));
+    }
+}
