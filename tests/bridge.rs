@@ -686,7 +686,7 @@ async fn hung_api_server() {
         wait_ready(&workloads, name, Phase::Running).await;
     }
 
-    proxy.stall();
+    proxy.black_hole();
     db.exec(&format!(
         r#"UPDATE "Containers" SET "environmentVars" = '{{"CHANGED":"yes"}}', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
         now()
@@ -701,7 +701,7 @@ async fn hung_api_server() {
     let (status, body) = bridge.http_get("/healthz").await;
     assert_eq!(status, 200, "the loop goes on (it retries), so it is alive: {body}");
     assert!(bridge.alive());
-    proxy.restore();
+    proxy.heal();
 
     wait_until(&workloads, "team-wiki", "the env change made while hung", TIMEOUT, |mw: Option<&ManagedWorkload>| {
         mw.is_some_and(|mw| mw.spec.env.iter().any(|e| e.name == "CHANGED"))
