@@ -474,11 +474,15 @@ cmd_start_bridge() {
   "${kubectl[@]}" create namespace "$ns" --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
   "${kubectl[@]}" -n "$ns" create rolebinding mw-bridge --clusterrole=mw-bridge --user=mw-bridge \
     --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
+  # Its leader election: the Lease in that namespace too (passed as --lease-namespace below).
+  "${kubectl[@]}" -n "$ns" apply -f "$REPO/config/rbac/bridge-leader-election-role.yaml" >/dev/null
+  "${kubectl[@]}" -n "$ns" create rolebinding mw-bridge-leader-election --role=mw-bridge-leader-election \
+    --user=mw-bridge --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
   # RBAC is cached by the API server: wait until the binding is in effect.
   wait_for "the bridge's RoleBinding" 30 "$logs" "${kubectl[@]}" auth can-i list managedworkloads.opensource-server.mieweb.org \
     -n "$ns" --as mw-bridge
   stop_wave "$state" bridge || die "the bridge recorded for '$name' could not be stopped"
-  start "$state" "$logs" bridge "$binary" bridge --kubeconfig "$state/bridge.kubeconfig" "$@"
+  start "$state" "$logs" bridge "$binary" bridge --kubeconfig "$state/bridge.kubeconfig" --lease-namespace "$ns" "$@"
   cat "$state/pids/bridge.pid"
 }
 

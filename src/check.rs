@@ -35,6 +35,7 @@ pub enum Component {
 
 const OPERATOR_ROLE: &str = include_str!("../config/rbac/role.yaml");
 const BRIDGE_ROLE: &str = include_str!("../config/rbac/bridge-role.yaml");
+const BRIDGE_LEADER_ELECTION_ROLE: &str = include_str!("../config/rbac/bridge-leader-election-role.yaml");
 const LEADER_ELECTION_ROLE: &str = include_str!("../config/rbac/leader-election-role.yaml");
 
 #[derive(Debug, Error)]
@@ -139,11 +140,18 @@ pub fn required(component: Component) -> Result<Vec<Permission>, CheckError> {
     }
 }
 
-/// What leader election needs on the Lease `lease_name`, in the Lease's namespace only
-/// (config/rbac/leader-election-role.yaml): create (not restricted by name), and get and
-/// patch of that one Lease.
-pub fn lease_required(lease_name: &str) -> Result<Vec<Permission>, CheckError> {
-    permissions("config/rbac/leader-election-role.yaml", LEADER_ELECTION_ROLE, Some(lease_name))
+/// What `component`'s leader election needs on the Lease `lease_name`, in the Lease's
+/// namespace only (config/rbac/leader-election-role.yaml, bridge-leader-election-role.yaml):
+/// create (not restricted by name), and get and patch of that one Lease.
+pub fn lease_required(component: Component, lease_name: &str) -> Result<Vec<Permission>, CheckError> {
+    match component {
+        Component::Operator => {
+            permissions("config/rbac/leader-election-role.yaml", LEADER_ELECTION_ROLE, Some(lease_name))
+        }
+        Component::Bridge => {
+            permissions("config/rbac/bridge-leader-election-role.yaml", BRIDGE_LEADER_ELECTION_ROLE, Some(lease_name))
+        }
+    }
 }
 
 /// Permissions the component must not hold where it serves: anything it holds beyond its
@@ -189,8 +197,8 @@ pub fn asks(component: Component, namespaces: &[String], lease: Option<&LeaseSco
         out.extend(needed.iter().map(|p| Ask { namespace: scope.clone(), permission: p.clone(), required: true }));
         out.extend(unneeded.iter().map(|p| Ask { namespace: scope.clone(), permission: p.clone(), required: false }));
     }
-    if let (Component::Operator, Some(lease)) = (component, lease) {
-        out.extend(lease_required(&lease.name)?.into_iter().map(|permission| Ask {
+    if let Some(lease) = lease {
+        out.extend(lease_required(component, &lease.name)?.into_iter().map(|permission| Ask {
             namespace: Some(lease.namespace.clone()),
             permission,
             required: true,
@@ -465,7 +473,8 @@ mod tests {
 
     #[test]
     fn leader_election_needs_one_named_lease_and_create() {
-        let got: Vec<String> = lease_required("my-lease").unwrap().iter().map(|p| p.to_string()).collect();
+        let got: Vec<String> =
+            lease_required(Component::Operator, "my-lease").unwrap().iter().map(|p| p.to_string()).collect();
         assert_eq!(
             got,
             [
@@ -508,11 +517,24 @@ mod tests {
         );
         assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 17);
 
-        // Without leader election, or for the bridge (it has none): no Lease asked anywhere.
+        // Without leader election: no Lease asked anywhere.
         let none = asks(Component::Operator, &namespaces, None).unwrap();
         assert!(!none.iter().any(|a| a.required && a.permission.resource == "leases"));
+        // The bridge: its own Lease Role, in the Lease's namespace only.
         let bridge = asks(Component::Bridge, &namespaces, Some(&lease())).unwrap();
-        assert!(!bridge.iter().any(|a| a.permission.resource == "leases"));
+        let leases: Vec<&Ask> = bridge.iter().filter(|a| a.permission.resource == "leases" && a.required).collect();
+        assert_eq!(leases.len(), 3, "{leases:#?}");
+        assert!(leases.iter().all(|a| a.namespace.as_deref() == Some("mw-system")));
+        let got: Vec<String> =
+            lease_required(Component::Bridge, "mw-bridge").unwrap().iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            got,
+            [
+                "create leases.coordination.k8s.io",
+                "get leases.coordination.k8s.io named mw-bridge",
+                "patch leases.coordination.k8s.io named mw-bridge"
+            ]
+        );
     }
 
     #[test]

@@ -6,7 +6,6 @@
 //! clean shutdown.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -19,34 +18,11 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::error::Error;
-use crate::metrics::Metrics;
+use crate::shutdown::{STOP_GRACE, finish_within};
 
 /// How long a clean shutdown waits for the Lease to be released before exiting anyway (the
 /// standby then takes over when the Lease expires instead of at once).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long in-flight reconciles may take to finish once a term ends (shutdown or lost Lease)
-/// before they are dropped. With the 5 s for the release it stays inside the chart's 30 s
-/// terminationGracePeriodSeconds; a reconcile normally takes milliseconds, but one stuck on an
-/// unreachable API server would otherwise wait for the client's own timeout (minutes).
-pub const STOP_GRACE: Duration = Duration::from_secs(20);
-
-/// Run `work` to its end, but at most `grace`: dropping it cancels what it still waits for.
-pub async fn finish_within(grace: Duration, work: impl Future<Output = ()>) {
-    if tokio::time::timeout(grace, work).await.is_err() {
-        warn!(grace = ?grace, "in-flight reconciles did not finish in time; abandoning them");
-    }
-}
-
-/// Run `work` until it ends; once `stop` turns true it gets `grace` more, then is dropped.
-pub async fn until_stopped(grace: Duration, mut stop: watch::Receiver<bool>, work: impl Future<Output = ()>) {
-    let mut work = std::pin::pin!(work);
-    tokio::select! {
-        () = &mut work => return,
-        _ = stop.wait_for(|s| *s) => {}
-    }
-    finish_within(grace, work).await;
-}
 
 /// Leader election flags of `run`.
 #[derive(clap::Args, Clone, Debug)]
@@ -55,9 +31,10 @@ pub struct ElectionArgs {
     /// both write.
     #[arg(long, env = "MW_NO_LEADER_ELECTION")]
     pub no_leader_election: bool,
-    /// Name of the Lease the replicas compete for.
-    #[arg(long, env = "MW_LEASE_NAME", default_value = crate::metrics::DEFAULT_LEASE)]
-    pub lease_name: String,
+    /// Name of the Lease the replicas compete for: `mw-operator` for the operator, `mw-bridge`
+    /// for the bridge (they must differ: each has replicas of its own).
+    #[arg(long, env = "MW_LEASE_NAME")]
+    pub lease_name: Option<String>,
     /// Namespace of the Lease: the operator's own ($POD_NAMESPACE, set by the chart), else
     /// "default".
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
@@ -90,7 +67,7 @@ pub struct Election {
 impl ElectionArgs {
     /// None when election is off. A grace above half the duration is refused: the renew
     /// deadline (duration - grace) would leave too little time to renew before it passes.
-    pub fn election(&self, hostname: impl FnOnce() -> String) -> Result<Option<Election>, String> {
+    pub fn election(&self, default_lease: &str, hostname: impl FnOnce() -> String) -> Result<Option<Election>, String> {
         if self.no_leader_election {
             return Ok(None);
         }
@@ -101,7 +78,7 @@ impl ElectionArgs {
             ));
         }
         Ok(Some(Election {
-            lease_name: self.lease_name.clone(),
+            lease_name: self.lease_name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| default_lease.to_string()),
             namespace: self.lease_namespace.clone(),
             identity: self.identity.clone().filter(|i| !i.is_empty()).unwrap_or_else(hostname),
             duration: self.lease_duration,
@@ -149,10 +126,12 @@ impl Election {
     /// leadership was lost, after `STOP_GRACE` on shutdown while the Lease is still renewed.
     /// On shutdown the Lease is released (so a standby takes over at once) before this
     /// returns.
+    /// `leading` is told each change of leadership (for the `leader_election_master_status`
+    /// gauge and whatever else must know).
     pub async fn run<F, Fut>(
         self,
         client: Client,
-        metrics: &Arc<Metrics>,
+        leading: impl Fn(&str, bool),
         mut shutdown: watch::Receiver<bool>,
         term: F,
     ) -> Result<(), Error>
@@ -161,7 +140,7 @@ impl Election {
         Fut: Future<Output = ()>,
     {
         let leases: Api<Lease> = Api::namespaced(client, &self.namespace);
-        metrics.set_leader(&self.lease_name, false);
+        leading(&self.lease_name, false);
         info!(lease = %self.describe(), identity = %self.identity, "standing by for leadership");
         let mut standby = Standby::default();
         loop {
@@ -171,7 +150,7 @@ impl Election {
             };
             let mut fence = Fence::new(won, self.renew_deadline());
             info!(lease = %self.describe(), identity = %self.identity, "became leader");
-            metrics.set_leader(&self.lease_name, true);
+            leading(&self.lease_name, true);
             let (stop, stopped) = watch::channel(false);
             let mut work = std::pin::pin!(term(stopped));
             let (lost, stopping) = {
@@ -195,10 +174,10 @@ impl Election {
             };
             if let Some(reason) = &lost {
                 warn!(lease = %self.describe(), %reason, "leadership ended; stopping work");
-                metrics.set_leader(&self.lease_name, false);
+                leading(&self.lease_name, false);
                 finish_within(self.loss_grace(), &mut work).await;
             }
-            metrics.set_leader(&self.lease_name, false);
+            leading(&self.lease_name, false);
             if stopping || *shutdown.borrow() {
                 if lost.is_none() {
                     self.release(&leases).await;
@@ -423,35 +402,6 @@ impl Standby {
     }
 }
 
-/// Turns true on the first SIGTERM or SIGINT.
-pub fn shutdown_signal() -> watch::Receiver<bool> {
-    let (tx, rx) = watch::channel(false);
-    tokio::spawn(async move {
-        let ctrl_c = tokio::signal::ctrl_c();
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            match signal(SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = ctrl_c => {}
-                        _ = term.recv() => {}
-                    }
-                }
-                Err(err) => {
-                    warn!(error = %err, "cannot listen for SIGTERM; only SIGINT stops the operator");
-                    let _ = ctrl_c.await;
-                }
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = ctrl_c.await;
-        info!("shutdown requested: finishing in-flight reconciles");
-        let _ = tx.send(true);
-    });
-    rx
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,7 +409,7 @@ mod tests {
     fn args() -> ElectionArgs {
         ElectionArgs {
             no_leader_election: false,
-            lease_name: "mw-operator".into(),
+            lease_name: None,
             lease_namespace: "mw-system".into(),
             identity: None,
             lease_duration: 15,
@@ -467,59 +417,29 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn stopping_work_gets_its_grace_and_no_more() {
-        // Work that would never end is dropped once stopped and the grace is over: this
-        // returning at all is the bound.
-        let (tx, rx) = watch::channel(false);
-        let _ = tx.send(true);
-        until_stopped(Duration::from_millis(50), rx, std::future::pending()).await;
-
-        // Stopped work that needs less than its grace is not cut short: it finishes.
-        let (tx, rx) = watch::channel(false);
-        let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let done = finished.clone();
-        let stopping = rx.clone();
-        let _ = tx.send(true);
-        until_stopped(Duration::from_millis(500), rx, async move {
-            let mut stopping = stopping;
-            let _ = stopping.wait_for(|s| *s).await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
-        })
-        .await;
-        assert!(finished.load(std::sync::atomic::Ordering::SeqCst), "work within its grace runs to its end");
-
-        // Work that ends by itself runs to its end, stop or no stop.
-        let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let done = finished.clone();
-        let (_tx, rx) = watch::channel(false);
-        until_stopped(Duration::from_millis(50), rx, async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
-        })
-        .await;
-        assert!(finished.load(std::sync::atomic::Ordering::SeqCst));
-    }
-
     #[test]
     fn identity_falls_back_to_the_host_and_bad_timings_are_refused() {
-        let e = args().election(|| "host-1".into()).unwrap().unwrap();
+        let e = args().election("mw-operator", || "host-1".into()).unwrap().unwrap();
         assert_eq!((e.identity.as_str(), e.namespace.as_str(), e.duration, e.grace), ("host-1", "mw-system", 15, 5));
+        assert_eq!(e.lease_name, "mw-operator", "the component's own Lease unless named");
+        let bridge = args().election("mw-bridge", || "h".into()).unwrap().unwrap();
+        assert_eq!(bridge.lease_name, "mw-bridge");
+        let named = ElectionArgs { lease_name: Some("other".into()), ..args() };
+        assert_eq!(named.election("mw-bridge", || "h".into()).unwrap().unwrap().lease_name, "other");
         let named = ElectionArgs { identity: Some("pod-a".into()), ..args() };
-        assert_eq!(named.election(|| unreachable!()).unwrap().unwrap().identity, "pod-a");
+        assert_eq!(named.election("mw-operator", || unreachable!()).unwrap().unwrap().identity, "pod-a");
         let empty = ElectionArgs { identity: Some(String::new()), ..args() };
-        assert_eq!(empty.election(|| "h".into()).unwrap().unwrap().identity, "h");
+        assert_eq!(empty.election("mw-operator", || "h".into()).unwrap().unwrap().identity, "h");
         let bad = ElectionArgs { lease_grace: 8, ..args() };
-        assert!(bad.election(|| "h".into()).unwrap_err().contains("--lease-grace"));
+        assert!(bad.election("mw-operator", || "h".into()).unwrap_err().contains("--lease-grace"));
         let off = ElectionArgs { no_leader_election: true, ..args() };
-        assert!(off.election(|| "h".into()).unwrap().is_none());
+        assert!(off.election("mw-operator", || "h".into()).unwrap().is_none());
         assert!(default_identity().ends_with(&format!("-{}", std::process::id())));
     }
 
     #[test]
     fn leadership_ends_locally_before_anyone_else_can_take_the_lease() {
-        let e = args().election(|| "a".into()).unwrap().unwrap();
+        let e = args().election("mw-operator", || "a".into()).unwrap().unwrap();
         let duration = Duration::from_secs(e.duration);
         assert_eq!(e.renew_deadline(), Duration::from_secs(10));
         // The leader stops acting at most renew_deadline + loss_grace after its last renewal
@@ -531,7 +451,7 @@ mod tests {
         // Any accepted timing keeps the rule.
         for (duration, grace) in [(2, 1), (4, 2), (15, 5), (60, 30), (60, 1)] {
             let e = ElectionArgs { lease_duration: duration, lease_grace: grace, ..args() }
-                .election(|| "a".into())
+                .election("mw-operator", || "a".into())
                 .unwrap()
                 .unwrap();
             assert!(e.renew_deadline() + e.loss_grace() < Duration::from_secs(duration), "{duration}/{grace}");

@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod operator;
 pub mod resource;
 pub mod retry;
+pub mod shutdown;
 pub mod telemetry;

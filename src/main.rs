@@ -88,7 +88,7 @@ fn run(
     metrics_address: std::net::SocketAddr,
     election: election::ElectionArgs,
 ) -> Result<(), String> {
-    let election = election.election(election::default_identity)?;
+    let election = election.election(metrics::DEFAULT_LEASE, election::default_identity)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     let result = runtime.block_on(async {
         let clients = client::connect_all(&connection).await.map_err(|e| e.to_string())?;

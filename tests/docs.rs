@@ -76,7 +76,7 @@ fn install_md_shows_the_checklist_check_prints() {
     assert_eq!(count, real.lines().last().unwrap(), "docs/install.md's sample check output counts wrong");
     let expected = 3
         + 2 * (required(Component::Operator).unwrap().len() + unwanted(Component::Operator).len())
-        + lease_required("mw-operator").unwrap().len();
+        + lease_required(Component::Operator, "mw-operator").unwrap().len();
     assert!(count.starts_with(&format!("{expected} checks: {expected} passed")), "{count}");
     // Every line shown (but the elisions) is a line check prints.
     for line in sample.lines().filter(|l| *l != "…") {

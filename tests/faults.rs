@@ -34,8 +34,19 @@ fn scoped(ns: &TestNamespace, extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// The control plane these tests run against: MW_TEST_CLUSTER, else the one whose state
+/// directory holds MW_TEST_KUBECONFIG (hack/controlplane.sh keeps it in `<run dir>/<name>/`),
+/// so a run against another cluster can never stop this one's components.
+fn cluster() -> String {
+    std::env::var("MW_TEST_CLUSTER").unwrap_or_else(|_| {
+        let kubeconfig = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
+        let dir = std::path::Path::new(&kubeconfig).parent().and_then(|d| d.file_name());
+        dir.and_then(|d| d.to_str()).expect("the kubeconfig in a control plane's state directory").to_string()
+    })
+}
+
 fn control_plane(action: &str, component: &str) {
-    let cluster = std::env::var("MW_TEST_CLUSTER").unwrap_or_else(|_| "test".into());
+    let cluster = cluster();
     let status = std::process::Command::new("bash")
         .args(["hack/controlplane.sh", action, &cluster, component])
         .status()
@@ -249,6 +260,8 @@ async fn a_black_holed_leader_stops_writing_before_the_standby_takes_over() {
     let proxy = support::proxy::Proxy::start(support::proxy::api_server()).await;
     let proxied = config_a.with_extension("proxied");
     proxy.kubeconfig(config_a.to_str().unwrap(), &proxied);
+    let through = std::fs::read_to_string(&proxied).unwrap();
+    assert!(through.contains(&proxy.addr.to_string()), "the leader's kubeconfig points at the proxy: {through}");
     let a = Operator::start(&format!("{}-a", ns.name), &proxied, &scoped(&ns, &["--concurrency=4"]));
     a.wait_leader(LEASE, TIMEOUT).await;
     let b = Operator::start(&format!("{}-b", ns.name), &config_b, &scoped(&ns, &["--concurrency=4"]));

@@ -79,7 +79,7 @@ async fn check_passes_with_the_shipped_role_and_names_a_namespace_without_it() {
         assert!(lines_with(&out, "[ok  ] rbac ", ns).iter().all(|l| !l.contains("leases")), "{out}");
     }
     // The Lease permissions, asked where the Lease lives and only there.
-    let leases = lease_required(DEFAULT_LEASE).unwrap();
+    let leases = lease_required(Component::Operator, DEFAULT_LEASE).unwrap();
     assert_eq!(lines_with(&out, "[ok  ] rbac ", &home.name).len(), leases.len(), "{out}");
     assert!(lines_with(&out, "[ok  ] rbac ", &home.name).iter().all(|l| l.contains("leases.coordination.k8s.io")));
     assert!(!out.contains(&install.token) && !err.contains(&install.token), "the token was printed");
@@ -150,7 +150,7 @@ async fn check_asks_for_the_lease_in_the_lease_namespace_only() {
     // The shipped Role in a, and no leader-election Role anywhere.
     let install = ScopedInstall::with_roles(&home, &[&a], operator_role(|_| {}), false).await;
     let kubeconfig = install.kubeconfig.to_str().unwrap();
-    let leases = lease_required(DEFAULT_LEASE).unwrap();
+    let leases = lease_required(Component::Operator, DEFAULT_LEASE).unwrap();
 
     let (ok, out, _) =
         run_binary(&["check", "--kubeconfig", kubeconfig, "-n", &a.name, "--lease-namespace", &home.name]).await;

@@ -31,12 +31,16 @@ impl Cluster {
     /// Check access, then start watching `namespaces`. `changed` is notified on every change
     /// of a watched ManagedWorkload (its status is what flows back to Manager).
     pub async fn start(
-        client: Client,
+        clients: &crate::client::Clients,
         namespaces: &[String],
         field_manager: &str,
         changed: Arc<Notify>,
         metrics: Arc<Metrics>,
     ) -> Result<Cluster, BridgeError> {
+        // Reads and writes on the request client (every request bounded); the watches on a
+        // client of their own, which waits as long as the API server may leave a watch silent.
+        let client = clients.requests.clone();
+        let watches = clients.watches.clone();
         let selector = format!("{SYNCED_BY_LABEL}={field_manager}");
         let mut workloads = HashMap::new();
         let mut secrets = HashMap::new();
@@ -47,7 +51,7 @@ impl Cluster {
 
             let (store, writer) = reflector::store();
             let notify = changed.clone();
-            let stream = watcher(Api::<ManagedWorkload>::namespaced(client.clone(), ns), config.clone())
+            let stream = watcher(Api::<ManagedWorkload>::namespaced(watches.clone(), ns), config.clone())
                 .default_backoff()
                 .modify(|mw| {
                     use kube::ResourceExt;
@@ -70,7 +74,7 @@ impl Cluster {
 
             // Metadata only: the bridge needs to know its Secrets exist, never to hold their values.
             let (store, writer) = reflector::store();
-            let stream = watcher(Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), ns), config)
+            let stream = watcher(Api::<PartialObjectMeta<Secret>>::namespaced(watches.clone(), ns), config)
                 .default_backoff()
                 .modify(|secret| {
                     use kube::ResourceExt;

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub rows_failing: Gauge,
     /// Passes whose deletions the deletion guard refused.
     pub deletions_refused: Counter,
+    /// 1 while this replica holds the bridge's Lease, by Lease name.
+    pub leader: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -36,6 +38,7 @@ impl Default for Metrics {
             rows: Gauge::default(),
             rows_failing: Gauge::default(),
             deletions_refused: Counter::default(),
+            leader: Family::default(),
         }
     }
 }
@@ -60,7 +63,17 @@ impl Metrics {
             "Passes refused because they would delete more than --max-delete-percent of the bridge's workloads",
             m.deletions_refused.clone(),
         );
+        // Unprefixed, as the operator's (and controller-runtime's): one alert rule serves both.
+        registry.register(
+            "leader_election_master_status",
+            "1 while this replica holds the bridge's Lease (and so syncs and writes), else 0",
+            m.leader.clone(),
+        );
         std::sync::Arc::new(m)
+    }
+
+    pub fn set_leader(&self, lease: &str, leading: bool) {
+        self.leader.get_or_create(&vec![("name", lease.to_string())]).set(i64::from(leading));
     }
 
     pub fn row_error(&self, reason: &'static str) {

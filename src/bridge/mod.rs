@@ -21,7 +21,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::{Notify, watch};
 use tracing::info;
 
 use crate::client;
@@ -76,7 +78,14 @@ pub struct BridgeArgs {
     /// A pass deleting fewer workloads than this is never refused, whatever their share.
     #[arg(long, default_value_t = 3, env = "MW_BRIDGE_DELETE_GUARD_MINIMUM", value_parser = clap::value_parser!(u32).range(1..))]
     pub delete_guard_minimum: u32,
+    /// Leader election among the bridge's replicas, on a Lease of its own (`mw-bridge` unless
+    /// --lease-name says otherwise), fenced as the operator's.
+    #[command(flatten)]
+    pub election: crate::election::ElectionArgs,
 }
+
+/// The bridge's Lease unless --lease-name names another.
+pub const DEFAULT_LEASE: &str = "mw-bridge";
 
 fn parse_mapping(s: &str) -> Result<NodeMapping, String> {
     let (node, namespace) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected NODE_NAME=NAMESPACE"))?;
@@ -116,11 +125,14 @@ fn password(args: &BridgeArgs) -> Result<Option<String>, BridgeError> {
     Ok(std::env::var("MW_DATABASE_PASSWORD").ok().filter(|p| !p.is_empty()))
 }
 
-/// Run the bridge until SIGTERM or SIGINT.
+/// Run the bridge until SIGTERM or SIGINT: fill the caches, then (as leader, when election is
+/// on) sync. A standby keeps its caches warm, is ready and alive, and writes nothing.
 pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
+    let election =
+        args.election.election(DEFAULT_LEASE, crate::election::default_identity).map_err(BridgeError::Config)?;
     let target = db::Target { url: args.database_url.clone(), password: password(&args)? };
     let database = db::Database::connect(&target)?;
-    let client = client::connect(&args.connection).await?;
+    let clients = client::connect_all(&args.connection).await?;
     let mut namespaces: Vec<String> = args.nodes.iter().map(|m| m.namespace.clone()).collect();
     namespaces.sort();
     namespaces.dedup();
@@ -146,8 +158,9 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         .await
         .map_err(|e| BridgeError::Config(format!("serving probes and metrics on {}: {e}", args.metrics_address)))?;
     let changed = Arc::new(Notify::new());
-    let cluster =
-        cluster::Cluster::start(client, &namespaces, &args.field_manager, changed.clone(), metrics.clone()).await?;
+    let cluster = Arc::new(
+        cluster::Cluster::start(&clients, &namespaces, &args.field_manager, changed.clone(), metrics.clone()).await?,
+    );
     cluster.ready().await;
     info!(
         engine = ?database.engine(),
@@ -159,30 +172,54 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         field_manager = %args.field_manager,
         "bridge started"
     );
-    let bridge = sync::Bridge::new(database, Arc::new(cluster), settings, metrics, health);
-    bridge.run(changed, shutdown_signal()).await;
+    // A standby is ready once its caches are (a leader's readiness then follows its passes)
+    // and alive while it stands by: only the leader's loop makes progress to show.
+    health.set_ready(true);
+    let leading = Arc::new(AtomicBool::new(false));
+    tokio::spawn(standby_heartbeat(health.clone(), leading.clone()));
+
+    // Each term of leadership starts afresh (a full resync first), from the shared caches.
+    let term = |stop: watch::Receiver<bool>| {
+        let bridge =
+            sync::Bridge::new(database.clone(), cluster.clone(), settings.clone(), metrics.clone(), health.clone());
+        let changed = changed.clone();
+        async move {
+            let mut stop = stop;
+            bridge
+                .run(changed, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+        }
+    };
+    let shutdown = crate::shutdown::signal();
+    match election {
+        None => crate::shutdown::until_stopped(crate::shutdown::STOP_GRACE, shutdown.clone(), term(shutdown)).await,
+        Some(election) => {
+            let on_leading = |lease: &str, leads: bool| {
+                metrics.set_leader(lease, leads);
+                leading.store(leads, Ordering::Relaxed);
+                if !leads {
+                    health.set_ready(true);
+                }
+            };
+            election
+                .run(clients.requests.clone(), on_leading, shutdown, term)
+                .await
+                .map_err(|e| BridgeError::Config(e.to_string()))?;
+        }
+    }
     Ok(())
 }
 
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+/// While this replica stands by, it beats for liveness: it has no loop to show progress, and
+/// its election runs on bounded requests.
+async fn standby_heartbeat(health: Arc<crate::telemetry::Health>, leading: Arc<AtomicBool>) {
+    loop {
+        if !leading.load(Ordering::Relaxed) {
+            health.beat();
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
     }
 }
 

@@ -28,6 +28,7 @@ use super::mapping::{self, Context, Desired, SYNCED_BY_LABEL};
 use super::metrics::Metrics;
 use super::plan::{self, DeleteGuard, Existing, Plan};
 use super::rows::{ContainerRow, Fingerprint, Grants, RowKey};
+use crate::retry::Backoff;
 use crate::telemetry::Health;
 
 /// Rows committed a little after a later `updatedAt` was already seen are still found: each
@@ -38,8 +39,8 @@ const OVERLAP: SignedDuration = SignedDuration::from_secs(10);
 const ROW_RETRY: Duration = Duration::from_secs(10);
 /// Rows mapped and synced per batch within a pass.
 const SYNC_CHUNK: usize = 256;
-const BACKOFF_BASE: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// After a failed pass: 1 s, doubling, up to a minute (shared rule: `crate::retry`).
+const BACKOFF: Backoff = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60) };
 
 /// A Manager node and the namespace its containers go to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,7 +68,7 @@ pub struct Settings {
 /// into its time limit, then the longest backoff with its jitter (or a poll interval), twice
 /// over for room. Beyond it `/healthz` reports the loop stalled.
 pub fn stall_limit(settings: &Settings) -> Duration {
-    (settings.pass_timeout + BACKOFF_MAX.mul_f64(1.2).max(settings.poll_interval)) * 2
+    (settings.pass_timeout + BACKOFF.max.mul_f64(1.2).max(settings.poll_interval)) * 2
 }
 
 /// What the bridge remembers of one row.
@@ -166,7 +167,7 @@ impl Bridge {
                         }
                         Err(err) => {
                             failures = failures.saturating_add(1);
-                            let delay = backoff(failures);
+                            let delay = BACKOFF.delay(failures);
                             warn!(error = %err, failures, retry_in = ?delay, "sync pass failed; pending rows are kept");
                             delay
                         }
@@ -799,27 +800,9 @@ fn advance(watermark: Option<Timestamp>, seen: Timestamp, db_now: Option<Timesta
     Some(watermark.map_or(seen, |w| w.max(seen)))
 }
 
-/// 1 s, 2 s, 4 s … capped at 60 s, with up to 20 % jitter so bridges restarted together do
-/// not retry in step.
-fn backoff(failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(10);
-    let base = BACKOFF_BASE.saturating_mul(1 << exp).min(BACKOFF_MAX);
-    let jitter = Timestamp::now().subsec_nanosecond().unsigned_abs() % 200;
-    base + base.mul_f64(f64::from(jitter) / 1000.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_grows_with_jitter_and_caps() {
-        let first = backoff(1);
-        assert!(first >= Duration::from_secs(1) && first <= Duration::from_millis(1200), "{first:?}");
-        let fourth = backoff(4);
-        assert!(fourth >= Duration::from_secs(8) && fourth <= Duration::from_millis(9600), "{fourth:?}");
-        assert!(backoff(u32::MAX) <= BACKOFF_MAX.mul_f64(1.2));
-    }
 
     #[test]
     fn future_stamps_never_move_the_watermark_past_the_database_clock() {
@@ -845,7 +828,7 @@ mod tests {
             delete_guard: DeleteGuard { max_percent: 50, minimum: 3 },
         };
         let limit = stall_limit(&settings);
-        assert!(limit > settings.pass_timeout + backoff(u32::MAX), "{limit:?}");
+        assert!(limit > settings.pass_timeout + BACKOFF.delay(u32::MAX), "{limit:?}");
         assert_eq!(limit, Duration::from_secs(744));
     }
 }

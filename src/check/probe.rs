@@ -31,16 +31,18 @@ pub struct CheckArgs {
     /// Check the bridge's permissions (config/rbac/bridge-role.yaml) instead of the operator's.
     #[arg(long)]
     pub bridge: bool,
-    /// Namespace of the operator's leader-election Lease, as `run --lease-namespace`: the
-    /// operator's own ($POD_NAMESPACE inside its Pod), else "default". Its Lease permissions
-    /// (config/rbac/leader-election-role.yaml) are checked there and nowhere else.
+    /// Namespace of the leader-election Lease, as `run --lease-namespace` (or `bridge
+    /// --lease-namespace`): the component's own ($POD_NAMESPACE inside its Pod), else
+    /// "default". Its Lease permissions (config/rbac/leader-election-role.yaml, or
+    /// bridge-leader-election-role.yaml) are checked there and nowhere else.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
-    /// Name of the Lease, as `run --lease-name`.
-    #[arg(long, env = "MW_LEASE_NAME", default_value = crate::metrics::DEFAULT_LEASE)]
-    pub lease_name: String,
-    /// The operator runs without leader election (`run --no-leader-election`): no Lease
-    /// permissions to check.
+    /// Name of the Lease, as `run --lease-name` (or `bridge --lease-name`): `mw-operator`, or
+    /// with --bridge `mw-bridge`, unless named.
+    #[arg(long, env = "MW_LEASE_NAME")]
+    pub lease_name: Option<String>,
+    /// It runs without leader election (`--no-leader-election`): no Lease permissions to
+    /// check.
     #[arg(long, env = "MW_NO_LEADER_ELECTION")]
     pub no_leader_election: bool,
     /// Checklist format.
@@ -91,7 +93,7 @@ pub async fn gather(args: &CheckArgs) -> Facts {
     facts.identity = Some(identity(&client).await);
     facts.crd = Some(crd(&client).await);
     let lease = (!args.no_leader_election)
-        .then(|| LeaseScope { namespace: args.lease_namespace.clone(), name: args.lease_name.clone() });
+        .then(|| LeaseScope { namespace: args.lease_namespace.clone(), name: lease_name(args) });
     facts.reviews = match asks(component, &args.namespaces, lease.as_ref()) {
         Ok(asks) => reviews(&client, asks).await,
         // Cannot happen with the binary's own embedded manifests (a unit test parses them).
@@ -178,4 +180,10 @@ async fn reviews(client: &Client, asks: Vec<Ask>) -> Vec<Review> {
         .buffered(CONCURRENT_REVIEWS)
         .collect()
         .await
+}
+
+/// The Lease checked: the one named, else the component's own.
+fn lease_name(args: &CheckArgs) -> String {
+    let default = if args.bridge { crate::bridge::DEFAULT_LEASE } else { crate::metrics::DEFAULT_LEASE };
+    args.lease_name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| default.to_string())
 }

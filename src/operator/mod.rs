@@ -82,7 +82,7 @@ pub async fn run(
     info!(namespaces = ?settings.namespaces, concurrency = settings.concurrency, "starting ManagedWorkload controller");
     // One controller per watched namespace, each with its own limit.
     metrics.set_max_concurrent(i64::from(settings.concurrency) * scopes.len() as i64);
-    let shutdown = crate::election::shutdown_signal();
+    let shutdown = crate::shutdown::signal();
     let caches: Vec<Arc<Caches>> =
         scopes.into_iter().map(|ns| Arc::new(Caches::start(&clients.watches, ns, metrics.clone()))).collect();
     let (synced_tx, mut synced) = watch::channel(false);
@@ -108,8 +108,11 @@ pub async fn run(
         }
     };
     match settings.election {
-        None => crate::election::until_stopped(crate::election::STOP_GRACE, shutdown.clone(), term(shutdown)).await,
-        Some(election) => election.run(client.clone(), &metrics, shutdown, term).await?,
+        None => crate::shutdown::until_stopped(crate::shutdown::STOP_GRACE, shutdown.clone(), term(shutdown)).await,
+        Some(election) => {
+            let leading = |lease: &str, leads: bool| metrics.set_leader(lease, leads);
+            election.run(client.clone(), leading, shutdown, term).await?
+        }
     }
     info!("controller stopped");
     Ok(())

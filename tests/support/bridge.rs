@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
-use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use kube::api::{ObjectMeta, PostParams};
 
 use super::TestNamespace;
@@ -29,26 +29,36 @@ pub fn kubeconfig() -> String {
     dir.join("bridge.kubeconfig").display().to_string()
 }
 
-/// Grant user mw-bridge the bridge's ClusterRole in this namespace only.
+/// Grant user mw-bridge the bridge's ClusterRole in this namespace only, and its
+/// leader-election Role (config/rbac/bridge-leader-election-role.yaml) here too: each test's
+/// bridge keeps its Lease in its own namespace (`--lease-namespace`, see `spawn`).
 pub async fn grant(ns: &TestNamespace) {
-    let binding = RoleBinding {
-        metadata: ObjectMeta { name: Some("mw-bridge".into()), ..Default::default() },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: "mw-bridge".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".into(),
-            name: "mw-bridge".into(),
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            ..Default::default()
-        }]),
-    };
-    match ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await {
+    let election: Role = serde_saphyr::from_str(include_str!("../../config/rbac/bridge-leader-election-role.yaml"))
+        .expect("config/rbac/bridge-leader-election-role.yaml parses");
+    let election_name = election.metadata.name.clone().expect("the Role's name");
+    match ns.api::<Role>().create(&PostParams::default(), &election).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("binding the bridge's role in {}: {e}", ns.name),
+        Err(e) => panic!("creating the bridge's leader-election Role in {}: {e}", ns.name),
+    }
+    for (name, kind, role) in
+        [("mw-bridge", "ClusterRole", "mw-bridge".to_string()), (election_name.as_str(), "Role", election_name.clone())]
+    {
+        let binding = RoleBinding {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: kind.into(), name: role },
+            subjects: Some(vec![Subject {
+                kind: "User".into(),
+                name: "mw-bridge".into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                ..Default::default()
+            }]),
+        };
+        match ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("binding the bridge's {kind} in {}: {e}", ns.name),
+        }
     }
     // The API server's RBAC cache takes a moment to see a new binding; the bridge checks its
     // access at start-up and would (rightly) exit on a denial.
@@ -106,6 +116,7 @@ impl Bridge {
             .args(["--database-url", &db.url])
             .args(["--node", &format!("k8s-lab-1={}", ns.name)])
             .args(["--metrics-address", "127.0.0.1:0"])
+            .args(["--lease-namespace", &ns.name])
             .args(args)
             .env_remove("MW_DATABASE_PASSWORD")
             .env("RUST_LOG", "info,mw_operator=debug,kube=warn,sqlx=warn")
@@ -176,7 +187,15 @@ impl Bridge {
         body.lines().find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
     }
 
+    /// Stop it as Kubernetes does: SIGTERM (it finishes its pass and releases its Lease, so a
+    /// bridge started next in the namespace leads at once), SIGKILL after 15 s.
     pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            if tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await.is_ok() {
+                return;
+            }
+        }
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }

@@ -79,18 +79,17 @@ impl Proxy {
         self.holding.send_replace(false);
     }
 
-    /// A copy of `kubeconfig` whose server is this proxy, written to `path`.
+    /// A copy of `kubeconfig` (YAML or JSON) whose every cluster's server is this proxy,
+    /// written to `path`.
     pub fn kubeconfig(&self, kubeconfig: &str, path: &std::path::Path) {
         let text = std::fs::read_to_string(kubeconfig).unwrap_or_else(|e| panic!("reading {kubeconfig}: {e}"));
-        let rewritten: String = text
-            .lines()
-            .map(|l| match l.split_once("server: ") {
-                Some((indent, _)) => format!("{indent}server: https://{}", self.addr),
-                None => l.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        std::fs::write(path, rewritten).expect("writing the proxied kubeconfig");
+        let mut config: serde_json::Value =
+            serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("parsing {kubeconfig}: {e}"));
+        let clusters = config["clusters"].as_array_mut().expect("a kubeconfig with clusters");
+        for cluster in clusters {
+            cluster["cluster"]["server"] = serde_json::Value::String(format!("https://{}", self.addr));
+        }
+        std::fs::write(path, serde_json::to_string_pretty(&config).unwrap()).expect("writing the proxied kubeconfig");
     }
 }
 
