@@ -374,6 +374,11 @@ mod tests {
             "get pods",
             "list pods",
             "watch pods",
+            "get persistentvolumeclaims",
+            "list persistentvolumeclaims",
+            "watch persistentvolumeclaims",
+            "create persistentvolumeclaims",
+            "patch persistentvolumeclaims",
             "create events.events.k8s.io",
             "patch events.events.k8s.io",
             "get leases.coordination.k8s.io",
@@ -386,6 +391,10 @@ mod tests {
         // A change to config/rbac/role.yaml shows here; the check follows it by itself.
         assert_eq!(got, want);
         assert!(!required(Component::Operator).unwrap().iter().any(|p| p.resource == "secrets"));
+        assert!(
+            !required(Component::Operator).unwrap().iter().any(|p| p.verb == "delete"),
+            "the operator never deletes: a retained claim outlives its workload"
+        );
     }
 
     #[test]

@@ -130,12 +130,17 @@ fn trimmed_objects_derive_what_full_ones_do() {
             let slim_pod = CachedPod::from(pod.clone()).to_pod();
             assert_eq!(slim_pod, trimmed(&pod, super::pod));
             for with_deployment in [true, false] {
-                let full =
-                    Observed { deployment: with_deployment.then_some(&deployment), pods: vec![&pod], blocked: None };
+                let full = Observed {
+                    deployment: with_deployment.then_some(&deployment),
+                    pods: vec![&pod],
+                    blocked: None,
+                    claims: vec![],
+                };
                 let slim = Observed {
                     deployment: with_deployment.then_some(&slim_deployment),
                     pods: vec![&slim_pod],
                     blocked: None,
+                    claims: vec![],
                 };
                 let case = format!("{w}, pod {p}, deployment {with_deployment}");
                 assert_eq!(status::derive(&mw, &full, &now), status::derive(&slim_mw, &slim, &now), "{case}");
@@ -152,7 +157,8 @@ fn trimmed_objects_derive_what_full_ones_do() {
     let phases: std::collections::HashSet<_> = pod_variants()
         .iter()
         .map(|(_, pod)| {
-            let observed = Observed { deployment: Some(&slim_deployment), pods: vec![pod], blocked: None };
+            let observed =
+                Observed { deployment: Some(&slim_deployment), pods: vec![pod], blocked: None, claims: vec![] };
             status::derive(&workload_variants()[0].1, &observed, &now).phase.map(|p| p.as_str())
         })
         .collect();

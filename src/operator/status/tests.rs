@@ -109,7 +109,7 @@ fn terminating(mut p: Pod) -> Pod {
 }
 
 fn derive_with(mw: &ManagedWorkload, d: Option<&Deployment>, pods: &[Pod]) -> ManagedWorkloadStatus {
-    let observed = Observed { deployment: d, pods: pods.iter().collect(), blocked: None };
+    let observed = Observed { deployment: d, pods: pods.iter().collect(), blocked: None, claims: vec![] };
     derive(mw, &observed, &at(1000))
 }
 
@@ -193,7 +193,7 @@ fn a_pod_stuck_terminating_on_a_lost_node_does_not_hold_back_its_replacement() {
     let mut old = terminating(pod(&d, true, false, "10.0.0.5"));
     old.metadata.name = Some("web-old".into());
     let observed = |now: i64, pods: &[Pod]| {
-        let o = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None };
+        let o = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![] };
         (derive(&mw, &o, &at(now)), revisit_after(&mw, &o, &at(now)))
     };
     // Deadline at 990: within the kubelet's time to report, it is still going.
@@ -332,6 +332,7 @@ fn blocked_reports_stalled_with_its_reason() {
         deployment: None,
         pods: vec![],
         blocked: Some(Blocked { reason: "DeploymentConflict", message: "not ours".into() }),
+        claims: vec![],
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
@@ -347,7 +348,7 @@ fn an_unchanged_world_derives_an_identical_status() {
     let first = derive_with(&mw, Some(&d), &pods);
     let mut again = mw.clone();
     again.status = Some(first.clone());
-    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None };
+    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![] };
     let second = derive(&again, &observed, &at(5000));
     assert_eq!(first, second, "a later clock alone must not change the status");
 }
@@ -363,7 +364,7 @@ fn transition_time_moves_only_when_a_condition_flips() {
     let mut stopping = workload(DesiredState::Stopped, 2);
     stopping.status = Some(running.clone());
     let d2 = deployment(&stopping, 2, 2, [0, 0, 0, 0]);
-    let observed = Observed { deployment: Some(&d2), pods: vec![&pods[0]], blocked: None };
+    let observed = Observed { deployment: Some(&d2), pods: vec![&pods[0]], blocked: None, claims: vec![] };
     let s = derive(&stopping, &observed, &at(2000));
     assert_eq!(cond(&s, READY).last_transition_time, at(2000));
     assert_eq!(cond(&s, STALLED).last_transition_time, cond(&running, STALLED).last_transition_time);
@@ -475,7 +476,7 @@ fn a_crash_loop_stays_failed_through_its_whole_cycle_with_one_status() {
     for (step, restarts) in [("running", 2), ("terminated", 2), ("waiting", 3), ("running", 4), ("waiting", 9)] {
         // Ready while running (no readiness probe) or not: either way a loop.
         let p = crash_cycle(&d, step, restarts, 990);
-        let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None };
+        let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
         let s = derive(&mw, &observed, &at(1000));
         assert_eq!(s, first, "{step} #{restarts}: the status must not change within the cycle");
     }
@@ -490,7 +491,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
     let mut mw = workload(DesiredState::Running, 1);
     let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
     let p = crash_cycle(&d, "running", 1, 1000);
-    let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None };
+    let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
     let window = CRASH_LOOP_RECOVERY.as_secs() as i64;
     let s = derive(&mw, &observed, &at(1000 + window - 1));
     assert_eq!(s.phase, Some(Phase::Failed));
@@ -501,7 +502,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
     assert_summary(&s, Phase::Running, "True", "False", "False");
     // A healthy Pod needs no revisit.
     let healthy = pod(&d, true, true, "10.0.0.5");
-    let observed = Observed { deployment: Some(&d), pods: vec![&healthy], blocked: None };
+    let observed = Observed { deployment: Some(&d), pods: vec![&healthy], blocked: None, claims: vec![] };
     assert_eq!(revisit_after(&mw, &observed, &at(5000)), None);
 }
 
