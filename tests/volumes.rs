@@ -49,7 +49,7 @@ impl Storage {
                 "metadata": {"name": name, "labels": {"mw-operator.test/suite": "true"}},
                 "spec": {
                     "capacity": {"storage": capacity},
-                    "accessModes": ["ReadWriteOnce", "ReadWriteOncePod"],
+                    "accessModes": ["ReadWriteOnce"],
                     "persistentVolumeReclaimPolicy": "Retain",
                     "storageClassName": class,
                     "hostPath": {"path": format!("/tmp/mw-operator-test-pv/{name}"), "type": "DirectoryOrCreate"},
