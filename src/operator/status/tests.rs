@@ -625,3 +625,88 @@ fn what_clients_wait_on_is_written_at_once_and_details_wait() {
     next.conditions.iter_mut().find(|c| c.type_ == "Available").unwrap().observed_generation = Some(2);
     assert_eq!(urgency(Some(&running), &next), Urgency::Within(DETAIL_DELAY));
 }
+
+fn with_volume(mut mw: ManagedWorkload) -> ManagedWorkload {
+    mw.spec.volumes = vec![crate::resource::Volume {
+        name: "data".into(),
+        mount_path: "/data".into(),
+        size: "1Gi".into(),
+        storage_class_name: None,
+        access_mode: None,
+        retention_policy: None,
+    }];
+    mw
+}
+
+fn claim(phase: &str, capacity: Option<&str>) -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut c = k8s_openapi::api::core::v1::PersistentVolumeClaim::default();
+    c.metadata.name = Some("web-data".into());
+    c.spec = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimSpec {
+        resources: Some(k8s_openapi::api::core::v1::VolumeResourceRequirements {
+            requests: Some([("storage".to_string(), Quantity("1Gi".into()))].into()),
+            limits: None,
+        }),
+        ..Default::default()
+    });
+    c.status = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
+        phase: Some(phase.into()),
+        capacity: capacity.map(|q| [("storage".to_string(), Quantity(q.into()))].into()),
+        ..Default::default()
+    });
+    c
+}
+
+#[test]
+fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_naming_it() {
+    let mw = with_volume(workload(DesiredState::Running, 1));
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let pending = claim("Pending", None);
+    let observed = Observed { deployment: Some(&d), pods: vec![], blocked: None, claims: vec![&pending] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_summary(&s, Phase::Creating, "False", "True", "False");
+    assert_eq!(cond(&s, RECONCILING).reason, "ClaimPending");
+    assert!(cond(&s, RECONCILING).message.contains("claim web-data"));
+    let v = &s.volumes[0];
+    assert_eq!((v.name.as_str(), v.claim.as_str(), v.phase.as_deref()), ("data", "web-data", Some("Pending")));
+
+    let mut late = d.clone();
+    late.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
+        "Progressing",
+        "False",
+        "ProgressDeadlineExceeded",
+        "ReplicaSet \"web-abc\" has timed out progressing.",
+    )]);
+    let observed = Observed { deployment: Some(&late), pods: vec![], blocked: None, claims: vec![&pending] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_summary(&s, Phase::Failed, "False", "False", "True");
+    assert_eq!(cond(&s, STALLED).reason, "ClaimNotBound");
+    assert!(cond(&s, STALLED).message.contains("claim web-data"));
+}
+
+#[test]
+fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
+    let mw = with_volume(workload(DesiredState::Running, 1));
+    let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let pods = [pod(&d, true, true, "10.0.0.5")];
+    let lost = claim("Lost", None);
+    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![&lost] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_summary(&s, Phase::Failed, "False", "False", "True");
+    assert_eq!(cond(&s, STALLED).reason, "ClaimLost");
+
+    let bound = claim("Bound", Some("1Gi"));
+    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![&bound] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_eq!(s.phase, Some(Phase::Running));
+    assert_eq!(s.volumes[0].capacity.as_deref(), Some("1Gi"));
+    assert_eq!(s.volumes[0].message, None);
+
+    let mut grown = bound.clone();
+    grown.spec.as_mut().unwrap().resources.as_mut().unwrap().requests =
+        Some([("storage".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("2Gi".into()))].into());
+    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![&grown] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_eq!(s.phase, Some(Phase::Running), "an expansion in progress fails nothing");
+    assert!(s.volumes[0].message.as_deref().is_some_and(|m| m.contains("expansion to 2Gi requested")));
+}
