@@ -422,3 +422,65 @@ async fn a_claim_being_deleted_is_never_started_against() {
     let new = claims.get("web-data").await.unwrap();
     assert_ne!(new.uid(), old, "a new claim");
 }
+
+/// The bridge maps Manager's approved rootfs (GB; Manager's 50 when none is approved) to the
+/// workload's volume, at the mount path and class its flags say; a rootfs request that shrinks
+/// is a row error, counted, and the workload keeps its size.
+async fn bridge_maps_rootfs(engine: support::manager::Engine) {
+    use support::bridge::Bridge;
+    use support::manager::{ManagerDb, now};
+    let ns = TestNamespace::new(&format!("volumes-bridge-{engine:?}")).await;
+    let storage = Storage::new(&ns, 3, "100Gi").await;
+    let db = ManagerDb::new(engine).await;
+    let grant = |value: i64| {
+        format!(
+            r#"INSERT INTO "ResourceRequests" ("siteId", "hostname", "username", "resourceType", "value", "status",
+                 "reviewedAt", "createdAt", "updatedAt")
+               VALUES ((SELECT "siteId" FROM "Containers" WHERE hostname = 'pg-analytics'), 'pg-analytics', 'jsmith',
+                 'rootfs', {value}, 'approved', '{0}', '{0}', '{0}')"#,
+            now()
+        )
+    };
+    db.exec(&grant(20)).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let claims = ns.api::<PersistentVolumeClaim>();
+    let bridge =
+        Bridge::start(&ns, &db, &["--rootfs-mount-path", "/srv", "--rootfs-storage-class", &storage.class]).await;
+    for (name, size) in [("pg-analytics", "20Gi"), ("team-wiki", "50Gi"), ("akumar-dev", "50Gi")] {
+        let mw = wait_ready(&workloads, name, Phase::Running).await;
+        let v = &mw.spec.volumes[0];
+        assert_eq!((v.name.as_str(), v.mount_path.as_str(), v.size.as_str()), ("rootfs", "/srv", size), "{name}");
+        assert_eq!(v.storage_class_name.as_deref(), Some(storage.class.as_str()));
+        assert_eq!(v.retention_policy, Some(mw_operator::resource::RetentionPolicy::Retain), "safe by default");
+        let claim = claim(&claims, &format!("{name}-rootfs")).await;
+        assert_eq!(mw_operator::operator::claims::requested(&claim).as_deref(), Some(size));
+    }
+    // A smaller approval: the row's error, and the disk stays as it is.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    db.exec(&grant(10)).await;
+    bridge.wait_for_line(&["row not synced", "never shrink"], TIMEOUT).await;
+    assert_eq!(bridge.metric("mw_bridge_row_errors_total{reason=\"rejected\"}").await, Some(1.0));
+    assert_eq!(workloads.get("pg-analytics").await.unwrap().spec.volumes[0].size, "20Gi");
+    // The other rows keep syncing.
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "environmentVars" = '{{"TZ":"UTC"}}', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
+        now()
+    ))
+    .await;
+    wait_until(&workloads, "team-wiki", "the row's change", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| mw.spec.env.iter().any(|e| e.name == "TZ"))
+    })
+    .await;
+    drop(bridge);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn bridge_maps_rootfs_on_sqlite() {
+    bridge_maps_rootfs(support::manager::Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn bridge_maps_rootfs_on_postgres() {
+    bridge_maps_rootfs(support::manager::Engine::Postgres).await;
+}

@@ -55,6 +55,8 @@ pub struct Settings {
     pub poll_interval: Duration,
     pub resync_interval: Duration,
     pub requests_percent: u32,
+    /// How the approved rootfs becomes the workload's volume.
+    pub rootfs: mapping::RootfsVolume,
     /// API requests in flight at once during a pass.
     pub concurrency: usize,
 }
@@ -406,6 +408,7 @@ impl Bridge {
                     defaults: &self.defaults,
                     grants: &self.grants,
                     requests_percent: self.settings.requests_percent,
+                    rootfs: &self.settings.rootfs,
                 };
                 match mapping::desired(&t.row, &cx) {
                     Err(err) => outcomes.push((*key, Outcome::Row(err))),
