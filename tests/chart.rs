@@ -327,6 +327,9 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
             "--field-manager=mw-bridge",
             "--requests-percent=100",
             "--concurrency=16",
+            "--rootfs-mount-path=/data",
+            "--rootfs-storage-class=",
+            "--rootfs-on-delete=retain",
             "--metrics-address=0.0.0.0:8080",
             "--database-password-file=/etc/mw/password",
         ]
