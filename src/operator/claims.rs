@@ -59,12 +59,11 @@ pub fn claim(
 ) -> Option<PersistentVolumeClaim> {
     let owner = mw.controller_owner_ref(&())?;
     let mut size = volume.size.clone();
-    if let Some(current) = live.and_then(requested) {
-        if let (Some(c), Some(s)) = (bytes(&current), bytes(&size))
-            && c > s
-        {
-            size = current;
-        }
+    if let Some(current) = live.and_then(requested)
+        && let (Some(c), Some(s)) = (bytes(&current), bytes(&size))
+        && c > s
+    {
+        size = current;
     }
     let mut claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
