@@ -420,9 +420,10 @@ cmd_down() {
   log "control plane '$name' stopped; logs kept in $LOG_ROOT/$name/"
 }
 
-# What the operator needs on a control plane: the CRD, and the ClusterRole from config/rbac
-# bound to user mw-operator (the identity of operator.kubeconfig). Binding exactly the shipped
-# ClusterRole means every demo, test and benchmark run also proves that RBAC suffices.
+# What the operator needs on a control plane: the CRD, the ClusterRole from config/rbac bound
+# to user mw-operator (the identity of operator.kubeconfig), and the leader-election Role in
+# namespace default. Binding exactly the shipped RBAC means every demo, test and benchmark run
+# also proves that it suffices.
 cmd_install_operator() {
   local name=${1:-default}
   local kcfg="$RUN_ROOT/$name/kubeconfig"
@@ -432,6 +433,12 @@ cmd_install_operator() {
   "${kubectl[@]}" wait --for=condition=Established crd --all --timeout=60s >/dev/null
   "${kubectl[@]}" apply -f "$REPO/config/rbac/cluster-role.yaml" >/dev/null
   "${kubectl[@]}" create clusterrolebinding mw-operator --clusterrole=mw-operator --user=mw-operator \
+    --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
+  # Leader election: the Lease only in the namespace `run` keeps it in without $POD_NAMESPACE
+  # (default), as the chart grants it only in the operator's own namespace.
+  "${kubectl[@]}" -n default apply -f "$REPO/config/rbac/leader-election-role.yaml" >/dev/null
+  "${kubectl[@]}" -n default create rolebinding mw-operator-leader-election \
+    --role=mw-operator-leader-election --user=mw-operator \
     --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
   # The bridge's ClusterRole; each namespace it serves binds it with a RoleBinding to user
   # mw-bridge (the identity of bridge.kubeconfig), so it holds nothing anywhere else.

@@ -4,6 +4,9 @@
 //! SelfSubjectAccessReview per verb and resource, whether every permission the shipped RBAC
 //! grants is held, and whether a few it must not need (Secrets, cluster-admin) are absent.
 //!
+//! The operator's permissions are asked in each namespace it watches (config/rbac/role.yaml),
+//! and its Lease permissions in the Lease's namespace only (leader-election-role.yaml).
+//!
 //! The permissions are parsed from config/rbac/*.yaml, embedded at build time, so the check
 //! and the manifests cannot drift apart. Everything here is pure: the I/O is in `probe`.
 
@@ -23,7 +26,8 @@ pub const PLURAL: &str = "managedworkloads";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Component {
-    /// The controller (`mw-operator run`): config/rbac/role.yaml.
+    /// The controller (`mw-operator run`): config/rbac/role.yaml, and
+    /// leader-election-role.yaml in the Lease's namespace.
     Operator,
     /// The database bridge (`mw-operator bridge`): config/rbac/bridge-role.yaml.
     Bridge,
@@ -31,6 +35,7 @@ pub enum Component {
 
 const OPERATOR_ROLE: &str = include_str!("../config/rbac/role.yaml");
 const BRIDGE_ROLE: &str = include_str!("../config/rbac/bridge-role.yaml");
+const LEADER_ELECTION_ROLE: &str = include_str!("../config/rbac/leader-election-role.yaml");
 
 #[derive(Debug, Error)]
 pub enum CheckError {
@@ -38,13 +43,16 @@ pub enum CheckError {
     EmbeddedRole { file: &'static str, message: String },
 }
 
-/// One verb on one resource (or subresource) of one API group.
+/// One verb on one resource (or subresource) of one API group, on any object or on the one
+/// named.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Permission {
     pub verb: String,
     pub group: String,
     pub resource: String,
     pub subresource: Option<String>,
+    /// Some: only the object of this name (an RBAC rule's `resourceNames`).
+    pub name: Option<String>,
 }
 
 impl Permission {
@@ -53,7 +61,11 @@ impl Permission {
             Some((r, s)) => (r.to_string(), Some(s.to_string())),
             None => (resource.to_string(), None),
         };
-        Permission { verb: verb.into(), group: group.into(), resource, subresource }
+        Permission { verb: verb.into(), group: group.into(), resource, subresource, name: None }
+    }
+
+    fn named(self, name: &str) -> Self {
+        Permission { name: Some(name.into()), ..self }
     }
 }
 
@@ -69,6 +81,9 @@ impl fmt::Display for Permission {
         }
         if let Some(sub) = &self.subresource {
             write!(f, "/{sub}")?;
+        }
+        if let Some(name) = &self.name {
+            write!(f, " named {name}")?;
         }
         Ok(())
     }
@@ -88,14 +103,13 @@ struct RuleDoc {
     resources: Vec<String>,
     #[serde(default)]
     verbs: Vec<String>,
+    #[serde(default)]
+    resource_names: Vec<String>,
 }
 
-/// Every permission the component's shipped Role grants, one per verb and resource.
-pub fn required(component: Component) -> Result<Vec<Permission>, CheckError> {
-    let (file, text) = match component {
-        Component::Operator => ("config/rbac/role.yaml", OPERATOR_ROLE),
-        Component::Bridge => ("config/rbac/bridge-role.yaml", BRIDGE_ROLE),
-    };
+/// Every permission a Role's rules grant, one per verb and resource (and name, for a rule
+/// with `resourceNames`, which `name` replaces: the shipped Role names the default Lease).
+fn permissions(file: &'static str, text: &str, name: Option<&str>) -> Result<Vec<Permission>, CheckError> {
     let role: RoleDoc =
         serde_saphyr::from_str(text).map_err(|e| CheckError::EmbeddedRole { file, message: e.to_string() })?;
     let mut out = Vec::new();
@@ -103,7 +117,12 @@ pub fn required(component: Component) -> Result<Vec<Permission>, CheckError> {
         for group in &rule.api_groups {
             for resource in &rule.resources {
                 for verb in &rule.verbs {
-                    out.push(Permission::new(verb, group, resource));
+                    let permission = Permission::new(verb, group, resource);
+                    out.push(match (rule.resource_names.first(), name) {
+                        (None, _) => permission,
+                        (Some(_), Some(name)) => permission.named(name),
+                        (Some(shipped), None) => permission.named(shipped),
+                    });
                 }
             }
         }
@@ -111,14 +130,73 @@ pub fn required(component: Component) -> Result<Vec<Permission>, CheckError> {
     Ok(out)
 }
 
-/// Permissions the component must not hold: anything it holds beyond its Role is a risk
-/// nobody asked for. The operator never reads Secrets; neither may be cluster-admin.
+/// Every permission the component's shipped Role grants in each namespace it serves, one per
+/// verb and resource.
+pub fn required(component: Component) -> Result<Vec<Permission>, CheckError> {
+    match component {
+        Component::Operator => permissions("config/rbac/role.yaml", OPERATOR_ROLE, None),
+        Component::Bridge => permissions("config/rbac/bridge-role.yaml", BRIDGE_ROLE, None),
+    }
+}
+
+/// What leader election needs on the Lease `lease_name`, in the Lease's namespace only
+/// (config/rbac/leader-election-role.yaml): create (not restricted by name), and get and
+/// patch of that one Lease.
+pub fn lease_required(lease_name: &str) -> Result<Vec<Permission>, CheckError> {
+    permissions("config/rbac/leader-election-role.yaml", LEADER_ELECTION_ROLE, Some(lease_name))
+}
+
+/// Permissions the component must not hold where it serves: anything it holds beyond its
+/// Role is a risk nobody asked for. The operator never reads Secrets and writes no Lease but
+/// its own (the node heartbeats and the control plane's leases are Leases too); neither may
+/// be cluster-admin.
 pub fn unwanted(component: Component) -> Vec<Permission> {
     let mut out = vec![Permission::new("*", "*", "*")];
     if component == Component::Operator {
         out.push(Permission::new("get", "", "secrets"));
+        out.push(Permission::new("patch", "coordination.k8s.io", "leases"));
     }
     out
+}
+
+/// Where the operator's leader-election Lease lives (`run --lease-namespace`, `--lease-name`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseScope {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// One question for the API server: may the identity do this, here?
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ask {
+    /// None: all namespaces (a cluster-wide install).
+    pub namespace: Option<String>,
+    pub permission: Permission,
+    /// true: required (must be allowed); false: unwanted (should be denied).
+    pub required: bool,
+}
+
+/// Everything to ask: the component's Role and what it must not hold in each namespace it
+/// serves (all namespaces when `namespaces` is empty), then, for the operator with leader
+/// election (`lease`), the Lease permissions in the Lease's namespace and nowhere else.
+pub fn asks(component: Component, namespaces: &[String], lease: Option<&LeaseScope>) -> Result<Vec<Ask>, CheckError> {
+    let needed = required(component)?;
+    let unneeded = unwanted(component);
+    let scopes: Vec<Option<String>> =
+        if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
+    let mut out = Vec::new();
+    for scope in &scopes {
+        out.extend(needed.iter().map(|p| Ask { namespace: scope.clone(), permission: p.clone(), required: true }));
+        out.extend(unneeded.iter().map(|p| Ask { namespace: scope.clone(), permission: p.clone(), required: false }));
+    }
+    if let (Component::Operator, Some(lease)) = (component, lease) {
+        out.extend(lease_required(&lease.name)?.into_iter().map(|permission| Ask {
+            namespace: Some(lease.namespace.clone()),
+            permission,
+            required: true,
+        }));
+    }
+    Ok(out)
 }
 
 /// Who the API server says the credentials belong to (SelfSubjectReview).
@@ -381,20 +459,69 @@ mod tests {
             "patch persistentvolumeclaims",
             "create events.events.k8s.io",
             "patch events.events.k8s.io",
-            "get leases.coordination.k8s.io",
-            "list leases.coordination.k8s.io",
-            "watch leases.coordination.k8s.io",
-            "create leases.coordination.k8s.io",
-            "patch leases.coordination.k8s.io",
         ];
         want.sort();
         // A change to config/rbac/role.yaml shows here; the check follows it by itself.
         assert_eq!(got, want);
-        assert!(!required(Component::Operator).unwrap().iter().any(|p| p.resource == "secrets"));
+        let operator = required(Component::Operator).unwrap();
+        assert!(!operator.iter().any(|p| p.resource == "secrets"));
+        assert!(!operator.iter().any(|p| p.resource == "leases"), "Leases are granted in one namespace only");
         assert!(
-            !required(Component::Operator).unwrap().iter().any(|p| p.verb == "delete"),
+            !operator.iter().any(|p| p.verb == "delete"),
             "the operator never deletes: a retained claim outlives its workload"
         );
+    }
+
+    #[test]
+    fn leader_election_needs_one_named_lease_and_create() {
+        let got: Vec<String> = lease_required("my-lease").unwrap().iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            got,
+            [
+                "create leases.coordination.k8s.io",
+                "get leases.coordination.k8s.io named my-lease",
+                "patch leases.coordination.k8s.io named my-lease",
+            ]
+        );
+        // The shipped Role names the default Lease.
+        let shipped = permissions("config/rbac/leader-election-role.yaml", LEADER_ELECTION_ROLE, None).unwrap();
+        assert!(shipped.iter().filter(|p| p.verb != "create").all(|p| p.name.as_deref() == Some("mw-operator")));
+    }
+
+    fn lease() -> LeaseScope {
+        LeaseScope { namespace: "mw-system".into(), name: "mw-operator".into() }
+    }
+
+    #[test]
+    fn lease_permissions_are_asked_in_the_lease_namespace_only() {
+        let namespaces = vec!["team-a".to_string(), "team-b".to_string()];
+        let all = asks(Component::Operator, &namespaces, Some(&lease())).unwrap();
+        let leases: Vec<&Ask> = all.iter().filter(|a| a.permission.resource == "leases" && a.required).collect();
+        assert_eq!(leases.len(), 3, "{all:#?}");
+        assert!(leases.iter().all(|a| a.namespace.as_deref() == Some("mw-system")), "{leases:#?}");
+        // In the watched namespaces: the Role, and that no Lease may be written there.
+        for ns in ["team-a", "team-b"] {
+            let here: Vec<&Ask> = all.iter().filter(|a| a.namespace.as_deref() == Some(ns)).collect();
+            assert_eq!(here.iter().filter(|a| a.required).count(), required(Component::Operator).unwrap().len());
+            assert!(here.iter().filter(|a| a.permission.resource == "leases").all(|a| !a.required), "{here:#?}");
+        }
+        assert!(!all.iter().any(|a| a.namespace.as_deref() == Some("mw-system") && !a.required));
+        assert_eq!(all.len(), 2 * (17 + 3) + 3);
+
+        // Cluster-wide: the Role in all namespaces, the Lease still in its own namespace.
+        let all = asks(Component::Operator, &[], Some(&lease())).unwrap();
+        assert!(
+            all.iter()
+                .filter(|a| a.permission.resource == "leases" && a.required)
+                .all(|a| a.namespace.as_deref() == Some("mw-system"))
+        );
+        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 17);
+
+        // Without leader election, or for the bridge (it has none): no Lease asked anywhere.
+        let none = asks(Component::Operator, &namespaces, None).unwrap();
+        assert!(!none.iter().any(|a| a.required && a.permission.resource == "leases"));
+        let bridge = asks(Component::Bridge, &namespaces, Some(&lease())).unwrap();
+        assert!(!bridge.iter().any(|a| a.permission.resource == "leases"));
     }
 
     #[test]

@@ -88,8 +88,8 @@ pub struct Election {
 }
 
 impl ElectionArgs {
-    /// None when election is off. kube-lease-manager panics on a grace that is not below the
-    /// duration, so that is refused here with a message instead.
+    /// None when election is off. A grace above half the duration is refused: the renew
+    /// deadline (duration - grace) would leave too little time to renew before it passes.
     pub fn election(&self, hostname: impl FnOnce() -> String) -> Result<Option<Election>, String> {
         if self.no_leader_election {
             return Ok(None);

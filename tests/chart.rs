@@ -58,6 +58,37 @@ fn shipped_rules() -> Value {
     rules_of("config/rbac/cluster-role.yaml")
 }
 
+fn lease_rules() -> Value {
+    rules_of("config/rbac/leader-election-role.yaml")
+}
+
+/// No rule of `doc` (a Role or ClusterRole) names Leases.
+fn grants_no_lease(doc: &Value) -> bool {
+    !doc["rules"].as_array().unwrap().iter().any(|r| r["resources"].as_array().unwrap().iter().any(|x| x == "leases"))
+}
+
+/// The leader-election Role and its binding: in `namespace` only, for the operator's account.
+fn assert_lease_role_in(docs: &[Value], namespace: &str) {
+    let with_leases: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole")
+        .filter(|d| !grants_no_lease(d))
+        .collect();
+    assert_eq!(with_leases.len(), 1, "one Role grants Leases: {with_leases:#?}");
+    let role = with_leases[0];
+    assert_eq!(role["kind"], "Role", "Leases are never granted cluster-wide");
+    assert_eq!(role["metadata"]["namespace"], namespace);
+    assert_eq!(role["rules"], lease_rules(), "the chart grants what config/rbac/leader-election-role.yaml grants");
+    let name = role["metadata"]["name"].as_str().unwrap();
+    let bindings: Vec<&Value> =
+        of_kind(docs, "RoleBinding").into_iter().filter(|b| b["roleRef"]["name"] == name).collect();
+    assert_eq!(bindings.len(), 1);
+    assert_eq!(bindings[0]["metadata"]["namespace"], namespace);
+    let deployment = of_kind(docs, "Deployment")[0];
+    assert_eq!(bindings[0]["subjects"][0]["name"], deployment["spec"]["template"]["spec"]["serviceAccountName"]);
+    assert_eq!(bindings[0]["subjects"][0]["namespace"], namespace);
+}
+
 fn rules_of(path: &str) -> Value {
     let text = std::fs::read_to_string(path).unwrap();
     serde_saphyr::from_str::<Value>(&text).unwrap()["rules"].clone()
@@ -130,6 +161,14 @@ fn the_service_monitor_and_single_replica_options_render() {
     let single = render_with("rel", "ops", &set(&["replicas=1", "leaderElection.enabled=false"]));
     let args = &of_kind(&single, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"];
     assert!(args.as_array().unwrap().iter().any(|a| a == "--no-leader-election"), "{args}");
+    // No election, no Lease permission at all.
+    assert!(of_kind(&single, "Role").is_empty(), "{single:#?}");
+    // Another Lease name: the Role names that Lease.
+    let renamed = render_with("rel", "ops", &set(&["leaderElection.leaseName=other"]));
+    let role = of_kind(&renamed, "Role")[0];
+    assert_eq!(role["rules"][1]["resourceNames"], serde_json::json!(["other"]));
+    let args = &of_kind(&renamed, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(args.as_array().unwrap().iter().any(|a| a == "--lease-name=other"), "{args}");
     // Two replicas without election would both write: refused at render time.
     let mut args: Vec<String> = ["template", "r", CHART].map(String::from).into();
     args.extend(set(&["leaderElection.enabled=false"]));
@@ -145,8 +184,11 @@ async fn cluster_wide_install_is_accepted_and_runs() {
     let roles = of_kind(&docs, "ClusterRole");
     assert_eq!(roles.len(), 1);
     assert_eq!(roles[0]["rules"], shipped_rules(), "the chart grants what config/rbac grants");
+    assert!(grants_no_lease(roles[0]), "no Lease permission in every namespace");
     assert_eq!(of_kind(&docs, "ClusterRoleBinding").len(), 1);
-    assert!(of_kind(&docs, "Role").is_empty());
+    // Leader election: a Role in the release namespace, for the one Lease.
+    assert_eq!(of_kind(&docs, "Role").len(), 1);
+    assert_lease_role_in(&docs, &ns.name);
 
     apply_all(&ns.client, &ns.name, &docs).await;
     let deployment = wait_available(&ns, &format!("{release}-mw-operator")).await;
@@ -176,11 +218,14 @@ async fn namespace_scoped_install_grants_nothing_cluster_wide() {
     let release = ns.name.clone();
     let docs = render(&release, &ns.name, &[&ns.name]);
     assert!(of_kind(&docs, "ClusterRole").is_empty() && of_kind(&docs, "ClusterRoleBinding").is_empty());
+    // The release namespace is watched: the operator's Role there, and the leader-election
+    // Role beside it (the Role itself grants no Lease).
     let roles = of_kind(&docs, "Role");
-    assert_eq!(roles.len(), 1);
-    assert_eq!(roles[0]["metadata"]["namespace"], ns.name.as_str());
-    assert_eq!(roles[0]["rules"], shipped_rules());
-    assert_eq!(of_kind(&docs, "RoleBinding").len(), 1);
+    assert_eq!(roles.len(), 2);
+    assert!(roles.iter().all(|r| r["metadata"]["namespace"] == ns.name.as_str()));
+    assert_eq!(named(&docs, "Role", &format!("{release}-mw-operator"))[0]["rules"], shipped_rules());
+    assert_lease_role_in(&docs, &ns.name);
+    assert_eq!(of_kind(&docs, "RoleBinding").len(), 2);
 
     apply_all(&ns.client, &ns.name, &docs).await;
     let deployment = wait_available(&ns, &format!("{release}-mw-operator")).await;
@@ -198,13 +243,8 @@ async fn namespace_scoped_install_grants_nothing_cluster_wide() {
         assert_eq!(in_ns("Role", namespace)[0]["rules"], shipped_rules());
         assert_eq!(in_ns("RoleBinding", namespace).len(), 1);
     }
-    let election = in_ns("Role", "ops");
-    assert_eq!(election.len(), 1);
-    assert_eq!(
-        election[0]["rules"],
-        serde_json::json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "patch"]}])
-    );
-    assert_eq!(in_ns("RoleBinding", "ops")[0]["roleRef"]["name"], election[0]["metadata"]["name"]);
+    assert_eq!(in_ns("Role", "ops").len(), 1);
+    assert_lease_role_in(&docs, "ops");
     assert_eq!(of_kind(&docs, "Role").len(), 3);
     let deployment = of_kind(&docs, "Deployment")[0];
     let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
@@ -253,14 +293,15 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
     let plain = render("rel", "ops", &[]);
     let docs = render_with("rel", "ops", &values);
     let name = "rel-mw-operator-bridge";
-    let is_bridge = |d: &&Value| d["metadata"]["name"] == name;
+    let metrics = format!("{name}-metrics");
+    let is_bridge = |d: &&Value| d["metadata"]["name"] == name || d["metadata"]["name"] == metrics.as_str();
 
     // Everything else is exactly what the chart renders without the bridge.
     let others: Vec<&Value> = docs.iter().filter(|d| !is_bridge(d)).collect();
     assert_eq!(sorted_by_identity(others), sorted_by_identity(plain.iter().collect()));
     let mut kinds: Vec<&str> = docs.iter().filter(is_bridge).map(|d| d["kind"].as_str().unwrap()).collect();
     kinds.sort_unstable();
-    assert_eq!(kinds, ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "ServiceAccount"]);
+    assert_eq!(kinds, ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "Service", "ServiceAccount"]);
 
     // Its own ServiceAccount.
     let account = named(&docs, "ServiceAccount", name);
@@ -361,6 +402,41 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
     assert_eq!(security["allowPrivilegeEscalation"], false);
     assert_eq!(security["readOnlyRootFilesystem"], true);
     assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+}
+
+#[test]
+fn the_bridge_metrics_can_be_scraped() {
+    let mut values = bridge_values(&[("k8s-lab-1", "team-a")]);
+    values.extend(["--set".to_string(), "metrics.serviceMonitor.enabled=true".to_string()]);
+    let docs = render_with("rel", "ops", &values);
+    let pod_of = |name: &str| named(&docs, "Deployment", name)[0]["spec"]["template"].clone();
+    let (bridge, operator) = (pod_of("rel-mw-operator-bridge"), pod_of("rel-mw-operator"));
+    let services = of_kind(&docs, "Service");
+    assert_eq!(services.len(), 2, "one for the operator, one for the bridge");
+    for (pod, other) in [(&bridge, &operator), (&operator, &bridge)] {
+        // Exactly one Service selects each Deployment's Pods, on a port its container serves.
+        let selecting: Vec<&&Value> =
+            services.iter().filter(|s| selects(&s["spec"]["selector"], &pod["metadata"]["labels"])).collect();
+        assert_eq!(selecting.len(), 1, "{pod}");
+        let service = selecting[0];
+        assert!(!selects(&service["spec"]["selector"], &other["metadata"]["labels"]));
+        let ports = pod["spec"]["containers"][0]["ports"].as_array().unwrap();
+        let target = &service["spec"]["ports"][0]["targetPort"];
+        assert!(ports.iter().any(|p| &p["name"] == target), "{target} is not a port of {pod}");
+        // And exactly one ServiceMonitor scrapes that Service.
+        let monitors: Vec<&Value> = of_kind(&docs, "ServiceMonitor")
+            .into_iter()
+            .filter(|m| selects(&m["spec"]["selector"]["matchLabels"], &service["metadata"]["labels"]))
+            .collect();
+        assert_eq!(monitors.len(), 1, "{service}");
+        assert_eq!(monitors[0]["spec"]["endpoints"][0]["port"], service["spec"]["ports"][0]["name"]);
+    }
+    // The ServiceMonitor needs its Service.
+    values.extend(["--set".to_string(), "metrics.service.enabled=false".to_string()]);
+    let mut args: Vec<String> = ["template", "r", CHART].map(String::from).into();
+    args.extend(values);
+    let (ok, _, stderr) = run_helm(&args);
+    assert!(!ok && stderr.contains("metrics.service.enabled"), "{stderr}");
 }
 
 #[test]

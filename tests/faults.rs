@@ -423,6 +423,9 @@ async fn credentials_never_appear_in_output_events_or_status() {
     let (key_data, cert_data) = (b64(&key), b64(&cert));
     let user = json!({"token": token, "client-certificate-data": cert_data, "client-key-data": key_data});
     let config = write_kubeconfig(&ns.name, "leaky-full", user.clone());
+    // The client certificate wins: it runs as user mw-operator, whose Lease is granted per namespace.
+    let operator_user = json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "mw-operator"});
+    support::operator::grant_leader_election(&ns, "user-leader-election", operator_user).await;
 
     // A workload blocked by a foreign Deployment and one the API server refuses: errors
     // reported in status and Events.

@@ -19,7 +19,8 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client};
-use mw_operator::check::{Component, GROUP, required};
+use mw_operator::check::{Component, GROUP, lease_required, required};
+use mw_operator::metrics::DEFAULT_LEASE;
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::{Value, json};
 use support::scoped::{
@@ -60,7 +61,9 @@ async fn check_passes_with_the_shipped_role_and_names_a_namespace_without_it() {
     let kubeconfig = install.kubeconfig.to_str().unwrap();
     let both = format!("{},{}", a.name, b.name);
 
-    let (ok, out, err) = run_binary(&["check", "--kubeconfig", kubeconfig, "--namespace", &both]).await;
+    let lease = ["--lease-namespace", home.name.as_str()];
+    let (ok, out, err) =
+        run_binary(&[&["check", "--kubeconfig", kubeconfig, "--namespace", &both], &lease[..]].concat()).await;
     assert!(ok, "check failed with the shipped Role:\n{out}\n{err}");
     assert!(out.contains("Kubernetes v1.36") && out.contains("server certificate verified"), "{out}");
     assert!(out.contains(&format!("authenticated as {}", install.user())), "{out}");
@@ -68,20 +71,32 @@ async fn check_passes_with_the_shipped_role_and_names_a_namespace_without_it() {
     let needed = required(Component::Operator).unwrap();
     for ns in [&a.name, &b.name] {
         assert_eq!(lines_with(&out, "[ok  ] rbac ", ns).len(), needed.len(), "{out}");
-        assert_eq!(lines_with(&out, "[ok  ] least-privilege ", ns).len(), 2, "no Secrets, no cluster-admin: {out}");
+        assert_eq!(
+            lines_with(&out, "[ok  ] least-privilege ", ns).len(),
+            3,
+            "no Secrets, no Lease but its own, no cluster-admin: {out}"
+        );
+        assert!(lines_with(&out, "[ok  ] rbac ", ns).iter().all(|l| !l.contains("leases")), "{out}");
     }
+    // The Lease permissions, asked where the Lease lives and only there.
+    let leases = lease_required(DEFAULT_LEASE).unwrap();
+    assert_eq!(lines_with(&out, "[ok  ] rbac ", &home.name).len(), leases.len(), "{out}");
+    assert!(lines_with(&out, "[ok  ] rbac ", &home.name).iter().all(|l| l.contains("leases.coordination.k8s.io")));
     assert!(!out.contains(&install.token) && !err.contains(&install.token), "the token was printed");
 
-    let (ok, out, _) = run_binary(&["check", "--kubeconfig", kubeconfig, "-n", &both, "--output", "json"]).await;
+    let (ok, out, _) =
+        run_binary(&[&["check", "--kubeconfig", kubeconfig, "-n", &both, "--output", "json"], &lease[..]].concat())
+            .await;
     assert!(ok);
     let report = json_report(&out);
     assert_eq!(report["ok"], true);
     let checks = report["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 3 + 2 * (needed.len() + 2), "{out}");
+    assert_eq!(checks.len(), 3 + 2 * (needed.len() + 3) + leases.len(), "{out}");
     assert!(checks.iter().all(|c| c["status"] == "pass"), "{out}");
 
     // Nothing is granted in c, and the checklist says so, permission by permission.
-    let (ok, out, err) = run_binary(&["check", "--kubeconfig", kubeconfig, "--namespace", &c.name]).await;
+    let (ok, out, err) =
+        run_binary(&[&["check", "--kubeconfig", kubeconfig, "--namespace", &c.name], &lease[..]].concat()).await;
     assert!(!ok, "check passed in a namespace without the Role:\n{out}");
     assert!(err.contains("the install check failed"), "{err}");
     let missing = lines_with(&out, "[FAIL] rbac ", &format!("missing in namespace {}", c.name));
@@ -97,8 +112,10 @@ async fn check_names_the_one_permission_taken_away() {
     let a = TestNamespace::new("check-less").await;
     let install = ScopedInstall::with_role(&home, &[&a], without("deployments", "patch")).await;
     let kubeconfig = install.kubeconfig.to_str().unwrap();
+    let lease = ["--lease-namespace", home.name.as_str()];
 
-    let (ok, out, _) = run_binary(&["check", "--kubeconfig", kubeconfig, "--namespace", &a.name]).await;
+    let (ok, out, _) =
+        run_binary(&[&["check", "--kubeconfig", kubeconfig, "--namespace", &a.name], &lease[..]].concat()).await;
     assert!(!ok, "check passed without patch on deployments:\n{out}");
     let failed: Vec<_> = out.lines().filter(|l| l.starts_with("[FAIL]")).collect();
     assert_eq!(failed.len(), 1, "{out}");
@@ -112,8 +129,10 @@ async fn check_names_the_one_permission_taken_away() {
     );
     assert!(out.contains("1 failed"), "{out}");
 
-    let (ok, out, _) =
-        run_binary(&["check", "--kubeconfig", kubeconfig, "--namespace", &a.name, "--output", "json"]).await;
+    let (ok, out, _) = run_binary(
+        &[&["check", "--kubeconfig", kubeconfig, "--namespace", &a.name, "--output", "json"], &lease[..]].concat(),
+    )
+    .await;
     assert!(!ok);
     let report = json_report(&out);
     assert_eq!(report["ok"], false);
@@ -122,6 +141,52 @@ async fn check_names_the_one_permission_taken_away() {
     assert_eq!(failed[0]["check"], "rbac");
     assert_eq!(failed[0]["namespace"], a.name.as_str());
     assert!(failed[0]["detail"].as_str().unwrap().starts_with("patch deployments.apps: missing"), "{out}");
+}
+
+#[tokio::test]
+async fn check_asks_for_the_lease_in_the_lease_namespace_only() {
+    let home = TestNamespace::new("check-lease-home").await;
+    let a = TestNamespace::new("check-lease-a").await;
+    // The shipped Role in a, and no leader-election Role anywhere.
+    let install = ScopedInstall::with_roles(&home, &[&a], operator_role(|_| {}), false).await;
+    let kubeconfig = install.kubeconfig.to_str().unwrap();
+    let leases = lease_required(DEFAULT_LEASE).unwrap();
+
+    let (ok, out, _) =
+        run_binary(&["check", "--kubeconfig", kubeconfig, "-n", &a.name, "--lease-namespace", &home.name]).await;
+    assert!(!ok, "check passed without the Lease permissions:\n{out}");
+    let failed: Vec<_> = out.lines().filter(|l| l.starts_with("[FAIL]")).collect();
+    assert_eq!(failed.len(), leases.len(), "only the Lease lines fail: {out}");
+    for p in &leases {
+        let line = format!("{p}: missing in namespace {} (cannot {p})", home.name);
+        assert!(
+            failed.iter().any(|l| l.starts_with(&format!("[FAIL] rbac {}", home.name)) && l.ends_with(&line)),
+            "{line}:\n{out}"
+        );
+    }
+    assert!(out.contains("get leases.coordination.k8s.io named mw-operator"), "{out}");
+
+    // Granted in home, the same check passes; without leader election nothing is asked.
+    let election = support::scoped::manifest(support::scoped::LEADER_ELECTION_ROLE);
+    let admin = home.client.clone();
+    let roles: Api<Role> = Api::namespaced(admin.clone(), &home.name);
+    roles.create(&Default::default(), &serde_json::from_value(election).unwrap()).await.unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "mw-operator-leader-election"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "mw-operator-leader-election"},
+        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": home.name}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin, &home.name).create(&Default::default(), &binding).await.unwrap();
+    eventually("check to pass with the Lease granted", Duration::from_secs(30), || async {
+        let (ok, out, _) =
+            run_binary(&["check", "--kubeconfig", kubeconfig, "-n", &a.name, "--lease-namespace", &home.name]).await;
+        if ok { Ok(()) } else { Err(out) }
+    })
+    .await;
+    let (ok, out, _) = run_binary(&["check", "--kubeconfig", kubeconfig, "-n", &a.name, "--no-leader-election"]).await;
+    assert!(ok, "{out}");
+    assert!(!out.contains("leases.coordination.k8s.io named"), "{out}");
 }
 
 /// A certificate authority the control plane has never heard of.
@@ -190,8 +255,9 @@ async fn check_as_cluster_admin_warns_about_privileges_nobody_needs() {
     let (ok, out, _) = run_binary(&["check", "--kubeconfig", &admin, "--namespace", &ns.name]).await;
     assert!(ok, "more permission than needed is a warning, not a failure:\n{out}");
     let warnings = lines_with(&out, "[WARN] least-privilege ", &ns.name);
-    assert_eq!(warnings.len(), 2, "{out}");
+    assert_eq!(warnings.len(), 3, "{out}");
     assert!(warnings.iter().any(|l| l.contains("get secrets: granted")), "{out}");
+    assert!(warnings.iter().any(|l| l.contains("patch leases.coordination.k8s.io: granted")), "{out}");
     assert!(out.contains("authenticated as mw-admin (groups: system:masters"), "{out}");
 }
 
@@ -275,6 +341,12 @@ async fn namespace_scoped_operator_runs_on_its_service_account_token_alone() {
         (Some(&a.name), "update", GROUP, "managedworkloads"),
         (None, "list", GROUP, "managedworkloads"),
         (None, "*", "*", "*"),
+        // Leases: only the one named in its own namespace (any name is asked here).
+        (Some(&a.name), "create", "coordination.k8s.io", "leases"),
+        (Some(&home.name), "patch", "coordination.k8s.io", "leases"),
+        (Some(&home.name), "delete", "coordination.k8s.io", "leases"),
+        (None, "create", "coordination.k8s.io", "leases"),
+        (Some(&"kube-node-lease".to_string()), "patch", "coordination.k8s.io", "leases"),
     ] {
         assert!(!install.can(ns.map(String::as_str), verb, group, resource).await, "{verb} {resource} in {ns:?}");
     }

@@ -8,8 +8,8 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 use super::{
-    Component, Crd, Facts, GROUP, Identity, PLURAL, Permission, Review, VERSION, error_chain, explain_connect_error,
-    required, unwanted,
+    Ask, Component, Crd, Facts, GROUP, Identity, LeaseScope, PLURAL, Permission, Review, VERSION, asks, error_chain,
+    explain_connect_error,
 };
 use crate::client::{self, ConnectionArgs};
 
@@ -31,6 +31,18 @@ pub struct CheckArgs {
     /// Check the bridge's permissions (config/rbac/bridge-role.yaml) instead of the operator's.
     #[arg(long)]
     pub bridge: bool,
+    /// Namespace of the operator's leader-election Lease, as `run --lease-namespace`: the
+    /// operator's own ($POD_NAMESPACE inside its Pod), else "default". Its Lease permissions
+    /// (config/rbac/leader-election-role.yaml) are checked there and nowhere else.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// Name of the Lease, as `run --lease-name`.
+    #[arg(long, env = "MW_LEASE_NAME", default_value = crate::metrics::DEFAULT_LEASE)]
+    pub lease_name: String,
+    /// The operator runs without leader election (`run --no-leader-election`): no Lease
+    /// permissions to check.
+    #[arg(long, env = "MW_NO_LEADER_ELECTION")]
+    pub no_leader_election: bool,
     /// Checklist format.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
@@ -78,12 +90,20 @@ pub async fn gather(args: &CheckArgs) -> Facts {
     }
     facts.identity = Some(identity(&client).await);
     facts.crd = Some(crd(&client).await);
-    facts.reviews = match required(component) {
-        Ok(needed) => reviews(&client, &args.namespaces, needed, unwanted(component)).await,
+    let lease = (!args.no_leader_election)
+        .then(|| LeaseScope { namespace: args.lease_namespace.clone(), name: args.lease_name.clone() });
+    facts.reviews = match asks(component, &args.namespaces, lease.as_ref()) {
+        Ok(asks) => reviews(&client, asks).await,
         // Cannot happen with the binary's own embedded manifests (a unit test parses them).
         Err(e) => vec![Review {
             namespace: None,
-            permission: Permission { verb: "?".into(), group: String::new(), resource: "?".into(), subresource: None },
+            permission: Permission {
+                verb: "?".into(),
+                group: String::new(),
+                resource: "?".into(),
+                subresource: None,
+                name: None,
+            },
             required: true,
             allowed: Err(e.to_string()),
         }],
@@ -126,22 +146,10 @@ async fn crd(client: &Client) -> Result<Crd, String> {
     Ok(Crd::Served { status_subresource: has(&format!("{PLURAL}/status")) })
 }
 
-async fn reviews(
-    client: &Client,
-    namespaces: &[String],
-    needed: Vec<Permission>,
-    unneeded: Vec<Permission>,
-) -> Vec<Review> {
-    let scopes: Vec<Option<String>> =
-        if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
-    let mut asks = Vec::new();
-    for scope in &scopes {
-        asks.extend(needed.iter().map(|p| (scope.clone(), p.clone(), true)));
-        asks.extend(unneeded.iter().map(|p| (scope.clone(), p.clone(), false)));
-    }
+async fn reviews(client: &Client, asks: Vec<Ask>) -> Vec<Review> {
     let api = Api::<SelfSubjectAccessReview>::all(client.clone());
     stream::iter(asks)
-        .map(|(namespace, permission, required)| {
+        .map(|Ask { namespace, permission, required }| {
             let api = api.clone();
             async move {
                 let review = SelfSubjectAccessReview {
@@ -152,6 +160,7 @@ async fn reviews(
                             group: Some(permission.group.clone()),
                             resource: Some(permission.resource.clone()),
                             subresource: permission.subresource.clone(),
+                            name: permission.name.clone(),
                             ..Default::default()
                         }),
                         ..Default::default()

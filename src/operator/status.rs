@@ -351,11 +351,18 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
             // template's, or terminating ones (but not those stuck on a lost node).
             let holding = observed.pods.iter().filter(|p| !finished(p) && !stuck_terminating(p, now)).count();
             let others = holding.saturating_sub(current.len());
-            // A Deployment controller that has not yet observed the latest Deployment
-            // generation still counts right when the template is the same: a generation bump
-            // that changes no Pod (an edited revisionHistoryLimit, say, which the operator
-            // then restores) is no rollout. The one current Pod being Ready is what says so.
-            let settled = rolled_out(deployment) || (current.len() == 1 && pod_ready(current[0]));
+            // A Deployment generation the Deployment controller has not observed yet is no
+            // rollout when nothing of ours changed: the workload was Running at this very
+            // spec, so the desired Deployment is the one it ran, and the bump is someone
+            // else's edit (an annotation bumps a Deployment's generation too), which the
+            // controller observes within moments. Only then, and only with the one current
+            // Pod Ready, does the unobserved generation not count. (After a change of ours the
+            // Deployment's status may trail its Pods; reading it early would flap.)
+            let ran_this_spec = mw
+                .status
+                .as_ref()
+                .is_some_and(|s| s.phase == Some(Phase::Running) && s.observed_generation == mw.metadata.generation);
+            let settled = rolled_out(deployment) || (ran_this_spec && current.len() == 1 && pod_ready(current[0]));
             let complete = settled
                 && [
                     count(deployment, |s| s.replicas),

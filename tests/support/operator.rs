@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -28,7 +28,8 @@ pub fn free_address() -> SocketAddr {
 }
 
 /// A ServiceAccount `name` in the test namespace bound (RoleBinding, that namespace only) to the
-/// operator's shipped ClusterRole, and a kubeconfig that authenticates as it with a bearer
+/// operator's shipped ClusterRole and leader-election Role (its Lease in the test namespace,
+/// `--lease-namespace`), and a kubeconfig that authenticates as it with a bearer
 /// token from the TokenRequest API. Returns the kubeconfig path, the token and the audit
 /// user name.
 pub async fn service_account_kubeconfig(ns: &TestNamespace, name: &str) -> (PathBuf, String, String) {
@@ -48,9 +49,31 @@ pub async fn service_account_kubeconfig(ns: &TestNamespace, name: &str) -> (Path
         .patch(&format!("{name}-operator"), &apply, &Patch::Apply(&binding))
         .await
         .expect("binding the operator's ClusterRole");
+    let account = json!({"kind": "ServiceAccount", "name": name, "namespace": ns.name});
+    grant_leader_election(ns, &format!("{name}-leader-election"), account).await;
     let token = token_for(ns, name).await;
     let path = write_kubeconfig(&ns.name, name, json!({"token": token}));
     (path, token, format!("system:serviceaccount:{}:{name}", ns.name))
+}
+
+/// The shipped leader-election Role (config/rbac/leader-election-role.yaml) in the test
+/// namespace, and a RoleBinding `binding` of it to `subject` (a RoleBinding subject).
+pub async fn grant_leader_election(ns: &TestNamespace, binding: &str, subject: Value) {
+    let apply = PatchParams::apply("integration-test").force();
+    let text = std::fs::read_to_string("config/rbac/leader-election-role.yaml").expect("the leader-election Role");
+    let role: Value = serde_saphyr::from_str(&text).expect("parsing the leader-election Role");
+    let name = role["metadata"]["name"].as_str().expect("its name").to_string();
+    let roles: Api<Role> = ns.api();
+    roles.patch(&name, &apply, &Patch::Apply(&role)).await.expect("creating the leader-election Role");
+    let body = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": binding},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [subject],
+    });
+    let bindings: Api<RoleBinding> = ns.api();
+    bindings.patch(binding, &apply, &Patch::Apply(&body)).await.expect("binding the leader-election Role");
 }
 
 pub async fn token_for(ns: &TestNamespace, name: &str) -> String {

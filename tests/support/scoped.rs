@@ -1,6 +1,6 @@
 //! A namespace-scoped install as a real cluster has it: a ServiceAccount in the operator's
-//! own namespace, the shipped Role (config/rbac/role.yaml) and a RoleBinding in each watched
-//! namespace, and a kubeconfig holding a token the TokenRequest API issued for that
+//! own namespace with the shipped leader-election Role there, the shipped Role
+//! (config/rbac/role.yaml) and a RoleBinding in each watched namespace, and a kubeconfig holding a token the TokenRequest API issued for that
 //! ServiceAccount (not admin credentials, not a client certificate named like it). Plus the
 //! operator binary run with that kubeconfig, as a child process of the test.
 
@@ -21,6 +21,8 @@ use serde_json::{Value, json};
 use super::{TestNamespace, eventually, log_dir, wait_until};
 
 pub const ACCOUNT: &str = "mw-operator";
+/// The operator's Lease permissions, granted in its own namespace only.
+pub const LEADER_ELECTION_ROLE: &str = "config/rbac/leader-election-role.yaml";
 const MANAGER: &str = "install-test";
 
 /// The shipped manifest at `path` (relative to the repository), as JSON.
@@ -53,10 +55,29 @@ impl ScopedInstall {
         Self::with_role(home, watched, operator_role(|_| {})).await
     }
 
+    /// With `role` in each watched namespace, and the shipped leader-election Role in `home`.
     pub async fn with_role(home: &TestNamespace, watched: &[&TestNamespace], role: Role) -> Self {
+        Self::with_roles(home, watched, role, true).await
+    }
+
+    /// With `role` in each watched namespace, and the leader-election Role in `home` if `lease`.
+    pub async fn with_roles(home: &TestNamespace, watched: &[&TestNamespace], role: Role, lease: bool) -> Self {
         let admin = home.client.clone();
         let account = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": ACCOUNT}});
         apply::<ServiceAccount>(&Api::namespaced(admin.clone(), &home.name), ACCOUNT, &account).await;
+        if lease {
+            let election = manifest(LEADER_ELECTION_ROLE);
+            let name = election["metadata"]["name"].as_str().expect("its name").to_string();
+            apply::<Role>(&Api::namespaced(admin.clone(), &home.name), &name, &election).await;
+            let binding = json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": home.name}],
+            });
+            apply::<RoleBinding>(&Api::namespaced(admin.clone(), &home.name), &name, &binding).await;
+        }
         for ns in watched {
             set_role(&admin, &ns.name, &role).await;
             let binding = json!({
@@ -235,8 +256,9 @@ pub struct Operator {
 }
 
 impl Operator {
-    pub fn start(kubeconfig: &Path, namespaces: &[String], name: &str) -> Operator {
-        let log = PathBuf::from(log_dir()).join(format!("operator-{name}.log"));
+    /// Watching `namespaces`, its Lease in `home` (where the install grants leader election).
+    pub fn start(kubeconfig: &Path, namespaces: &[String], home: &str) -> Operator {
+        let log = PathBuf::from(log_dir()).join(format!("operator-{home}.log"));
         let file = std::fs::File::create(&log).expect("creating the operator log");
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mw-operator"))
             .arg("run")
@@ -244,10 +266,12 @@ impl Operator {
             .arg(kubeconfig)
             .arg("--namespace")
             .arg(namespaces.join(","))
-            // Its Lease where its Role grants leases (the shipped Role includes them), as a
-            // namespace-scoped install keeps it in a namespace it may write.
+            // Its Lease in its own namespace, the only one where it may write Leases.
             .arg("--lease-namespace")
-            .arg(namespaces.first().map(String::as_str).unwrap_or("default"))
+            .arg(home)
+            // Probes on a free port: the default 0.0.0.0:8080 may be taken on a shared machine.
+            .arg("--metrics-address")
+            .arg(super::operator::free_address().to_string())
             .env("RUST_LOG", "info,kube=warn")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("the log file"))

@@ -23,7 +23,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (include "mw-operator.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
-{{/* The operator's permissions; the same rules as config/rbac/cluster-role.yaml (tests/chart.rs checks). */}}
+{{/* The operator's permissions in each watched namespace (or all); the same rules as config/rbac/cluster-role.yaml (tests/chart.rs checks). No Leases: see leaseRules. */}}
 {{- define "mw-operator.rules" -}}
 - apiGroups: ["opensource-server.mieweb.org"]
   resources: ["managedworkloads"]
@@ -46,14 +46,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-{{ include "mw-operator.leaseRules" . }}
 {{- end -}}
 
-{{/* Leader election: the Lease in the operator's namespace. */}}
+{{/* Leader election: the one Lease, in the operator's own namespace only; the same rules as config/rbac/leader-election-role.yaml with the configured Lease name (tests/chart.rs checks). create cannot be restricted by name. */}}
 {{- define "mw-operator.leaseRules" -}}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["create"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: [{{ .Values.leaderElection.leaseName | quote }}]
+  verbs: ["get", "patch"]
 {{- end -}}
 
 {{/* The bridge (mw-operator bridge): its name, labels and permissions. */}}

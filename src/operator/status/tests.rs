@@ -179,10 +179,19 @@ fn a_deployment_generation_that_changes_no_pod_is_no_rollout() {
     // Someone edited a Deployment field outside the template (the operator restores it): the
     // generation moves, the Deployment controller has not caught up, and the one Ready Pod
     // runs the current template. Nothing rolls out, so nothing says it does.
-    let mw = with_phase(workload(DesiredState::Running, 1), Phase::Running);
+    let mut mw = with_phase(workload(DesiredState::Running, 1), Phase::Running);
+    mw.status.as_mut().unwrap().observed_generation = Some(1);
     let d = deployment(&mw, 3, 2, [1, 1, 1, 1]);
     let s = derive_with(&mw, Some(&d), &[pod(&d, true, true, "10.0.0.5")]);
     assert_summary(&s, Phase::Running, "True", "False", "False");
+
+    // After a change of ours the Deployment's status trails its Pods: the new Pod Ready and
+    // the old one gone, but the status still the old generation's 1/1/1. Not Running yet:
+    // the next status (2 replicas while the old Pod goes) would flap it back.
+    let updating = with_phase(workload(DesiredState::Running, 2), Phase::Updating);
+    let d = deployment(&updating, 2, 1, [1, 1, 1, 1]);
+    let s = derive_with(&updating, Some(&d), &[pod(&d, true, true, "10.0.0.6")]);
+    assert_summary(&s, Phase::Updating, "False", "True", "False");
 }
 
 #[test]
