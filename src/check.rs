@@ -506,7 +506,7 @@ mod tests {
             assert!(here.iter().filter(|a| a.permission.resource == "leases").all(|a| !a.required), "{here:#?}");
         }
         assert!(!all.iter().any(|a| a.namespace.as_deref() == Some("mw-system") && !a.required));
-        assert_eq!(all.len(), 2 * (17 + 3) + 3);
+        assert_eq!(all.len(), 2 * (22 + 3) + 3);
 
         // Cluster-wide: the Role in all namespaces, the Lease still in its own namespace.
         let all = asks(Component::Operator, &[], Some(&lease())).unwrap();
@@ -515,7 +515,7 @@ mod tests {
                 .filter(|a| a.permission.resource == "leases" && a.required)
                 .all(|a| a.namespace.as_deref() == Some("mw-system"))
         );
-        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 17);
+        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 22);
 
         // Without leader election, or for the bridge (it has none): no Lease asked anywhere.
         let none = asks(Component::Operator, &namespaces, None).unwrap();
