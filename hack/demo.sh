@@ -48,7 +48,8 @@ step "bridge: Manager's SQLite database → ManagedWorkloads in namespace manage
 DB=$(bash "$HERE/manager-db.sh" sqlite "$REPO/target/demo-$NAME/manager.sqlite")
 echo "before: $(sqlite3 "$DB" 'SELECT group_concat(hostname || " containerId=" || ifnull(containerId, "NULL") || " ipv4Address=" || ifnull(ipv4Address, "NULL"), "; ") FROM Containers')"
 bash "$CP" start-bridge "$NAME" "$REPO/target/debug/mw-operator" manager \
-  --database-url "sqlite://$DB" --node k8s-lab-1=manager --requests-percent 1 --metrics-address 127.0.0.1:0 >/dev/null
+  --database-url "sqlite://$DB" --node k8s-lab-1=manager --requests-percent 1 --metrics-address 127.0.0.1:0 \
+  --rootfs-mount-path '' >/dev/null  # no rootfs volumes: the demo control plane has no StorageClass
 # The bridge creates the CRs within a poll or two; wait for them, then for Ready.
 for _ in $(seq 1 60); do
   [ "$("${KUBECTL[@]}" -n manager get managedworkloads -o name 2>/dev/null | wc -l)" -ge 3 ] && break

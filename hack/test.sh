@@ -87,6 +87,9 @@ bash "$CP" stop-operator "$CLUSTER"
 step "serial: namespace-scoped operator on a ServiceAccount token, uninstall in either order"
 cargo test --locked --test install -- --ignored --test-threads=1
 
+step "serial: an operator restart keeps a workload's claim and writes nothing"
+cargo test --locked --test volumes -- --ignored --test-threads=1
+
 step "operations: failover, shutdown, probes, redaction, control-plane faults"
 cargo test --locked --test faults -- --ignored --test-threads=1
 

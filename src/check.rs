@@ -460,6 +460,11 @@ mod tests {
             "get pods",
             "list pods",
             "watch pods",
+            "get persistentvolumeclaims",
+            "list persistentvolumeclaims",
+            "watch persistentvolumeclaims",
+            "create persistentvolumeclaims",
+            "patch persistentvolumeclaims",
             "create events.events.k8s.io",
             "patch events.events.k8s.io",
         ];
@@ -469,6 +474,10 @@ mod tests {
         let operator = required(Component::Operator).unwrap();
         assert!(!operator.iter().any(|p| p.resource == "secrets"));
         assert!(!operator.iter().any(|p| p.resource == "leases"), "Leases are granted in one namespace only");
+        assert!(
+            !operator.iter().any(|p| p.verb == "delete"),
+            "the operator never deletes: a retained claim outlives its workload"
+        );
     }
 
     #[test]
@@ -506,7 +515,7 @@ mod tests {
             assert!(here.iter().filter(|a| a.permission.resource == "leases").all(|a| !a.required), "{here:#?}");
         }
         assert!(!all.iter().any(|a| a.namespace.as_deref() == Some("mw-system") && !a.required));
-        assert_eq!(all.len(), 2 * (17 + 3) + 3);
+        assert_eq!(all.len(), 2 * (22 + 3) + 3);
 
         // Cluster-wide: the Role in all namespaces, the Lease still in its own namespace.
         let all = asks(Component::Operator, &[], Some(&lease())).unwrap();
@@ -515,7 +524,7 @@ mod tests {
                 .filter(|a| a.permission.resource == "leases" && a.required)
                 .all(|a| a.namespace.as_deref() == Some("mw-system"))
         );
-        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 17);
+        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 22);
 
         // Without leader election: no Lease asked anywhere.
         let none = asks(Component::Operator, &namespaces, None).unwrap();

@@ -23,6 +23,22 @@ pub enum Error {
         source: kube::Error,
     },
 
+    #[error("reading PersistentVolumeClaim {namespace}/{name}: {source}")]
+    GetClaim {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("applying PersistentVolumeClaim {namespace}/{name}: {source}")]
+    ApplyClaim {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
     #[error("writing status of ManagedWorkload {namespace}/{name}: {source}")]
     WriteStatus {
         namespace: String,
@@ -60,6 +76,8 @@ impl Error {
         let source = match self {
             Error::GetDeployment { source, .. }
             | Error::ApplyDeployment { source, .. }
+            | Error::GetClaim { source, .. }
+            | Error::ApplyClaim { source, .. }
             | Error::WriteStatus { source, .. } => source,
             _ => return None,
         };
@@ -75,6 +93,8 @@ impl Error {
             Error::MissingNamespace(_) => "missing_namespace",
             Error::GetDeployment { .. } => "get_deployment",
             Error::ApplyDeployment { .. } => "apply_deployment",
+            Error::GetClaim { .. } => "get_claim",
+            Error::ApplyClaim { .. } => "apply_claim",
             Error::WriteStatus { .. } => "write_status",
             Error::CacheClosed => "cache_closed",
             Error::Config(_) => "config",
@@ -95,6 +115,8 @@ impl Error {
             Error::MissingNamespace(_) => true,
             Error::GetDeployment { source, .. }
             | Error::ApplyDeployment { source, .. }
+            | Error::GetClaim { source, .. }
+            | Error::ApplyClaim { source, .. }
             | Error::WriteStatus { source, .. } => permanent_api_error(source),
             Error::CacheClosed
             | Error::Config(_)

@@ -65,7 +65,10 @@ pub const CONTAINER_ID_LABEL: &str = "opensource-server.mieweb.org/container-id"
     // The name becomes a label value on the Deployment and its Pods (at most 63 characters);
     // reject a longer one at admission instead of failing later as DeploymentRejected.
     validation = Rule::new("self.metadata.name.size() <= 63")
-        .message("metadata.name must be at most 63 characters: it is used as a label value")
+        .message("metadata.name must be at most 63 characters: it is used as a label value"),
+    validation = Rule::new(ROLLING_UPDATE_NEEDS_SHARED_VOLUMES)
+        .message(ROLLING_UPDATE_NEEDS_SHARED_VOLUMES_MESSAGE)
+        .field_path(".spec.updateStrategy")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ManagedWorkloadSpec {
@@ -145,7 +148,143 @@ pub struct ManagedWorkloadSpec {
     /// Inject environment variables for every Service in the namespace. Off unless set to true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_service_links: Option<bool>,
+
+    /// Persistent volumes: each is one PersistentVolumeClaim named `<workload>-<volume>`,
+    /// mounted into the container, kept through stop, start and every rollout, and kept
+    /// after the workload's deletion unless its `retentionPolicy` is `Delete`. At most 8.
+    /// With a ReadWriteOnce or ReadWriteOncePod volume the workload rolls out with `Recreate`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[x_kube(validation = Rule::new("self.all(v, self.exists_one(w, w.mountPath == v.mountPath))")
+        .message("each volume's mountPath must be unique within the workload"))]
+    #[x_kube(validation = Rule::new(
+        "oldSelf.all(o, self.exists(n, n.name == o.name) || !self.exists(n, n.mountPath == o.mountPath))"
+    ).message(
+        "a volume's mountPath is taken by a volume of another name: renaming a volume makes a new, empty claim \
+         and would mount it where the old volume's data was; keep the name, or remove the old volume in a \
+         change of its own first"
+    ))]
+    pub volumes: Vec<Volume>,
 }
+
+/// CEL: an explicit `RollingUpdate` only when every volume can be mounted by two Pods at once.
+const ROLLING_UPDATE_NEEDS_SHARED_VOLUMES: &str = "!has(self.spec.updateStrategy) \
+     || self.spec.updateStrategy != 'RollingUpdate' || !has(self.spec.volumes) \
+     || self.spec.volumes.all(v, has(v.accessMode) && v.accessMode == 'ReadWriteMany')";
+const ROLLING_UPDATE_NEEDS_SHARED_VOLUMES_MESSAGE: &str = "updateStrategy RollingUpdate cannot be used with a \
+     ReadWriteOnce or ReadWriteOncePod volume: the new Pod would wait forever for the volume the old Pod holds; \
+     use Recreate (the default with such volumes)";
+
+// --- Volumes (issue 14) -------------------------------------------------------------------
+
+/// One persistent volume of a workload: a PersistentVolumeClaim the operator creates and
+/// mounts. Its size may grow, never shrink; its class and access mode are fixed once made.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "!isQuantity(self.size) || !isQuantity(oldSelf.size) \
+     || quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0"
+).message("size may grow but never shrink: a claim cannot be made smaller").field_path(".size"))]
+#[x_kube(validation = Rule::new(
+    "(has(self.storageClassName) ? self.storageClassName : '') \
+     == (has(oldSelf.storageClassName) ? oldSelf.storageClassName : '')"
+).message("storageClassName cannot be changed: a claim's class is fixed once it is made").field_path(".storageClassName"))]
+#[x_kube(validation = Rule::new(
+    "(has(self.accessMode) ? self.accessMode : 'ReadWriteOnce') \
+     == (has(oldSelf.accessMode) ? oldSelf.accessMode : 'ReadWriteOnce')"
+).message("accessMode cannot be changed: a claim's access mode is fixed once it is made").field_path(".accessMode"))]
+pub struct Volume {
+    /// Volume name, a DNS label; the claim is named `<workload>-<name>`. Renaming a volume
+    /// makes a new, empty claim (the old one is kept).
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// Absolute path in the container where the volume is mounted; unique in the workload.
+    #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/[^:]*$"))]
+    pub mount_path: String,
+    /// Requested size, a quantity such as `10Gi`. May grow (the claim is expanded when its
+    /// StorageClass allows it), never shrink.
+    #[schemars(length(min = 1, max = 64))]
+    #[x_kube(validation = Rule::new("isQuantity(self)").message("must be a quantity such as 512Mi, 10Gi or 1Ti"))]
+    #[x_kube(validation = Rule::new("!isQuantity(self) || quantity(self).isGreaterThan(quantity('0'))").message("size must be greater than zero"))]
+    pub size: String,
+    /// StorageClass of the claim; the cluster's default class when unset. Fixed once made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub storage_class_name: Option<String>,
+    /// `ReadWriteOnce` (the default), `ReadWriteOncePod` or `ReadWriteMany`. Fixed once made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<AccessMode>,
+    /// What deleting the workload does to the claim: `Retain` (the default) keeps it, with
+    /// the data, for a workload of the same name to re-attach; `Delete` deletes it with the
+    /// workload (garbage collection). The operator itself never deletes a claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_policy: Option<RetentionPolicy>,
+}
+
+// How a volume can be mounted. (a `//` comment: a doc comment here would replace the
+// field's own description in the CRD).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum AccessMode {
+    /// Read-write by one node at a time.
+    #[default]
+    ReadWriteOnce,
+    /// Read-write by one Pod at a time.
+    ReadWriteOncePod,
+    /// Read-write by many nodes at once.
+    ReadWriteMany,
+}
+
+impl AccessMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::ReadWriteOnce => "ReadWriteOnce",
+            AccessMode::ReadWriteOncePod => "ReadWriteOncePod",
+            AccessMode::ReadWriteMany => "ReadWriteMany",
+        }
+    }
+}
+
+// What deleting the workload does to a volume's claim. (a `//` comment: a doc comment here
+// would replace the field's own description in the CRD).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum RetentionPolicy {
+    /// Keep the claim and its data.
+    #[default]
+    Retain,
+    /// Delete the claim with the workload.
+    Delete,
+}
+
+impl Volume {
+    pub fn access_mode(&self) -> AccessMode {
+        self.access_mode.unwrap_or_default()
+    }
+    pub fn retention_policy(&self) -> RetentionPolicy {
+        self.retention_policy.unwrap_or_default()
+    }
+}
+
+/// What the operator observed of one volume's claim.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStatus {
+    /// The volume's name in `spec.volumes`.
+    pub name: String,
+    /// The PersistentVolumeClaim's name.
+    pub claim: String,
+    /// The claim's phase: Pending, Bound or Lost; unset while the claim does not exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The size the bound volume provides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<String>,
+    /// What the claim waits on, when anything: binding, an expansion, a deletion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+// --- end of volumes ---------------------------------------------------------------------------
 
 // Start/stop: the desired state of the workload. (a `//` comment: a doc comment here would replace the
 // field's own description in the CRD).
@@ -369,6 +508,10 @@ pub struct ManagedWorkloadStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The claim of each volume in `spec.volumes`: phase, capacity, what it waits on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub volumes: Vec<VolumeStatus>,
 }
 
 // The workload's phase (see docs/resource.md for the exact rules). (a `//` comment: a doc comment here would replace the

@@ -41,6 +41,7 @@ async fn reads_and_writes(engine: Engine) {
         defaults: &defaults,
         grants: &grants,
         requests_percent: 100,
+        rootfs: &Default::default(),
     };
     let pg = mapping::desired(&rows[1], &cx).unwrap();
     assert_eq!(

@@ -371,6 +371,9 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
             "--pass-timeout=5m",
             "--max-delete-percent=50",
             "--delete-guard-minimum=3",
+            "--rootfs-mount-path=/data",
+            "--rootfs-storage-class=",
+            "--rootfs-on-delete=retain",
             "--metrics-address=0.0.0.0:8080",
             "--database-password-file=/etc/mw/password",
         ]

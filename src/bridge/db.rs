@@ -193,12 +193,12 @@ impl Database {
             .map_err(BridgeError::db("reading Settings"))
     }
 
-    /// Approved cpu and memory requests, oldest approval first.
+    /// Approved cpu, memory and rootfs requests, oldest approval first.
     pub async fn approved_grants(&self) -> Result<Vec<GrantRow>, BridgeError> {
         let sql = r#"SELECT CAST("siteId" AS BIGINT) AS site_id, hostname AS hostname, username AS username,
                        "resourceType" AS resource_type, CAST(value AS BIGINT) AS value
                      FROM "ResourceRequests"
-                     WHERE status = 'approved' AND "resourceType" IN ('cpus', 'memory')
+                     WHERE status = 'approved' AND "resourceType" IN ('cpus', 'memory', 'rootfs')
                      ORDER BY COALESCE("reviewedAt", "updatedAt"), id"#;
         on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)
             .map_err(BridgeError::db("reading ResourceRequests"))

@@ -17,7 +17,7 @@ use super::rows::{ContainerRow, Grants, RowKey};
 use crate::operator::ownership as desired;
 use crate::resource::{
     CONTAINER_ID_LABEL, EnvVar, EnvVarSource, KeyRef, ManagedWorkload, ManagedWorkloadSpec, NODE_ID_LABEL, Quantity,
-    ResourceList, Resources,
+    ResourceList, Resources, RetentionPolicy, Volume,
 };
 
 /// Says which bridge (by its field manager) made a CR or Secret. The bridge touches nothing
@@ -39,6 +39,29 @@ pub const SECRET_SUFFIX: &str = "-manager-env";
 /// Manager's defaults when no resource request was approved (`bin/create-container.js`).
 pub const DEFAULT_CPUS: i64 = 4;
 pub const DEFAULT_MEMORY_MB: i64 = 4096;
+/// Manager's default disk when no rootfs request was approved, in GB.
+pub const DEFAULT_ROOTFS_GB: i64 = 50;
+/// Name of the volume the approved rootfs becomes (claim `<hostname>-rootfs`).
+pub const ROOTFS_VOLUME: &str = "rootfs";
+
+/// How Manager's rootfs becomes the workload's volume (bridge flags `--rootfs-*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootfsVolume {
+    /// Where the volume is mounted in the container; None: no volume (the workload's files
+    /// live as long as its Pod).
+    pub mount_path: Option<String>,
+    /// The claim's StorageClass; None: the cluster's default class.
+    pub storage_class: Option<String>,
+    /// What deleting the container in Manager (so the bridge deleting the workload) does to the
+    /// data: Retain (the default) keeps the claim.
+    pub on_delete: RetentionPolicy,
+}
+
+impl Default for RootfsVolume {
+    fn default() -> Self {
+        RootfsVolume { mount_path: Some("/data".into()), storage_class: None, on_delete: RetentionPolicy::Retain }
+    }
+}
 
 /// Where and how a row is mapped.
 #[derive(Clone, Copy, Debug)]
@@ -51,6 +74,8 @@ pub struct Context<'a> {
     pub grants: &'a Grants,
     /// Requests as a percentage of the limits Manager grants (100: requests = limits).
     pub requests_percent: u32,
+    /// The rootfs volume's mount path, class and retention.
+    pub rootfs: &'a RootfsVolume,
 }
 
 /// What one row should look like in the cluster.
@@ -94,6 +119,23 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
     if memory_mb < 1 {
         return Err(RowError::BadResource { resource: "memory", value: memory_mb });
     }
+    let rootfs_gb = approved.rootfs_gb.unwrap_or(DEFAULT_ROOTFS_GB);
+    if rootfs_gb < 1 {
+        return Err(RowError::BadResource { resource: "rootfs", value: rootfs_gb });
+    }
+    // A smaller rootfs than the workload has is refused by the API server (volumes never
+    // shrink): a row error (`rejected`, naming spec.volumes[0].size), the other rows go on.
+    let volumes = match &cx.rootfs.mount_path {
+        None => Vec::new(),
+        Some(mount_path) => vec![Volume {
+            name: ROOTFS_VOLUME.into(),
+            mount_path: mount_path.clone(),
+            size: format!("{rootfs_gb}Gi"),
+            storage_class_name: cx.rootfs.storage_class.clone(),
+            access_mode: None,
+            retention_policy: Some(cx.rootfs.on_delete),
+        }],
+    };
     let percent = i64::from(cx.requests_percent.clamp(1, 100));
     let resources = Resources {
         limits: Some(ResourceList {
@@ -124,6 +166,7 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         resources: Some(resources),
         hostname: Some(name.clone()),
         pod_annotations: BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), env_digest(&env))]),
+        volumes,
         ..Default::default()
     };
     let mut workload = ManagedWorkload::new(&name, spec);

@@ -61,6 +61,19 @@ pub struct BridgeArgs {
     /// workload reserves all it may use).
     #[arg(long, default_value_t = 100, env = "MW_REQUESTS_PERCENT", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub requests_percent: u32,
+    /// Where the approved rootfs (Manager's disk; 50 GB when none is approved) is mounted in
+    /// the workload's container, as a persistent volume (claim `<hostname>-rootfs`). Empty:
+    /// no volume, and the workload's files live only as long as its Pod.
+    #[arg(long, default_value = "/data", env = "MW_ROOTFS_MOUNT_PATH")]
+    pub rootfs_mount_path: String,
+    /// StorageClass of the rootfs claims; empty: the cluster's default class.
+    #[arg(long, default_value = "", env = "MW_ROOTFS_STORAGE_CLASS")]
+    pub rootfs_storage_class: String,
+    /// What deleting a container in Manager does to its disk: `retain` (the claim and its
+    /// data stay, and a container re-created with the same hostname gets them back) or
+    /// `delete` (the claim is deleted with the workload).
+    #[arg(long, default_value = "retain", env = "MW_ROOTFS_ON_DELETE", value_parser = parse_retention)]
+    pub rootfs_on_delete: crate::resource::RetentionPolicy,
     /// Where to serve /healthz, /readyz (ready while sync passes succeed) and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
     pub metrics_address: std::net::SocketAddr,
@@ -86,6 +99,14 @@ pub struct BridgeArgs {
 
 /// The bridge's Lease unless --lease-name names another.
 pub const DEFAULT_LEASE: &str = "mw-bridge";
+
+fn parse_retention(s: &str) -> Result<crate::resource::RetentionPolicy, String> {
+    match s {
+        "retain" | "Retain" => Ok(crate::resource::RetentionPolicy::Retain),
+        "delete" | "Delete" => Ok(crate::resource::RetentionPolicy::Delete),
+        other => Err(format!("{other:?}: expected retain or delete")),
+    }
+}
 
 fn parse_mapping(s: &str) -> Result<NodeMapping, String> {
     let (node, namespace) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected NODE_NAME=NAMESPACE"))?;
@@ -144,6 +165,11 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         poll_interval: args.poll_interval,
         resync_interval: args.resync_interval,
         requests_percent: args.requests_percent,
+        rootfs: mapping::RootfsVolume {
+            mount_path: Some(args.rootfs_mount_path.clone()).filter(|p| !p.is_empty()),
+            storage_class: Some(args.rootfs_storage_class.clone()).filter(|c| !c.is_empty()),
+            on_delete: args.rootfs_on_delete,
+        },
         concurrency: usize::from(args.concurrency),
         pass_timeout: args.pass_timeout,
         delete_guard: plan::DeleteGuard {

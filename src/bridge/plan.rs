@@ -256,6 +256,7 @@ mod tests {
             defaults: &defaults,
             grants: &grants,
             requests_percent: 100,
+            rootfs: &Default::default(),
         };
         mapping::desired(&row(), &cx).unwrap()
     }

@@ -70,7 +70,7 @@ pub struct NodeRow {
     pub site_id: i64,
 }
 
-/// One approved `"ResourceRequests"` row for cpus or memory.
+/// One approved `"ResourceRequests"` row for cpus, memory or rootfs.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct GrantRow {
     pub site_id: i64,
@@ -80,7 +80,7 @@ pub struct GrantRow {
     pub value: i64,
 }
 
-/// Approved cpu and memory per (site, hostname, username), the latest approval winning, as
+/// Approved cpu, memory and rootfs per (site, hostname, username), the latest approval winning, as
 /// Manager's `ResourceRequest.getApprovedResources` reads them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grants(HashMap<(i64, String, String), Approved>);
@@ -90,6 +90,8 @@ pub struct Grants(HashMap<(i64, String, String), Approved>);
 pub struct Approved {
     pub cpus: Option<i64>,
     pub memory_mb: Option<i64>,
+    /// Disk, in GB (Manager's unit; sized here as GiB, as Proxmox does).
+    pub rootfs_gb: Option<i64>,
 }
 
 impl Grants {
@@ -101,6 +103,7 @@ impl Grants {
             match row.resource_type.as_str() {
                 "cpus" => entry.cpus = Some(row.value),
                 "memory" => entry.memory_mb = Some(row.value),
+                "rootfs" => entry.rootfs_gb = Some(row.value),
                 _ => {}
             }
         }

@@ -56,6 +56,8 @@ pub struct Settings {
     pub poll_interval: Duration,
     pub resync_interval: Duration,
     pub requests_percent: u32,
+    /// How the approved rootfs becomes the workload's volume.
+    pub rootfs: mapping::RootfsVolume,
     /// API requests in flight at once during a pass.
     pub concurrency: usize,
     /// The longest one pass (or one write-back) may take before it is abandoned and retried.
@@ -455,6 +457,7 @@ impl Bridge {
                     defaults: &self.defaults,
                     grants: &self.grants,
                     requests_percent: self.settings.requests_percent,
+                    rootfs: &self.settings.rootfs,
                 };
                 match mapping::desired(&t.row, &cx) {
                     Err(err) => outcomes.push((*key, Outcome::Row(err))),
@@ -823,6 +826,7 @@ mod tests {
             poll_interval: Duration::from_secs(2),
             resync_interval: Duration::from_secs(300),
             requests_percent: 100,
+            rootfs: Default::default(),
             concurrency: 16,
             pass_timeout: Duration::from_secs(300),
             delete_guard: DeleteGuard { max_percent: 50, minimum: 3 },

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec,
-    ResourceRequirements, SecretKeySelector,
+    ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, PodSpec,
+    PodTemplateSpec, ResourceRequirements, SecretKeySelector, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -15,7 +15,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
 use super::ownership::{fingerprint, labels, selector_labels, stamp_applied_hash};
-use crate::resource::{DesiredState, ManagedWorkload, Protocol, ResourceList, UpdateStrategy};
+use crate::resource::{
+    AccessMode, DesiredState, ManagedWorkload, ManagedWorkloadSpec, Protocol, ResourceList, UpdateStrategy,
+};
 
 /// Name of the single container in every workload Pod.
 pub const CONTAINER_NAME: &str = "workload";
@@ -41,7 +43,7 @@ pub fn deployment(mw: &ManagedWorkload) -> Option<Deployment> {
         .insert(TEMPLATE_HASH_ANNOTATION.into(), hash);
 
     let spec = &mw.spec;
-    let strategy = match spec.update_strategy.unwrap_or(UpdateStrategy::RollingUpdate) {
+    let strategy = match update_strategy(spec) {
         // Spelled out rather than left to API defaults: fields this manager owns are removed
         // when a later apply switches to Recreate, which rejects any rollingUpdate block.
         UpdateStrategy::RollingUpdate => DeploymentStrategy {
@@ -77,6 +79,46 @@ pub fn deployment(mw: &ManagedWorkload) -> Option<Deployment> {
     Some(deployment)
 }
 
+/// The rollout strategy: the spec's, else `Recreate` when a volume can be mounted by one node
+/// or Pod at a time (a surge Pod could never mount it while the old one holds it), else
+/// `RollingUpdate`. An explicit `RollingUpdate` with such a volume is refused by the CRD.
+pub fn update_strategy(spec: &ManagedWorkloadSpec) -> UpdateStrategy {
+    spec.update_strategy.unwrap_or(if spec.volumes.iter().any(|v| v.access_mode() != AccessMode::ReadWriteMany) {
+        UpdateStrategy::Recreate
+    } else {
+        UpdateStrategy::RollingUpdate
+    })
+}
+
+/// The Pod's volumes: one per `spec.volumes` entry, each its claim, named as in the spec.
+fn pod_volumes(mw: &ManagedWorkload) -> Option<Vec<Volume>> {
+    let volumes = &mw.spec.volumes;
+    (!volumes.is_empty()).then(|| {
+        volumes
+            .iter()
+            .map(|v| Volume {
+                name: v.name.clone(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: super::claims::claim_name(&mw.name_any(), &v.name),
+                    read_only: None,
+                }),
+                ..Default::default()
+            })
+            .collect()
+    })
+}
+
+/// The container's mounts of those volumes.
+fn volume_mounts(mw: &ManagedWorkload) -> Option<Vec<VolumeMount>> {
+    let volumes = &mw.spec.volumes;
+    (!volumes.is_empty()).then(|| {
+        volumes
+            .iter()
+            .map(|v| VolumeMount { name: v.name.clone(), mount_path: v.mount_path.clone(), ..Default::default() })
+            .collect()
+    })
+}
+
 /// 1 while the workload should run, 0 when stopped.
 pub fn desired_replicas(mw: &ManagedWorkload) -> i32 {
     match mw.spec.desired_state() {
@@ -109,6 +151,7 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>) -> PodT
                 })
                 .collect()
         }),
+        volume_mounts: volume_mounts(mw),
         ..Default::default()
     };
     PodTemplateSpec {
@@ -123,6 +166,7 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>) -> PodT
             hostname: spec.hostname.clone(),
             automount_service_account_token: Some(spec.automount_service_account_token.unwrap_or(false)),
             enable_service_links: Some(spec.enable_service_links.unwrap_or(false)),
+            volumes: pod_volumes(mw),
             ..Default::default()
         }),
     }
@@ -332,6 +376,33 @@ mod tests {
         assert_eq!(s.type_.as_deref(), Some("Recreate"));
         assert!(s.rolling_update.is_none());
         assert_eq!(d.spec.as_ref().unwrap().progress_deadline_seconds, Some(30));
+    }
+
+    #[test]
+    fn volumes_are_mounted_from_their_claims_and_one_node_volumes_recreate() {
+        let data = |mode| crate::resource::Volume {
+            name: "data".into(),
+            mount_path: "/var/lib/data".into(),
+            size: "1Gi".into(),
+            storage_class_name: None,
+            access_mode: mode,
+            retention_policy: None,
+        };
+        let d = deployment(&workload(ManagedWorkloadSpec { volumes: vec![data(None)], ..nginx() })).unwrap();
+        let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let v = &pod.volumes.as_ref().unwrap()[0];
+        assert_eq!(v.name, "data");
+        assert_eq!(v.persistent_volume_claim.as_ref().unwrap().claim_name, "web-data");
+        let m = &container(&d).volume_mounts.as_ref().unwrap()[0];
+        assert_eq!((m.name.as_str(), m.mount_path.as_str()), ("data", "/var/lib/data"));
+        assert_eq!(d.spec.as_ref().unwrap().strategy.as_ref().unwrap().type_.as_deref(), Some("Recreate"));
+        let shared = ManagedWorkloadSpec { volumes: vec![data(Some(AccessMode::ReadWriteMany))], ..nginx() };
+        assert_eq!(update_strategy(&shared), UpdateStrategy::RollingUpdate);
+        let rwop = ManagedWorkloadSpec { volumes: vec![data(Some(AccessMode::ReadWriteOncePod))], ..nginx() };
+        assert_eq!(update_strategy(&rwop), UpdateStrategy::Recreate);
+        assert_eq!(update_strategy(&nginx()), UpdateStrategy::RollingUpdate);
+        let none = deployment(&workload(nginx())).unwrap();
+        assert!(none.spec.unwrap().template.spec.unwrap().volumes.is_none());
     }
 
     #[test]

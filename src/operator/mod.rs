@@ -14,6 +14,7 @@
 //! This file runs it all: caches first, then (as leader, when election is on) one controller
 //! per watched scope.
 
+pub mod claims;
 pub mod deployment;
 pub mod drift;
 pub mod events;
@@ -25,6 +26,7 @@ pub mod reconcile;
 pub mod replica_sets;
 pub mod slim;
 pub mod status;
+pub mod volumes;
 pub mod watches;
 
 #[cfg(test)]
@@ -207,6 +209,7 @@ async fn lead(
         deployments: caches.deployments.clone(),
         replica_sets: caches.replica_sets.clone(),
         pods: caches.pods.clone(),
+        claims: caches.claims.clone(),
         pod_index: caches.pod_index.clone(),
         objects: caches.objects.clone(),
     });

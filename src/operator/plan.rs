@@ -44,9 +44,15 @@ impl Mode {
 }
 
 pub fn decide<K: Resource + Serialize>(mw: &ManagedWorkload, desired: &K, live: Option<&K>) -> Decision {
+    decide_by(|live| is_controlled_by(live, mw), desired, live)
+}
+
+/// `decide` for a kind whose objects can be the workload's without a controller reference
+/// (a retained claim, see `claims::is_own`): `own` says whether the live object is ours.
+pub fn decide_by<K: Resource + Serialize>(own: impl Fn(&K) -> bool, desired: &K, live: Option<&K>) -> Decision {
     match live {
         None => Decision::Apply(Mode::Create),
-        Some(live) if !is_controlled_by(live, mw) => Decision::Conflict,
+        Some(live) if !own(live) => Decision::Conflict,
         Some(live) if drift::up_to_date(desired, live) => Decision::UpToDate,
         Some(live) => Decision::Apply(Mode::Update { drift: drift::same_desired(desired, live) }),
     }

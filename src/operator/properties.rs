@@ -65,6 +65,7 @@ prop_compose! {
             update_strategy, progress_deadline_seconds,
             automount_service_account_token: automount, enable_service_links: links,
             pod_annotations,
+            volumes: Vec::new(),
         }
     }
 }
@@ -281,7 +282,7 @@ proptest! {
     fn derived_status_is_well_formed_and_a_second_pass_changes_nothing(
         (mw, deployment, pods, blocked, now) in world()
     ) {
-        let observed = status::Observed { deployment: deployment.as_ref(), pods: pods.iter().collect(), blocked };
+        let observed = status::Observed { deployment: deployment.as_ref(), pods: pods.iter().collect(), blocked, claims: vec![] };
         let first = status::derive(&mw, &observed, &now);
 
         prop_assert!(first.phase.is_some());

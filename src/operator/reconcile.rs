@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -26,10 +26,10 @@ use super::replica_sets::ReplicaSets;
 use super::slim::{CachedDeployment, CachedPod};
 use super::status::{self, Blocked, Observed};
 use super::watches::Workload;
-use super::{deployment, events};
+use super::{deployment, events, volumes};
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::resource::{ManagedWorkload, ManagedWorkloadStatus, Phase};
+use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 use crate::retry::Backoff;
 
 /// After a failed reconcile: 2 s, doubling per consecutive failure of the same object, up to
@@ -57,6 +57,8 @@ pub struct Context {
     /// Which ReplicaSets each Deployment controls.
     pub replica_sets: Arc<ReplicaSets>,
     pub pods: Store<CachedPod>,
+    /// The workloads' claims (label-selected, trimmed).
+    pub claims: Store<PersistentVolumeClaim>,
     /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.
     pub pod_index: Arc<PodIndex>,
     pub events: events::Events,
@@ -110,8 +112,25 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     let Some(desired) = deployment::deployment(mw) else {
         return Ok(Action::await_change());
     };
+    // Claims first, so a Pod never waits for a claim the operator has yet to make.
+    let claims = match volumes::reconcile(ctx, mw, namespace).await? {
+        volumes::Step::Done(claims) => claims,
+        volumes::Step::Requeue(after) => return Ok(Action::requeue(after)),
+    };
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
     let live = observe_deployment(ctx, &api, mw, namespace, name).await?;
+    // A claim problem holds the workload where it is: it is neither started nor rolled out
+    // (its Pod would mount someone else's claim, or one on its way out); a stop is carried out.
+    let running = mw.spec.desired_state() == DesiredState::Running;
+    let hold = match (&claims.blocked, &claims.deleting) {
+        (Some(blocked), _) => Some(blocked.clone()),
+        (None, Some(claim)) if running => Some(volumes::deleting(claim)),
+        _ => None,
+    };
+    if let Some(blocked) = hold.clone().filter(|_| running) {
+        let deployment = live.filter(|d| super::ownership::is_controlled_by(d, mw));
+        return report(ctx, mw, namespace, name, Acted { deployment, blocked: Some(blocked) }, &claims.own).await;
+    }
     let acted = match plan::decide(mw, &desired, live.as_ref()) {
         Decision::Conflict => Acted { deployment: None, blocked: Some(conflict(name)) },
         Decision::UpToDate => Acted { deployment: live, blocked: None },
@@ -141,7 +160,8 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
             },
         },
     };
-    report(ctx, mw, namespace, name, acted).await
+    let acted = Acted { blocked: acted.blocked.or(hold), ..acted };
+    report(ctx, mw, namespace, name, acted, &claims.own).await
 }
 
 /// The live Deployment: the newest the operator knows of (its cache, or what its last apply
@@ -175,6 +195,7 @@ async fn report(
     namespace: &str,
     name: &str,
     acted: Acted,
+    claims: &[PersistentVolumeClaim],
 ) -> Result<Action, Error> {
     // Labelled as the workload's, and belonging to its Deployment's ReplicaSets: a Pod anyone
     // could create with those labels counts for nothing.
@@ -187,12 +208,16 @@ async fn report(
         .filter(|p| deployment_uid.is_some_and(|uid| ctx.replica_sets.owns(uid, p)))
         .collect();
     let recheck = match &acted.blocked {
-        Some(b) if b.reason == REJECTED => Some(REJECTED_RECHECK),
+        Some(b) if b.reason == REJECTED || b.reason == volumes::REJECTED => Some(REJECTED_RECHECK),
         Some(_) => Some(CONFLICT_RECHECK),
         None => None,
     };
-    let observed =
-        Observed { deployment: acted.deployment.as_ref(), pods: pods.iter().collect(), blocked: acted.blocked };
+    let observed = Observed {
+        deployment: acted.deployment.as_ref(),
+        pods: pods.iter().collect(),
+        blocked: acted.blocked,
+        claims: claims.iter().collect(),
+    };
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
     // Compared with what the operator last wrote, not only with the cache, which may not
     // hold that write yet: a stale cache would mean a duplicate write and phase Event.

@@ -19,13 +19,16 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod, PodStatus, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodStatus, PodTemplateSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ObjectMeta};
 use kube::ResourceExt;
 use serde_json::Value;
 
+use super::claims::VOLUME_OF_ANNOTATION;
 use super::deployment::TEMPLATE_HASH_ANNOTATION;
-use super::ownership::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, INSTANCE_LABEL};
+use super::ownership::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, INSTANCE_LABEL, MANAGED_BY_LABEL};
 
 /// Set by client-side `kubectl apply`: a copy of the whole manifest, read by kubectl only.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -134,12 +137,20 @@ pub fn deployment(d: &mut Deployment) {
     d.spec = Some(template_only(template_hash));
     keep(&mut d.metadata.annotations, &[APPLIED_HASH_ANNOTATION]);
     d.metadata.labels = None;
+    own_apply_only(&mut d.metadata);
+    if let Some(conditions) = d.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        conditions.shrink_to_fit();
+    }
+}
+
+/// Of the server-side apply records, only the operator's own, its field set kept as text.
+fn own_apply_only(meta: &mut ObjectMeta) {
     let own_apply = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
         m.manager.as_deref() == Some(FIELD_MANAGER)
             && m.operation.as_deref() == Some("Apply")
             && m.subresource.as_deref().is_none_or(str::is_empty)
     };
-    let fields = d.managed_fields_mut();
+    let fields = meta.managed_fields.get_or_insert_with(Vec::new);
     fields.retain(own_apply);
     fields.shrink_to_fit();
     for entry in fields {
@@ -154,7 +165,25 @@ pub fn deployment(d: &mut Deployment) {
             *value = Value::String(value.to_string());
         }
     }
-    if let Some(conditions) = d.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+}
+
+/// A claim as the operator needs it: identity, owner and the marks that say whose it is
+/// (see claims.rs), the operator's own apply record (drift, ownership), what it asks for and
+/// its status (phase, capacity, resize conditions).
+pub fn claim(c: &mut PersistentVolumeClaim) {
+    keep(&mut c.metadata.labels, &[INSTANCE_LABEL, MANAGED_BY_LABEL]);
+    keep(&mut c.metadata.annotations, &[APPLIED_HASH_ANNOTATION, VOLUME_OF_ANNOTATION]);
+    own_apply_only(&mut c.metadata);
+    c.metadata.finalizers = None;
+    if let Some(spec) = &mut c.spec {
+        spec.selector = None;
+        spec.data_source = None;
+        spec.data_source_ref = None;
+    }
+    if let Some(conditions) = c.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        for condition in conditions.iter_mut() {
+            condition.last_probe_time = None;
+        }
         conditions.shrink_to_fit();
     }
 }

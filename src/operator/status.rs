@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
@@ -47,6 +47,8 @@ pub struct Observed<'a> {
     pub pods: Vec<&'a Pod>,
     /// Why the operator could not make the Deployment what it should be; reported as Stalled.
     pub blocked: Option<Blocked>,
+    /// The workload's own claims (see claims.rs), for `status.volumes` and the verdict.
+    pub claims: Vec<&'a PersistentVolumeClaim>,
 }
 
 /// A reason the desired Deployment cannot be applied, which only a human can fix.
@@ -126,6 +128,7 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
         ready_replicas: replicas(|s| s.ready_replicas),
         available_replicas: replicas(|s| s.available_replicas),
         conditions,
+        volumes: volumes::statuses(mw, observed),
     }
 }
 
@@ -327,12 +330,19 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
             }
         }
         DesiredState::Running => {
+            if let Some(lost) = volumes::lost(mw, observed) {
+                return lost;
+            }
             let current: Vec<&Pod> = current_pods(observed).collect();
             if let Some(failure) = current.iter().find_map(|p| pod_failure(mw, p, now)) {
                 return failure;
             }
+            let unbound = volumes::unbound(mw, observed);
             if let Some(failure) = deployment.and_then(deployment_failure) {
-                return failure;
+                return match unbound {
+                    Some(claim) => volumes::not_bound_in_time(&claim, &failure),
+                    None => failure,
+                };
             }
             let Some(deployment) = deployment else {
                 return Verdict::new(Phase::Creating, "Creating", "Creating: the Deployment does not exist yet");
@@ -368,6 +378,9 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
             }
             let (phase, word) =
                 if updating(mw) { (Phase::Updating, "Updating") } else { (Phase::Creating, "Creating") };
+            if let Some(claim) = unbound {
+                return volumes::waiting_for(phase, word, &claim);
+            }
             let detail = if !rolled_out(deployment) {
                 "waiting for the Deployment controller to observe the new spec"
             } else if others > 0 {
@@ -549,6 +562,8 @@ fn pod_ip(mw: &ManagedWorkload, observed: &Observed<'_>) -> Option<String> {
     });
     candidates.max_by_key(|(rank, _)| *rank).map(|(_, ip)| ip.clone())
 }
+
+mod volumes;
 
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
@@ -33,6 +34,8 @@ pub struct Caches {
     pub deployments: Store<CachedDeployment>,
     pub replica_sets: Arc<ReplicaSets>,
     pub pods: Store<CachedPod>,
+    /// The workloads' claims, retained ones included (they carry the managed label too).
+    pub claims: Store<PersistentVolumeClaim>,
     pub workloads: Store<Workload>,
     pub pod_index: Arc<PodIndex>,
     pub objects: Arc<PerObject>,
@@ -81,7 +84,7 @@ impl Caches {
         let (pods, writer) = reflector::store();
         let pod_index = Arc::new(PodIndex::default());
         let indexer = pod_index.clone();
-        let pod_events = watcher(api::<CachedPod>(client, ns), managed)
+        let pod_events = watcher(api::<CachedPod>(client, ns), managed.clone())
             .default_backoff()
             .inspect(move |event| {
                 if let Ok(event) = event {
@@ -93,6 +96,19 @@ impl Caches {
         let pod_targets = targets(pod_events, "pods", |pod: &CachedPod| {
             let name = pod.labels().get(INSTANCE_LABEL)?;
             Some(ObjectRef::new(name).within(&pod.namespace()?))
+        });
+
+        // Claims: by the instance label, since a retained claim has no owner reference. A claim
+        // that binds, grows or goes reconciles its workload.
+        let (claims, writer) = reflector::store();
+        let claim_events = watcher(api::<PersistentVolumeClaim>(client, ns), managed.clone())
+            .default_backoff()
+            .modify(super::slim::claim)
+            .reflect(writer)
+            .touched_objects();
+        let claim_targets = targets(claim_events, "persistentvolumeclaims", |claim: &PersistentVolumeClaim| {
+            let name = claim.labels().get(INSTANCE_LABEL)?;
+            Some(ObjectRef::new(name).within(&claim.namespace()?))
         });
 
         // Our own status writes change neither generation nor labels, so they do not echo back
@@ -114,18 +130,25 @@ impl Caches {
             .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
         let workload_targets =
             targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
-        // One task drives all four watches, so their events (and cache updates) are handled
+        // One task drives all five watches, so their events (and cache updates) are handled
         // one at a time in the order they arrive, as when the Controller itself polled them.
-        let all = futures::stream::select_all([deployment_targets, replica_set_targets, pod_targets, workload_targets]);
+        let all = futures::stream::select_all([
+            deployment_targets,
+            replica_set_targets,
+            pod_targets,
+            claim_targets,
+            workload_targets,
+        ]);
         tokio::spawn(fan_out(all, triggers.clone(), metrics));
 
-        Caches { namespace, deployments, replica_sets, pods, workloads, pod_index, objects, triggers }
+        Caches { namespace, deployments, replica_sets, pods, claims, workloads, pod_index, objects, triggers }
     }
 
     pub async fn ready(&self) -> bool {
         self.deployments.wait_until_ready().await.is_ok()
             && self.replica_sets.ready().await
             && self.pods.wait_until_ready().await.is_ok()
+            && self.claims.wait_until_ready().await.is_ok()
             && self.workloads.wait_until_ready().await.is_ok()
     }
 }

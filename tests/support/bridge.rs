@@ -93,6 +93,11 @@ impl Bridge {
     /// The same, reaching the API server through `kubeconfig` (e.g. a cuttable proxy).
     pub async fn start_with(ns: &TestNamespace, db: &ManagerDb, kubeconfig: &str, extra: &[&str]) -> Bridge {
         let mut args = vec!["--poll-interval", POLL, "--resync-interval", RESYNC, "--requests-percent", "1"];
+        // No rootfs volume unless a test asks for one: the test control plane has no default
+        // StorageClass, so its claims would never bind.
+        if !extra.iter().any(|a| a.starts_with("--rootfs-mount-path")) {
+            args.extend_from_slice(&["--rootfs-mount-path", ""]);
+        }
         args.extend_from_slice(extra);
         Self::spawn(ns, db, kubeconfig, &args).await
     }

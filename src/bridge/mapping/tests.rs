@@ -61,6 +61,7 @@ fn map(row: &ContainerRow, grants: &Grants) -> Result<Desired, RowError> {
         defaults: &defaults,
         grants,
         requests_percent: 100,
+        rootfs: &Default::default(),
     };
     desired(row, &cx)
 }
@@ -146,7 +147,10 @@ fn approved_resources_latest_wins() {
         value: v,
     };
     let grants = Grants::from_rows([grant("memory", 2048), grant("memory", 8192), grant("cpus", 2), grant("swap", 1)]);
-    assert_eq!(grants.for_row(&pg_analytics_from_postgres()), Approved { cpus: Some(2), memory_mb: Some(8192) });
+    assert_eq!(
+        grants.for_row(&pg_analytics_from_postgres()),
+        Approved { cpus: Some(2), memory_mb: Some(8192), rootfs_gb: None }
+    );
     let d = map(&pg_analytics_from_postgres(), &grants).unwrap();
     let limits = d.workload.spec.resources.unwrap().limits.unwrap();
     assert_eq!((limits.cpu.unwrap().0, limits.memory.unwrap().0), ("2".to_string(), "8192Mi".to_string()));
@@ -162,6 +166,7 @@ fn approved_resources_latest_wins() {
         defaults: &defaults,
         grants: &Grants::default(),
         requests_percent: 25,
+        rootfs: &Default::default(),
     };
     let r = desired(&team_wiki(), &cx).unwrap().workload.spec.resources.unwrap().requests.unwrap();
     assert_eq!((r.cpu.unwrap().0, r.memory.unwrap().0), ("1000m".to_string(), "1024Mi".to_string()));
@@ -249,4 +254,49 @@ mod properties {
             }
         }
     }
+}
+
+#[test]
+fn the_approved_rootfs_becomes_the_workloads_volume() {
+    use crate::resource::RetentionPolicy;
+    let grant = |v| GrantRow {
+        site_id: 2,
+        hostname: "pg-analytics".into(),
+        username: "jsmith".into(),
+        resource_type: "rootfs".into(),
+        value: v,
+    };
+    let grants = Grants::from_rows([grant(20), grant(80)]);
+    assert_eq!(grants.for_row(&pg_analytics_from_postgres()).rootfs_gb, Some(80), "the latest approval");
+    let mapped = map(&pg_analytics_from_postgres(), &grants).unwrap();
+    let v = &mapped.workload.spec.volumes[0];
+    assert_eq!((v.name.as_str(), v.mount_path.as_str(), v.size.as_str()), ("rootfs", "/data", "80Gi"));
+    assert_eq!((v.storage_class_name.as_deref(), v.retention_policy), (None, Some(RetentionPolicy::Retain)));
+    // Manager's default disk when none is approved.
+    let v = &map(&team_wiki(), &Grants::default()).unwrap().workload.spec.volumes[0];
+    assert_eq!(v.size, format!("{DEFAULT_ROOTFS_GB}Gi"));
+
+    let defaults = defaults();
+    let settings = RootfsVolume {
+        mount_path: Some("/srv".into()),
+        storage_class: Some("fast".into()),
+        on_delete: RetentionPolicy::Delete,
+    };
+    let cx = Context {
+        namespace: "w",
+        field_manager: "b",
+        defaults: &defaults,
+        grants: &grants,
+        requests_percent: 100,
+        rootfs: &settings,
+    };
+    let v = desired(&pg_analytics_from_postgres(), &cx).unwrap().workload.spec.volumes[0].clone();
+    assert_eq!((v.mount_path.as_str(), v.storage_class_name.as_deref()), ("/srv", Some("fast")));
+    assert_eq!(v.retention_policy, Some(RetentionPolicy::Delete));
+    let off = RootfsVolume { mount_path: None, ..settings.clone() };
+    let cx = Context { rootfs: &off, ..cx };
+    assert!(desired(&pg_analytics_from_postgres(), &cx).unwrap().workload.spec.volumes.is_empty(), "turned off");
+
+    let bad = Grants::from_rows([grant(0)]);
+    assert!(matches!(map(&pg_analytics_from_postgres(), &bad), Err(RowError::BadResource { resource: "rootfs", .. })));
 }

@@ -130,12 +130,17 @@ fn trimmed_objects_derive_what_full_ones_do() {
             let slim_pod = CachedPod::from(pod.clone()).to_pod();
             assert_eq!(slim_pod, trimmed(&pod, super::pod));
             for with_deployment in [true, false] {
-                let full =
-                    Observed { deployment: with_deployment.then_some(&deployment), pods: vec![&pod], blocked: None };
+                let full = Observed {
+                    deployment: with_deployment.then_some(&deployment),
+                    pods: vec![&pod],
+                    blocked: None,
+                    claims: vec![],
+                };
                 let slim = Observed {
                     deployment: with_deployment.then_some(&slim_deployment),
                     pods: vec![&slim_pod],
                     blocked: None,
+                    claims: vec![],
                 };
                 let case = format!("{w}, pod {p}, deployment {with_deployment}");
                 assert_eq!(status::derive(&mw, &full, &now), status::derive(&slim_mw, &slim, &now), "{case}");
@@ -152,7 +157,8 @@ fn trimmed_objects_derive_what_full_ones_do() {
     let phases: std::collections::HashSet<_> = pod_variants()
         .iter()
         .map(|(_, pod)| {
-            let observed = Observed { deployment: Some(&slim_deployment), pods: vec![pod], blocked: None };
+            let observed =
+                Observed { deployment: Some(&slim_deployment), pods: vec![pod], blocked: None, claims: vec![] };
             status::derive(&workload_variants()[0].1, &observed, &now).phase.map(|p| p.as_str())
         })
         .collect();
@@ -237,4 +243,62 @@ fn trimming_keeps_identity_and_drops_the_rest() {
     assert_eq!(status.pod_ip, full.status.as_ref().unwrap().pod_ip);
     assert!(status.conditions.iter().flatten().all(|c| c.type_ == "Ready"));
     assert_eq!(trimmed(&p, super::pod), p);
+}
+
+/// A claim as the API server returns it, trimmed: whose it is, whether it is up to date and
+/// the status it derives are all the same as from the full claim.
+#[test]
+fn a_trimmed_claim_tells_the_same() {
+    use crate::operator::{claims, drift};
+    let mut mw = ManagedWorkload::new("web", serde_json::from_value(serde_json::json!({"image": "nginx"})).unwrap());
+    mw.metadata.namespace = Some("apps".into());
+    mw.metadata.uid = Some("uid-1".into());
+    mw.spec.volumes = vec![crate::resource::Volume {
+        name: "data".into(),
+        mount_path: "/data".into(),
+        size: "1Gi".into(),
+        storage_class_name: Some("local".into()),
+        access_mode: None,
+        retention_policy: None,
+    }];
+    let desired = claims::claim(&mw, &mw.spec.volumes[0], None).unwrap();
+    let mut full: PersistentVolumeClaim = serde_json::from_value(serde_json::to_value(&desired).unwrap()).unwrap();
+    let fields = serde_json::json!({"f:metadata": {
+        "f:annotations": {"f:opensource-server.mieweb.org/applied-hash": {}, "f:opensource-server.mieweb.org/volume-of": {}},
+        "f:labels": {"f:app.kubernetes.io/instance": {}, "f:app.kubernetes.io/managed-by": {}, "f:opensource-server.mieweb.org/managed": {}}},
+        "f:spec": {"f:accessModes": {}, "f:resources": {"f:requests": {"f:storage": {}}}, "f:storageClassName": {}}});
+    let entry = |manager: &str, operation: &str, fields: serde_json::Value| {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            fields_v1: Some(FieldsV1(fields)),
+            time: Some(at(5)),
+            ..Default::default()
+        }
+    };
+    full.metadata.managed_fields = Some(vec![
+        entry(FIELD_MANAGER, "Apply", fields),
+        entry("kube-controller-manager", "Update", serde_json::json!({"f:status": {"f:phase": {}}})),
+    ]);
+    full.metadata.finalizers = Some(vec!["kubernetes.io/pvc-protection".into()]);
+    full.annotations_mut().insert("pv.kubernetes.io/bind-completed".into(), "yes".into());
+    full.labels_mut().insert("team".into(), "x".into());
+    full.status = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
+        phase: Some("Bound".into()),
+        capacity: Some(
+            [("storage".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()))].into(),
+        ),
+        ..Default::default()
+    });
+    let mut slim = full.clone();
+    claim(&mut slim);
+    assert!(claims::is_own(&full, &mw, &mw.spec.volumes[0]) && claims::is_own(&slim, &mw, &mw.spec.volumes[0]));
+    assert!(drift::up_to_date(&desired, &full) && drift::up_to_date(&desired, &slim));
+    let derive = |c: &PersistentVolumeClaim| {
+        let observed = Observed { claims: vec![c], ..Default::default() };
+        status::derive(&mw, &observed, &at(10)).volumes
+    };
+    assert_eq!(derive(&full), derive(&slim));
+    assert_eq!(slim.metadata.managed_fields.as_ref().unwrap().len(), 1, "only the operator's own record");
+    assert!(!slim.labels().contains_key("team") && slim.metadata.finalizers.is_none());
 }

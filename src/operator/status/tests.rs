@@ -109,7 +109,7 @@ fn terminating(mut p: Pod) -> Pod {
 }
 
 fn derive_with(mw: &ManagedWorkload, d: Option<&Deployment>, pods: &[Pod]) -> ManagedWorkloadStatus {
-    let observed = Observed { deployment: d, pods: pods.iter().collect(), blocked: None };
+    let observed = Observed { deployment: d, pods: pods.iter().collect(), blocked: None, claims: vec![] };
     derive(mw, &observed, &at(1000))
 }
 
@@ -202,7 +202,7 @@ fn a_pod_stuck_terminating_on_a_lost_node_does_not_hold_back_its_replacement() {
     let mut old = terminating(pod(&d, true, false, "10.0.0.5"));
     old.metadata.name = Some("web-old".into());
     let observed = |now: i64, pods: &[Pod]| {
-        let o = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None };
+        let o = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![] };
         (derive(&mw, &o, &at(now)), revisit_after(&mw, &o, &at(now)))
     };
     // Deadline at 990: within the kubelet's time to report, it is still going.
@@ -341,6 +341,7 @@ fn blocked_reports_stalled_with_its_reason() {
         deployment: None,
         pods: vec![],
         blocked: Some(Blocked { reason: "DeploymentConflict", message: "not ours".into() }),
+        claims: vec![],
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
@@ -356,7 +357,7 @@ fn an_unchanged_world_derives_an_identical_status() {
     let first = derive_with(&mw, Some(&d), &pods);
     let mut again = mw.clone();
     again.status = Some(first.clone());
-    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None };
+    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![] };
     let second = derive(&again, &observed, &at(5000));
     assert_eq!(first, second, "a later clock alone must not change the status");
 }
@@ -372,7 +373,7 @@ fn transition_time_moves_only_when_a_condition_flips() {
     let mut stopping = workload(DesiredState::Stopped, 2);
     stopping.status = Some(running.clone());
     let d2 = deployment(&stopping, 2, 2, [0, 0, 0, 0]);
-    let observed = Observed { deployment: Some(&d2), pods: vec![&pods[0]], blocked: None };
+    let observed = Observed { deployment: Some(&d2), pods: vec![&pods[0]], blocked: None, claims: vec![] };
     let s = derive(&stopping, &observed, &at(2000));
     assert_eq!(cond(&s, READY).last_transition_time, at(2000));
     assert_eq!(cond(&s, STALLED).last_transition_time, cond(&running, STALLED).last_transition_time);
@@ -484,7 +485,7 @@ fn a_crash_loop_stays_failed_through_its_whole_cycle_with_one_status() {
     for (step, restarts) in [("running", 2), ("terminated", 2), ("waiting", 3), ("running", 4), ("waiting", 9)] {
         // Ready while running (no readiness probe) or not: either way a loop.
         let p = crash_cycle(&d, step, restarts, 990);
-        let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None };
+        let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
         let s = derive(&mw, &observed, &at(1000));
         assert_eq!(s, first, "{step} #{restarts}: the status must not change within the cycle");
     }
@@ -499,7 +500,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
     let mut mw = workload(DesiredState::Running, 1);
     let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
     let p = crash_cycle(&d, "running", 1, 1000);
-    let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None };
+    let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
     let window = CRASH_LOOP_RECOVERY.as_secs() as i64;
     let s = derive(&mw, &observed, &at(1000 + window - 1));
     assert_eq!(s.phase, Some(Phase::Failed));
@@ -510,7 +511,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
     assert_summary(&s, Phase::Running, "True", "False", "False");
     // A healthy Pod needs no revisit.
     let healthy = pod(&d, true, true, "10.0.0.5");
-    let observed = Observed { deployment: Some(&d), pods: vec![&healthy], blocked: None };
+    let observed = Observed { deployment: Some(&d), pods: vec![&healthy], blocked: None, claims: vec![] };
     assert_eq!(revisit_after(&mw, &observed, &at(5000)), None);
 }
 
@@ -632,4 +633,89 @@ fn what_clients_wait_on_is_written_at_once_and_details_wait() {
     next.conditions.iter_mut().find(|c| c.type_ == "Progressing").unwrap().reason = "Other".into();
     next.conditions.iter_mut().find(|c| c.type_ == "Available").unwrap().observed_generation = Some(2);
     assert_eq!(urgency(Some(&running), &next), Urgency::Within(DETAIL_DELAY));
+}
+
+fn with_volume(mut mw: ManagedWorkload) -> ManagedWorkload {
+    mw.spec.volumes = vec![crate::resource::Volume {
+        name: "data".into(),
+        mount_path: "/data".into(),
+        size: "1Gi".into(),
+        storage_class_name: None,
+        access_mode: None,
+        retention_policy: None,
+    }];
+    mw
+}
+
+fn claim(phase: &str, capacity: Option<&str>) -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut c = k8s_openapi::api::core::v1::PersistentVolumeClaim::default();
+    c.metadata.name = Some("web-data".into());
+    c.spec = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimSpec {
+        resources: Some(k8s_openapi::api::core::v1::VolumeResourceRequirements {
+            requests: Some([("storage".to_string(), Quantity("1Gi".into()))].into()),
+            limits: None,
+        }),
+        ..Default::default()
+    });
+    c.status = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
+        phase: Some(phase.into()),
+        capacity: capacity.map(|q| [("storage".to_string(), Quantity(q.into()))].into()),
+        ..Default::default()
+    });
+    c
+}
+
+#[test]
+fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_naming_it() {
+    let mw = with_volume(workload(DesiredState::Running, 1));
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let pending = claim("Pending", None);
+    let observed = Observed { deployment: Some(&d), pods: vec![], blocked: None, claims: vec![&pending] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_summary(&s, Phase::Creating, "False", "True", "False");
+    assert_eq!(cond(&s, RECONCILING).reason, "ClaimPending");
+    assert!(cond(&s, RECONCILING).message.contains("claim web-data"));
+    let v = &s.volumes[0];
+    assert_eq!((v.name.as_str(), v.claim.as_str(), v.phase.as_deref()), ("data", "web-data", Some("Pending")));
+
+    let mut late = d.clone();
+    late.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
+        "Progressing",
+        "False",
+        "ProgressDeadlineExceeded",
+        "ReplicaSet \"web-abc\" has timed out progressing.",
+    )]);
+    let observed = Observed { deployment: Some(&late), pods: vec![], blocked: None, claims: vec![&pending] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_summary(&s, Phase::Failed, "False", "False", "True");
+    assert_eq!(cond(&s, STALLED).reason, "ClaimNotBound");
+    assert!(cond(&s, STALLED).message.contains("claim web-data"));
+}
+
+#[test]
+fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
+    let mw = with_volume(workload(DesiredState::Running, 1));
+    let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let pods = [pod(&d, true, true, "10.0.0.5")];
+    let lost = claim("Lost", None);
+    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![&lost] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_summary(&s, Phase::Failed, "False", "False", "True");
+    assert_eq!(cond(&s, STALLED).reason, "ClaimLost");
+
+    let bound = claim("Bound", Some("1Gi"));
+    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![&bound] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_eq!(s.phase, Some(Phase::Running));
+    assert_eq!(s.volumes[0].capacity.as_deref(), Some("1Gi"));
+    assert_eq!(s.volumes[0].message, None);
+
+    let mut grown = bound.clone();
+    grown.spec.as_mut().unwrap().resources.as_mut().unwrap().requests =
+        Some([("storage".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("2Gi".into()))].into());
+    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![&grown] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_eq!(s.phase, Some(Phase::Running), "an expansion in progress fails nothing");
+    assert!(s.volumes[0].message.as_deref().is_some_and(|m| m.contains("expansion to 2Gi requested")));
 }

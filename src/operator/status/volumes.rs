@@ -1,0 +1,132 @@
+//! The storage part of the status, pure: `status.volumes` from the workload's own claims, and
+//! what a claim does to the verdict (a Lost claim fails the workload at once; a claim not yet
+//! bound keeps it Creating, named, and fails it, named, at the progress deadline).
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::ResourceExt;
+
+use super::{Observed, Verdict};
+use crate::operator::claims::{bytes, capacity, claim_name, requested};
+use crate::resource::{ManagedWorkload, Phase, VolumeStatus};
+
+/// Reasons the verdict gives for a claim.
+pub const CLAIM_LOST: &str = "ClaimLost";
+pub const CLAIM_PENDING: &str = "ClaimPending";
+pub const CLAIM_NOT_BOUND: &str = "ClaimNotBound";
+
+/// The claim of each volume, in spec order; each message is stable (no times, no UIDs).
+pub fn statuses(mw: &ManagedWorkload, observed: &Observed<'_>) -> Vec<VolumeStatus> {
+    mw.spec
+        .volumes
+        .iter()
+        .map(|v| {
+            let name = claim_name(&mw.name_any(), &v.name);
+            let claim = find(observed, &name);
+            VolumeStatus {
+                name: v.name.clone(),
+                phase: claim.and_then(phase).map(str::to_owned),
+                capacity: claim.and_then(capacity),
+                message: claim.and_then(message),
+                claim: name,
+            }
+        })
+        .collect()
+}
+
+/// A Lost claim: its volume is gone, and no restart brings the data back.
+pub fn lost(mw: &ManagedWorkload, observed: &Observed<'_>) -> Option<Verdict> {
+    let name = own_claims(mw, observed).find(|(_, c)| c.and_then(phase) == Some("Lost"))?.0;
+    Some(Verdict::new(
+        Phase::Failed,
+        CLAIM_LOST,
+        format!(
+            "claim {name} is Lost: the PersistentVolume it was bound to is gone, and with it the data; restore \
+             the volume, or delete the claim to start over with an empty one"
+        ),
+    ))
+}
+
+/// The first claim that is not bound yet (or not there yet), by name.
+pub fn unbound(mw: &ManagedWorkload, observed: &Observed<'_>) -> Option<String> {
+    own_claims(mw, observed).find(|(_, c)| c.and_then(phase) != Some("Bound")).map(|(name, _)| name)
+}
+
+/// Still waiting for a claim to bind: the phase the rollout is in, the claim named.
+pub fn waiting_for(phase: Phase, word: &str, claim: &str) -> Verdict {
+    Verdict::new(
+        phase,
+        CLAIM_PENDING,
+        format!(
+            "{word}: waiting for claim {claim} to be bound to a PersistentVolume (kubectl describe pvc {claim} \
+             says why it is not)"
+        ),
+    )
+}
+
+/// The rollout's progress deadline passed while a claim was unbound: that claim is the cause.
+pub fn not_bound_in_time(claim: &str, failure: &Verdict) -> Verdict {
+    Verdict::new(
+        Phase::Failed,
+        CLAIM_NOT_BOUND,
+        format!(
+            "claim {claim} was not bound to a PersistentVolume within the progress deadline (no volume or \
+             StorageClass provides it, or a quota refuses it; kubectl describe pvc {claim}): {}",
+            failure.message
+        ),
+    )
+}
+
+fn own_claims<'a>(
+    mw: &'a ManagedWorkload,
+    observed: &'a Observed<'_>,
+) -> impl Iterator<Item = (String, Option<&'a PersistentVolumeClaim>)> + 'a {
+    mw.spec.volumes.iter().map(move |v| {
+        let name = claim_name(&mw.name_any(), &v.name);
+        let claim = find(observed, &name);
+        (name, claim)
+    })
+}
+
+fn find<'a>(observed: &Observed<'a>, name: &str) -> Option<&'a PersistentVolumeClaim> {
+    observed.claims.iter().copied().find(|c| c.metadata.name.as_deref() == Some(name))
+}
+
+fn phase(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim.status.as_ref()?.phase.as_deref()
+}
+
+/// What the claim waits on, if anything.
+fn message(claim: &PersistentVolumeClaim) -> Option<String> {
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Some("being deleted: removed once no Pod uses it".into());
+    }
+    match phase(claim) {
+        Some("Pending") | None => return Some("waiting to be bound to a PersistentVolume".into()),
+        Some("Lost") => return Some("Lost: the PersistentVolume it was bound to is gone".into()),
+        _ => {}
+    }
+    let want = requested(claim).unwrap_or_default();
+    let conditions = claim.status.as_ref().and_then(|s| s.conditions.as_ref()).into_iter().flatten();
+    for c in conditions.filter(|c| c.status == "True") {
+        match c.type_.as_str() {
+            "FileSystemResizePending" => {
+                return Some(format!(
+                    "expanded to {want}; the file system is resized when a Pod next mounts the volume"
+                ));
+            }
+            "Resizing" => return Some(format!("expanding to {want}")),
+            "ControllerResizeError" | "NodeResizeError" => {
+                return Some(format!("expansion to {want} failed: {}", c.message.as_deref().unwrap_or(&c.type_)));
+            }
+            _ => {}
+        }
+    }
+    let have = capacity(claim)?;
+    match (bytes(&want), bytes(&have)) {
+        (Some(w), Some(h)) if w > h => Some(format!(
+            "expansion to {want} requested; the volume still provides {have} (its StorageClass's provisioner \
+             expands it, if it can)"
+        )),
+        _ => None,
+    }
+}
