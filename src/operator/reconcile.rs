@@ -62,6 +62,8 @@ pub struct Context {
     pub events: events::Events,
     /// Per-workload memory, dropped when the workload goes.
     pub objects: Arc<PerObject>,
+    /// The operator's settings every pod template is built with.
+    pub pod_settings: Arc<deployment::PodSettings>,
 }
 
 pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -107,7 +109,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     if mw.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let Some(desired) = deployment::deployment(mw) else {
+    let Some(desired) = deployment::deployment(mw, &ctx.pod_settings) else {
         return Ok(Action::await_change());
     };
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
@@ -191,8 +193,12 @@ async fn report(
         Some(_) => Some(CONFLICT_RECHECK),
         None => None,
     };
-    let observed =
-        Observed { deployment: acted.deployment.as_ref(), pods: pods.iter().collect(), blocked: acted.blocked };
+    let observed = Observed {
+        settings: &ctx.pod_settings,
+        deployment: acted.deployment.as_ref(),
+        pods: pods.iter().collect(),
+        blocked: acted.blocked,
+    };
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
     // Compared with what the operator last wrote, not only with the cache, which may not
     // hold that write yet: a stale cache would mean a duplicate write and phase Event.

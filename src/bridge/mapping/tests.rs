@@ -210,6 +210,21 @@ fn nvidia_defaults() {
 }
 
 #[test]
+fn nvidia_requested_is_one_gpu() {
+    let gpus = |nvidia: i64| {
+        let mut row = team_wiki();
+        row.nvidia_requested = nvidia;
+        map(&row, &Grants::default()).unwrap().workload.spec.resources.unwrap().gpus
+    };
+    assert_eq!(gpus(1), Some(1));
+    assert_eq!(gpus(0), None, "no GPU field at all, so rows without GPUs keep their CRs as they were");
+    let mut row = team_wiki();
+    let without = map(&row, &Grants::default()).unwrap().hash;
+    row.nvidia_requested = 1;
+    assert_ne!(map(&row, &Grants::default()).unwrap().hash, without, "a changed flag is applied");
+}
+
+#[test]
 fn keys_round_trip_through_labels() {
     let key = RowKey { node_id: 7, id: 42 };
     assert_eq!(key_of(&labels(key, "x")), Some(key));
