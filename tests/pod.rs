@@ -238,6 +238,7 @@ async fn restricted_pod_security_runs_a_compliant_workload_and_fails_one_that_is
     assert!(started.elapsed() < Duration::from_secs(30), "failed within seconds: {:?}", started.elapsed());
     assert_eq!(failed.status.as_ref().unwrap().phase, Some(Phase::Failed));
     let stalled = condition(&failed, "Stalled");
+    assert_eq!(stalled.reason, "FailedCreate");
     assert!(stalled.message.contains("violates PodSecurity \"restricted"), "names the policy: {}", stalled.message);
     assert!(stalled.message.contains("allowPrivilegeEscalation"), "and what is missing: {}", stalled.message);
     wait_ready(&workloads, "compliant", Phase::Running).await;
