@@ -247,3 +247,48 @@ async fn restricted_pod_security_runs_a_compliant_workload_and_fails_one_that_is
     apply(&workloads, "plain", json!({"image": "nginx:latest", "securityContext": restricted})).await.unwrap();
     wait_ready(&workloads, "plain", Phase::Running).await;
 }
+
+/// kwok runs no probes; it models one (hack/kwok/stages.yaml): a readiness probe of path
+/// `/kwok.example/unready` keeps failing, so the container runs but is never Ready, as a
+/// kubelet reports it. Any other probe passes.
+#[tokio::test]
+async fn a_failing_readiness_probe_keeps_the_workload_from_running_and_ready() {
+    let ns = TestNamespace::new("probes").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    let spec = |path: &str| {
+        json!({
+            "image": "nginx:latest",
+            "ports": [{"containerPort": 80}],
+            "readinessProbe": {"httpGet": {"path": path, "port": 80}, "periodSeconds": 1},
+            "progressDeadlineSeconds": 3600,
+        })
+    };
+    apply(&workloads, "web", spec("/kwok.example/unready")).await.unwrap();
+    support::eventually("the Pod running, not Ready", Duration::from_secs(30), || async {
+        let list = pods.list(&ListParams::default().labels("app.kubernetes.io/instance=web")).await;
+        let pod = list.map_err(|e| e.to_string())?.items.into_iter().next().ok_or("no Pod yet")?;
+        let status = pod.status.unwrap_or_default();
+        let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
+        if status.phase.as_deref() == Some("Running") && !ready {
+            Ok(())
+        } else {
+            Err(format!("phase {:?}, ready {ready}", status.phase))
+        }
+    })
+    .await;
+    // Longer than anything that would re-ready it (pod-ready-again waits 5 s): the process runs,
+    // but it does not serve, so the workload is not Running and not Ready.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let mw = workloads.get("web").await.unwrap();
+    assert_eq!(mw.status.as_ref().unwrap().phase, Some(Phase::Creating), "{:#?}", mw.status);
+    assert_eq!(condition(&mw, "Ready").status, "False");
+    // (Messages and counts are details, written with the next phase change or within a minute.)
+    assert_eq!(condition(&mw, "Reconciling").reason, "Creating");
+    assert_eq!(condition(&mw, "Stalled").status, "False");
+
+    // A probe that passes: the new Pod becomes Ready, and with it the workload.
+    apply(&workloads, "web", spec("/healthz")).await.unwrap();
+    let mw = wait_ready(&workloads, "web", Phase::Running).await;
+    assert_eq!(mw.status.as_ref().unwrap().available_replicas, 1);
+}
