@@ -92,7 +92,7 @@ pub struct ManagedWorkloadSpec {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub env: Vec<EnvVar>,
 
-    /// CPU and memory requests and limits for the container.
+    /// CPU and memory requests and limits, and GPUs, for the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
 
@@ -193,22 +193,27 @@ pub struct ManagedWorkloadSpec {
 
     /// Users, groups, capabilities and seccomp profile of the Pod and its container. Unset, the
     /// image's own user applies (often root) and nothing is restricted, which a namespace
-    /// enforcing the `restricted` Pod Security Standard refuses.
+    /// enforcing the `restricted` Pod Security Standard refuses; it needs `runAsNonRoot: true`,
+    /// `allowPrivilegeEscalation: false`, `capabilities: {drop: [ALL]}` and `seccompProfile:
+    /// {type: RuntimeDefault}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecurityContext>,
 
-    /// Checked while the container runs; the Pod (and so the workload) is Ready only while it
-    /// passes. Without one, Ready means the container started.
+    /// Checked while the container runs (exactly one of httpGet, tcpSocket or exec); the Pod,
+    /// and so the workload, is Ready only while it passes. Without one, Ready means the
+    /// container started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness_probe: Option<Probe>,
 
-    /// Checked while the container runs; the container is restarted when it fails.
+    /// Checked while the container runs (exactly one of httpGet, tcpSocket or exec); the
+    /// container is restarted when it fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("!has(self.successThreshold) || self.successThreshold == 1").message("successThreshold must be 1 for a liveness probe"))]
     pub liveness_probe: Option<Probe>,
 
-    /// Checked from the start until it passes once; the other probes wait for it, and the
-    /// container is restarted when it fails (for slow starters).
+    /// Checked from the start until it passes once (exactly one of httpGet, tcpSocket or exec);
+    /// the other probes wait for it, and the container is restarted when it fails (for slow
+    /// starters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("!has(self.successThreshold) || self.successThreshold == 1").message("successThreshold must be 1 for a startup probe"))]
     pub startup_probe: Option<Probe>,
