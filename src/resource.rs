@@ -418,7 +418,7 @@ impl Protocol {
 // =============================================================================================
 
 /// Label key (`[prefix/]name`) and label value rules, for `nodeSelector`.
-const NODE_SELECTOR_RULE: &str = "self.all(k, k.size() <= 317 && \
+const NODE_SELECTOR_RULE: &str = "self.all(k, k.size() <= 317 && k.indexOf('/') <= 253 && \
     k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && \
     self[k].matches('^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$'))";
 
@@ -449,6 +449,7 @@ pub enum PullPolicy {
 #[x_kube(validation = Rule::new("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')").message("a toleration without a key must have operator Exists (it then tolerates every taint)"))]
 #[x_kube(validation = Rule::new("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''").message("value must be empty when operator is Exists"))]
 #[x_kube(validation = Rule::new("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')").message("tolerationSeconds is only allowed with effect NoExecute"))]
+#[x_kube(validation = Rule::new("!has(self.key) || self.key.indexOf('/') <= 253").message("the key's prefix (before '/') must be at most 253 characters").field_path(".key"))]
 pub struct Toleration {
     /// Taint key, e.g. `nvidia.com/gpu`. Empty with operator `Exists`: every taint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -554,6 +555,7 @@ pub struct Capabilities {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.type == 'Localhost' ? has(self.localhostProfile) : !has(self.localhostProfile)").message("localhostProfile is required with type Localhost and allowed only with it"))]
+#[x_kube(validation = Rule::new("!has(self.localhostProfile) || (!self.localhostProfile.startsWith('/') && !self.localhostProfile.split('/').exists(p, p == '..'))").message("localhostProfile must be a path relative to the kubelet's seccomp directory, without '..'").field_path(".localhostProfile"))]
 pub struct SeccompProfile {
     /// `RuntimeDefault` (the container runtime's profile), `Localhost` (a profile file on the
     /// node) or `Unconfined`.

@@ -257,6 +257,30 @@ fn cases() -> Vec<(&'static str, Value, Vec<&'static str>)> {
             vec!["spec.securityContext.seccompProfile", "localhostProfile is required with type Localhost"],
         ),
         (
+            "absolute seccomp localhost profile",
+            with(
+                json!({"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "/etc/p.json"}}}),
+            ),
+            vec!["spec.securityContext.seccompProfile.localhostProfile", "relative to the kubelet's seccomp directory"],
+        ),
+        (
+            "seccomp localhost profile climbing out",
+            with(
+                json!({"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "a/../../p.json"}}}),
+            ),
+            vec!["spec.securityContext.seccompProfile.localhostProfile", "without '..'"],
+        ),
+        (
+            "toleration key prefix too long",
+            with(json!({"tolerations": [{"key": format!("{}.io/gpu", "a".repeat(260)), "operator": "Exists"}]})),
+            vec!["spec.tolerations[0].key", "prefix (before '/') must be at most 253"],
+        ),
+        (
+            "node selector key prefix too long",
+            with(json!({"nodeSelector": {format!("{}.io/gpu", "a".repeat(260)): "x"}})),
+            vec!["spec.nodeSelector", "keys must be label keys"],
+        ),
+        (
             "probe with no handler",
             with(json!({"readinessProbe": {"periodSeconds": 5}})),
             vec!["spec.readinessProbe", "exactly one of httpGet, tcpSocket or exec"],
