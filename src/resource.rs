@@ -68,6 +68,9 @@ pub const CONTAINER_ID_LABEL: &str = "opensource-server.mieweb.org/container-id"
         .message("metadata.name must be at most 63 characters: it is used as a label value")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(probe_port_named("readinessProbe")).message("readinessProbe: a named port must be the name of one of spec.ports").field_path(".readinessProbe"))]
+#[x_kube(validation = Rule::new(probe_port_named("livenessProbe")).message("livenessProbe: a named port must be the name of one of spec.ports").field_path(".livenessProbe"))]
+#[x_kube(validation = Rule::new(probe_port_named("startupProbe")).message("startupProbe: a named port must be the name of one of spec.ports").field_path(".startupProbe"))]
 pub struct ManagedWorkloadSpec {
     /// Container image to run, e.g. `nginx:1.27` or `registry.example.com/app@sha256:...`.
     #[schemars(length(min = 1, max = 1024))]
@@ -622,9 +625,8 @@ pub struct HttpGetAction {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 2048), regex(pattern = r"^/\S*$"))]
     pub path: Option<String>,
-    /// Container port number, 1 to 65535.
-    #[schemars(range(min = 1, max = 65535))]
-    pub port: i32,
+    /// Container port: a number (1 to 65535) or the name of one of `spec.ports`.
+    pub port: PortRef,
     /// `HTTP` (the default) or `HTTPS` (the certificate is not verified).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<Scheme>,
@@ -643,9 +645,50 @@ pub enum Scheme {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TcpSocketAction {
-    /// Container port number, 1 to 65535.
-    #[schemars(range(min = 1, max = 65535))]
-    pub port: i32,
+    /// Container port: a number (1 to 65535) or the name of one of `spec.ports`.
+    pub port: PortRef,
+}
+
+/// A container port by number or by the name given in `spec.ports`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PortRef {
+    Number(i32),
+    Name(String),
+}
+
+impl JsonSchema for PortRef {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "PortRef".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "x-kubernetes-int-or-string": true,
+            // Bounds what the CEL rules below (and the spec's named-port rule) may cost.
+            "maxLength": 15,
+            "x-kubernetes-validations": [{
+                "rule": "type(self) == int ? (int(self) >= 1 && int(self) <= 65535) : string(self).matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+                "message": "must be a port number (1 to 65535) or a port name (at most 15 lowercase letters, digits and '-')"
+            }]
+        })
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+}
+
+/// The CEL rule "a probe's named port is one of `spec.ports`" for the spec field `probe`.
+fn probe_port_named(probe: &str) -> String {
+    let named = |handler: &str| {
+        let port = format!("self.{probe}.{handler}.port");
+        format!(
+            "(!has(self.{probe}.{handler}) || type({port}) == int || \
+             (has(self.ports) && self.ports.exists(p, has(p.name) && p.name == string({port}))))"
+        )
+    };
+    format!("!has(self.{probe}) || ({} && {})", named("httpGet"), named("tcpSocket"))
 }
 
 /// A command run in the container.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
@@ -101,7 +102,8 @@ async fn registry_identity_placement_security_and_probes_reach_the_pod() {
             "securityContext": {"runAsUser": 1000, "runAsNonRoot": true, "allowPrivilegeEscalation": false,
                                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
             "readinessProbe": {"httpGet": {"path": "/ready", "port": 80}, "periodSeconds": 5},
-            "livenessProbe": {"tcpSocket": {"port": 80}, "failureThreshold": 5},
+            "ports": [{"containerPort": 80, "name": "http"}],
+            "livenessProbe": {"tcpSocket": {"port": "http"}, "failureThreshold": 5},
             "startupProbe": {"exec": {"command": ["cat", "/tmp/started"]}, "failureThreshold": 30},
         })
     };
@@ -127,7 +129,9 @@ async fn registry_identity_placement_security_and_probes_reach_the_pod() {
     assert_eq!(csc.allow_privilege_escalation, Some(false));
     assert_eq!(csc.capabilities.as_ref().unwrap().drop.as_deref(), Some(&["ALL".to_string()][..]));
     assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().path.as_deref(), Some("/ready"));
-    assert_eq!(c.liveness_probe.as_ref().unwrap().failure_threshold, Some(5));
+    let liveness = c.liveness_probe.as_ref().unwrap();
+    assert_eq!(liveness.failure_threshold, Some(5));
+    assert_eq!(liveness.tcp_socket.as_ref().unwrap().port, IntOrString::String("http".into()), "a named port");
     assert_eq!(c.startup_probe.as_ref().unwrap().exec.as_ref().unwrap().command.as_ref().unwrap()[0], "cat");
 
     // Steady state: the API server's defaults in the probes, tolerations and security context

@@ -293,7 +293,24 @@ fn cases() -> Vec<(&'static str, Value, Vec<&'static str>)> {
         (
             "probe port zero",
             with(json!({"readinessProbe": {"httpGet": {"port": 0}}})),
-            vec!["spec.readinessProbe.httpGet.port", "greater than or equal to 1"],
+            vec!["spec.readinessProbe.httpGet.port", "must be a port number (1 to 65535) or a port name"],
+        ),
+        (
+            "probe port name not a port name",
+            with(json!({"livenessProbe": {"tcpSocket": {"port": "Web_Port"}}})),
+            vec!["spec.livenessProbe.tcpSocket.port", "must be a port number (1 to 65535) or a port name"],
+        ),
+        (
+            "probe port name not among the ports",
+            with(
+                json!({"ports": [{"containerPort": 80, "name": "web"}], "readinessProbe": {"httpGet": {"port": "http"}}}),
+            ),
+            vec!["spec.readinessProbe", "a named port must be the name of one of spec.ports"],
+        ),
+        (
+            "probe port name with no ports at all",
+            with(json!({"startupProbe": {"tcpSocket": {"port": "http"}}})),
+            vec!["spec.startupProbe", "a named port must be the name of one of spec.ports"],
         ),
         (
             "probe path not starting with /",
@@ -417,7 +434,7 @@ async fn good_manifests_are_accepted() {
         },
         "readinessProbe": {"httpGet": {"path": "/healthz?full=1", "port": 8080, "scheme": "HTTPS"}, "periodSeconds": 5,
                            "timeoutSeconds": 2, "successThreshold": 2, "failureThreshold": 3, "initialDelaySeconds": 0},
-        "livenessProbe": {"tcpSocket": {"port": 8080}, "successThreshold": 1},
+        "livenessProbe": {"tcpSocket": {"port": "dns-tcp"}, "successThreshold": 1},
         "startupProbe": {"exec": {"command": ["pg_isready", "-q"]}, "failureThreshold": 60}
     });
     let minimal = json!({"image": "nginx"});

@@ -247,15 +247,22 @@ fn toleration(t: &crate::resource::Toleration) -> Toleration {
     }
 }
 
+fn port(p: &crate::resource::PortRef) -> IntOrString {
+    match p {
+        crate::resource::PortRef::Number(n) => IntOrString::Int(*n),
+        crate::resource::PortRef::Name(name) => IntOrString::String(name.clone()),
+    }
+}
+
 fn probe(p: &crate::resource::Probe) -> Probe {
     Probe {
         http_get: p.http_get.as_ref().map(|h| HTTPGetAction {
             path: h.path.clone(),
-            port: IntOrString::Int(h.port),
+            port: port(&h.port),
             scheme: h.scheme.map(wire),
             ..Default::default()
         }),
-        tcp_socket: p.tcp_socket.as_ref().map(|t| TCPSocketAction { port: IntOrString::Int(t.port), host: None }),
+        tcp_socket: p.tcp_socket.as_ref().map(|t| TCPSocketAction { port: port(&t.port), host: None }),
         exec: p.exec.as_ref().map(|e| ExecAction { command: Some(e.command.clone()) }),
         initial_delay_seconds: p.initial_delay_seconds,
         period_seconds: p.period_seconds,
@@ -620,16 +627,22 @@ mod tests {
 
     #[test]
     fn probes_of_each_kind_reach_the_container() {
-        use crate::resource::{ExecAction as Exec, HttpGetAction as Http, Probe as P, Scheme, TcpSocketAction as Tcp};
+        use crate::resource::{
+            ExecAction as Exec, HttpGetAction as Http, PortRef, Probe as P, Scheme, TcpSocketAction as Tcp,
+        };
         let spec = ManagedWorkloadSpec {
             readiness_probe: Some(P {
-                http_get: Some(Http { path: Some("/healthz".into()), port: 8080, scheme: Some(Scheme::HTTPS) }),
+                http_get: Some(Http {
+                    path: Some("/healthz".into()),
+                    port: PortRef::Number(8080),
+                    scheme: Some(Scheme::HTTPS),
+                }),
                 period_seconds: Some(5),
                 failure_threshold: Some(2),
                 ..Default::default()
             }),
             liveness_probe: Some(P {
-                tcp_socket: Some(Tcp { port: 5432 }),
+                tcp_socket: Some(Tcp { port: PortRef::Name("postgres".into()) }),
                 initial_delay_seconds: Some(30),
                 ..Default::default()
             }),
@@ -650,7 +663,10 @@ mod tests {
         );
         assert_eq!((r.period_seconds, r.failure_threshold, r.timeout_seconds), (Some(5), Some(2), None));
         let l = c.liveness_probe.unwrap();
-        assert_eq!((l.tcp_socket.unwrap().port, l.initial_delay_seconds), (IntOrString::Int(5432), Some(30)));
+        assert_eq!(
+            (l.tcp_socket.unwrap().port, l.initial_delay_seconds),
+            (IntOrString::String("postgres".into()), Some(30))
+        );
         let s = c.startup_probe.unwrap();
         assert_eq!(s.exec.unwrap().command.unwrap(), ["pg_isready", "-q"]);
         assert_eq!((s.timeout_seconds, s.success_threshold), (Some(3), Some(1)));
@@ -702,7 +718,9 @@ mod tests {
                 "readinessProbe",
                 ManagedWorkloadSpec {
                     readiness_probe: Some(crate::resource::Probe {
-                        tcp_socket: Some(crate::resource::TcpSocketAction { port: 80 }),
+                        tcp_socket: Some(crate::resource::TcpSocketAction {
+                            port: crate::resource::PortRef::Number(80),
+                        }),
                         ..Default::default()
                     }),
                     ..nginx()

@@ -75,7 +75,7 @@ prop_compose! {
             node_selector,
             security_context: non_root.map(|n| crate::resource::SecurityContext { run_as_non_root: Some(n), ..Default::default() }),
             readiness_probe: readiness_port.map(|port| crate::resource::Probe {
-                tcp_socket: Some(crate::resource::TcpSocketAction { port }),
+                tcp_socket: Some(crate::resource::TcpSocketAction { port: crate::resource::PortRef::Number(port) }),
                 ..Default::default()
             }),
             ..Default::default()
