@@ -39,6 +39,11 @@ enum Command {
         /// Where to serve /healthz, /readyz (ready once every watch has synced) and /metrics.
         #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
         metrics_address: std::net::SocketAddr,
+        /// Extended resource `spec.resources.gpus` is requested as: the name the cluster's device
+        /// plugin advertises (`nvidia.com/gpu`, `amd.com/gpu`, `gpu.intel.com/i915`, ...).
+        #[arg(long, default_value = operator::deployment::DEFAULT_GPU_RESOURCE, env = "MW_GPU_RESOURCE_NAME",
+              value_parser = operator::deployment::check_gpu_resource)]
+        gpu_resource_name: String,
         #[command(flatten)]
         election: election::ElectionArgs,
     },
@@ -65,8 +70,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     let result = match cli.command {
-        Command::Run { connection, namespaces, concurrency, metrics_address, election } => {
-            run(connection, namespaces, concurrency, metrics_address, election)
+        Command::Run { connection, namespaces, concurrency, metrics_address, gpu_resource_name, election } => {
+            let pod_settings = operator::deployment::PodSettings { gpu_resource: gpu_resource_name };
+            run(connection, namespaces, concurrency, metrics_address, pod_settings, election)
         }
         Command::Crd { out, check } => crd(out, check),
         Command::Bridge(args) => run_bridge(*args),
@@ -86,6 +92,7 @@ fn run(
     namespaces: Vec<String>,
     concurrency: u16,
     metrics_address: std::net::SocketAddr,
+    pod_settings: operator::deployment::PodSettings,
     election: election::ElectionArgs,
 ) -> Result<(), String> {
     let election = election.election(metrics::DEFAULT_LEASE, election::default_identity)?;
@@ -98,7 +105,7 @@ fn run(
         telemetry::serve(metrics_address, std::sync::Arc::new(registry), health.clone())
             .await
             .map_err(|e| format!("serving probes and metrics on {metrics_address}: {e}"))?;
-        let settings = operator::Settings { namespaces, concurrency, election };
+        let settings = operator::Settings { namespaces, concurrency, election, pod_settings };
         operator::run(clients, settings, metrics, health).await.map_err(|e| e.to_string())
     });
     // Watch and server tasks are still running; they hold nothing that needs a clean end.

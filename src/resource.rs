@@ -71,6 +71,9 @@ pub const CONTAINER_ID_LABEL: &str = "opensource-server.mieweb.org/container-id"
         .field_path(".spec.updateStrategy")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(probe_port_named("readinessProbe")).message("readinessProbe: a named port must be the name of one of spec.ports").field_path(".readinessProbe"))]
+#[x_kube(validation = Rule::new(probe_port_named("livenessProbe")).message("livenessProbe: a named port must be the name of one of spec.ports").field_path(".livenessProbe"))]
+#[x_kube(validation = Rule::new(probe_port_named("startupProbe")).message("startupProbe: a named port must be the name of one of spec.ports").field_path(".startupProbe"))]
 pub struct ManagedWorkloadSpec {
     /// Container image to run, e.g. `nginx:1.27` or `registry.example.com/app@sha256:...`.
     #[schemars(length(min = 1, max = 1024))]
@@ -95,7 +98,7 @@ pub struct ManagedWorkloadSpec {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub env: Vec<EnvVar>,
 
-    /// CPU and memory requests and limits for the container.
+    /// CPU and memory requests and limits, and GPUs, for the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
 
@@ -166,6 +169,77 @@ pub struct ManagedWorkloadSpec {
          change of its own first"
     ))]
     pub volumes: Vec<Volume>,
+    // --- Where and as what the Pod runs: registry, identity, placement, security, health. ---
+    // (types in the block "Pod options" below; each maps to the pod template field of the
+    // same name, see src/operator/deployment.rs)
+    /// Secrets in the workload's namespace holding credentials for private registries (type
+    /// `kubernetes.io/dockerconfigjson`), e.g. `[{name: regcred}]`. Added to those of the
+    /// ServiceAccount.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+
+    /// When the image is pulled: `Always`, `IfNotPresent` or `Never`. Unset, Kubernetes decides:
+    /// `Always` for a `:latest` or untagged image, else `IfNotPresent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+
+    /// ServiceAccount the Pod runs as, in the workload's namespace (its imagePullSecrets apply
+    /// too). The namespace's `default` when unset. Its token is mounted only when
+    /// `automountServiceAccountToken` is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub service_account_name: Option<String>,
+
+    /// Labels a node must carry to run the Pod, e.g. `{"nvidia.com/gpu.product": "NVIDIA-A100"}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 63}))]
+    #[x_kube(validation = Rule::new(NODE_SELECTOR_RULE).message("keys must be label keys ([prefix/]name) and values label values (at most 63 characters: letters, digits, '-', '_', '.')"))]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Node taints the Pod tolerates, e.g. `[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub tolerations: Vec<Toleration>,
+
+    /// PriorityClass of the Pod: its scheduling priority, and whether it may preempt others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub priority_class_name: Option<String>,
+
+    /// Users, groups, capabilities and seccomp profile of the Pod and its container. Unset, the
+    /// image's own user applies (often root) and nothing is restricted, which a namespace
+    /// enforcing the `restricted` Pod Security Standard refuses; it needs `runAsNonRoot: true`,
+    /// `allowPrivilegeEscalation: false`, `capabilities: {drop: [ALL]}` and `seccompProfile:
+    /// {type: RuntimeDefault}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SecurityContext>,
+
+    /// Checked while the container runs (exactly one of httpGet, tcpSocket or exec); the Pod,
+    /// and so the workload, is Ready only while it passes. Without one, Ready means the
+    /// container started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_probe: Option<Probe>,
+
+    /// Checked while the container runs (exactly one of httpGet, tcpSocket or exec); the
+    /// container is restarted when it fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!has(self.successThreshold) || self.successThreshold == 1").message("successThreshold must be 1 for a liveness probe"))]
+    pub liveness_probe: Option<Probe>,
+
+    /// Checked from the start until it passes once (exactly one of httpGet, tcpSocket or exec);
+    /// the other probes wait for it, and the container is restarted when it fails (for slow
+    /// starters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!has(self.successThreshold) || self.successThreshold == 1").message("successThreshold must be 1 for a startup probe"))]
+    pub startup_probe: Option<Probe>,
 }
 
 /// CEL: an explicit `RollingUpdate` only when every volume can be mounted by two Pods at once.
@@ -364,6 +438,12 @@ pub struct Resources {
     /// Maximum resources the container may use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ResourceList>,
+    /// Whole GPUs for the container, requested as the extended resource the operator is set
+    /// up with (`nvidia.com/gpu` by default). The Pod runs only on a node advertising that
+    /// many free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 64))]
+    pub gpus: Option<i32>,
 }
 
 /// The CEL rule "requests.R <= limits.R when both are set and well-formed". Malformed values
@@ -471,6 +551,294 @@ impl Protocol {
         }
     }
 }
+
+// =============================================================================================
+// Pod options: registry, identity, placement, Pod security and health checks. Each type is the
+// typed, validated subset of the Kubernetes field of the same name that a Manager container
+// needs; src/operator/deployment.rs copies it into the pod template.
+// =============================================================================================
+
+/// Label key (`[prefix/]name`) and label value rules, for `nodeSelector`.
+const NODE_SELECTOR_RULE: &str = "self.all(k, k.size() <= 317 && k.indexOf('/') <= 253 && \
+    k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && \
+    self[k].matches('^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$'))";
+
+/// An object in the workload's namespace, by name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct LocalObjectReference {
+    /// Name of the object (here: a Secret).
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+}
+
+// When the kubelet pulls the image. (a `//` comment: a doc comment here would replace the
+// field's own description in the CRD).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+/// A node taint the Pod tolerates. A taint is tolerated when key and effect match and, with
+/// operator `Equal`, the value too.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')").message("a toleration without a key must have operator Exists (it then tolerates every taint)"))]
+#[x_kube(validation = Rule::new("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''").message("value must be empty when operator is Exists"))]
+#[x_kube(validation = Rule::new("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')").message("tolerationSeconds is only allowed with effect NoExecute"))]
+#[x_kube(validation = Rule::new("!has(self.key) || self.key.indexOf('/') <= 253").message("the key's prefix (before '/') must be at most 253 characters").field_path(".key"))]
+pub struct Toleration {
+    /// Taint key, e.g. `nvidia.com/gpu`. Empty with operator `Exists`: every taint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 317),
+        regex(
+            pattern = r"^(([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+        )
+    )]
+    pub key: Option<String>,
+    /// `Equal` (the default: key and value match) or `Exists` (any value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<TolerationOperator>,
+    /// Taint value, with operator `Equal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63), regex(pattern = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"))]
+    pub value: Option<String>,
+    /// Taint effect to tolerate: `NoSchedule`, `PreferNoSchedule` or `NoExecute`; all when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<TaintEffect>,
+    /// With effect `NoExecute`: seconds the Pod stays on a node after the taint appears
+    /// (forever when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 31536000))]
+    pub toleration_seconds: Option<i64>,
+}
+
+// How a toleration matches a taint's value. (a `//` comment: a doc comment here would replace
+// the field's own description in the CRD).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TolerationOperator {
+    Equal,
+    Exists,
+}
+
+// A taint's effect. (a `//` comment: a doc comment here would replace the field's own
+// description in the CRD).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+/// Security settings. `runAsUser`, `runAsGroup`, `runAsNonRoot`, `fsGroup` and
+/// `seccompProfile` apply to the Pod; `readOnlyRootFilesystem`, `allowPrivilegeEscalation` and
+/// `capabilities` to its container. The `restricted` Pod Security Standard needs
+/// `runAsNonRoot: true`, `allowPrivilegeEscalation: false`, `capabilities: {drop: [ALL]}` and
+/// `seccompProfile: {type: RuntimeDefault}`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.runAsNonRoot) && self.runAsNonRoot && has(self.runAsUser) && self.runAsUser == 0)").message("runAsNonRoot: true contradicts runAsUser: 0"))]
+pub struct SecurityContext {
+    /// User id the container's process runs as; the image's user when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 2147483647))]
+    pub run_as_user: Option<i64>,
+    /// Primary group id of the container's process; the image's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 2147483647))]
+    pub run_as_group: Option<i64>,
+    /// Refuse to start the container as root (user id 0): the kubelet checks the image's user
+    /// when `runAsUser` is unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_non_root: Option<bool>,
+    /// Group that owns the Pod's volumes and is added to the process's groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 2147483647))]
+    pub fs_group: Option<i64>,
+    /// Mount the container's root filesystem read-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_root_filesystem: Option<bool>,
+    /// Whether a process may gain more privileges than its parent (setuid binaries). Set it to
+    /// false for `restricted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_privilege_escalation: Option<bool>,
+    /// Linux capabilities added to or dropped from the container runtime's default set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Capabilities>,
+    /// The seccomp profile of the Pod's containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp_profile: Option<SeccompProfile>,
+}
+
+/// Linux capabilities, named as in `capabilities(7)` without the `CAP_` prefix (`NET_ADMIN`),
+/// or `ALL`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    /// Capabilities to add, e.g. `[NET_BIND_SERVICE]` (the only one `restricted` allows).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 64), regex(pattern = r"^[A-Z][A-Z0-9_]*$")))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub add: Vec<String>,
+    /// Capabilities to drop, e.g. `[ALL]` (what `restricted` requires).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 64), regex(pattern = r"^[A-Z][A-Z0-9_]*$")))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub drop: Vec<String>,
+}
+
+/// A seccomp profile.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.type == 'Localhost' ? has(self.localhostProfile) : !has(self.localhostProfile)").message("localhostProfile is required with type Localhost and allowed only with it"))]
+#[x_kube(validation = Rule::new("!has(self.localhostProfile) || (!self.localhostProfile.startsWith('/') && !self.localhostProfile.split('/').exists(p, p == '..'))").message("localhostProfile must be a path relative to the kubelet's seccomp directory, without '..'").field_path(".localhostProfile"))]
+pub struct SeccompProfile {
+    /// `RuntimeDefault` (the container runtime's profile), `Localhost` (a profile file on the
+    /// node) or `Unconfined`.
+    #[serde(rename = "type")]
+    pub type_: SeccompProfileType,
+    /// With type `Localhost`: the profile's path, relative to the kubelet's seccomp directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub localhost_profile: Option<String>,
+}
+
+// Kind of seccomp profile. (a `//` comment: a doc comment here would replace the field's own
+// description in the CRD).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum SeccompProfileType {
+    RuntimeDefault,
+    Localhost,
+    Unconfined,
+}
+
+/// A health check of the container: exactly one of `httpGet`, `tcpSocket` or `exec`, with
+/// Kubernetes' timing (defaults: period 10 s, timeout 1 s, failure threshold 3).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.httpGet) ? 1 : 0) + (has(self.tcpSocket) ? 1 : 0) + (has(self.exec) ? 1 : 0) == 1").message("exactly one of httpGet, tcpSocket or exec must be set"))]
+pub struct Probe {
+    /// Passes when an HTTP GET to the container answers 200 to 399.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_get: Option<HttpGetAction>,
+    /// Passes when a TCP connection to the container's port opens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_socket: Option<TcpSocketAction>,
+    /// Passes when the command, run in the container (not in a shell), exits 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecAction>,
+    /// Seconds after the container starts before the first check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub initial_delay_seconds: Option<i32>,
+    /// Seconds between checks (10 when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub period_seconds: Option<i32>,
+    /// Seconds a check may take (1 when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: Option<i32>,
+    /// Consecutive passes after a failure to count as passing (1 when unset; must be 1 for
+    /// liveness and startup probes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub success_threshold: Option<i32>,
+    /// Consecutive failures to count as failing (3 when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failure_threshold: Option<i32>,
+}
+
+/// An HTTP GET to the Pod's IP.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpGetAction {
+    /// Path, starting with `/` (`/` when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^/\S*$"))]
+    pub path: Option<String>,
+    /// Container port: a number (1 to 65535) or the name of one of `spec.ports`.
+    pub port: PortRef,
+    /// `HTTP` (the default) or `HTTPS` (the certificate is not verified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<Scheme>,
+}
+
+// URI scheme of an HTTP probe. (a `//` comment: a doc comment here would replace the field's
+// own description in the CRD).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum Scheme {
+    HTTP,
+    HTTPS,
+}
+
+/// A TCP connection to the Pod's IP.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TcpSocketAction {
+    /// Container port: a number (1 to 65535) or the name of one of `spec.ports`.
+    pub port: PortRef,
+}
+
+/// A container port by number or by the name given in `spec.ports`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PortRef {
+    Number(i32),
+    Name(String),
+}
+
+impl JsonSchema for PortRef {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "PortRef".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "x-kubernetes-int-or-string": true,
+            // Bounds what the CEL rules below (and the spec's named-port rule) may cost.
+            "maxLength": 15,
+            "x-kubernetes-validations": [{
+                "rule": "type(self) == int ? (int(self) >= 1 && int(self) <= 65535) : string(self).matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+                "message": "must be a port number (1 to 65535) or a port name (at most 15 lowercase letters, digits and '-')"
+            }]
+        })
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+}
+
+/// The CEL rule "a probe's named port is one of `spec.ports`" for the spec field `probe`.
+fn probe_port_named(probe: &str) -> String {
+    let named = |handler: &str| {
+        let port = format!("self.{probe}.{handler}.port");
+        format!(
+            "(!has(self.{probe}.{handler}) || type({port}) == int || \
+             (has(self.ports) && self.ports.exists(p, has(p.name) && p.name == string({port}))))"
+        )
+    };
+    format!("!has(self.{probe}) || ({} && {})", named("httpGet"), named("tcpSocket"))
+}
+
+/// A command run in the container.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecAction {
+    /// The command and its arguments, e.g. `[pg_isready, -q]`; not run in a shell.
+    #[schemars(length(min = 1, max = 64), inner(length(max = 4096)))]
+    pub command: Vec<String>,
+}
+
+// ============================================= end of Pod options =============================
 
 /// Observed state of a ManagedWorkload, written only by the operator.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]

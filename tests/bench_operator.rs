@@ -66,7 +66,7 @@ fn plain_deployment(namespace: &str, i: usize) -> Deployment {
     let mut mw = ManagedWorkload::new(&format!("w{i}"), spec);
     mw.metadata.namespace = Some(namespace.into());
     mw.metadata.uid = Some("00000000-0000-0000-0000-000000000000".into());
-    let mut d = mw_operator::operator::deployment::deployment(&mw).expect("a desired Deployment");
+    let mut d = mw_operator::operator::deployment::deployment(&mw, &Default::default()).expect("a desired Deployment");
     d.metadata.owner_references = None;
     d.metadata.annotations = None;
     // Not the operator's label either: the operator's label-selected caches would hold the

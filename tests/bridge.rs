@@ -157,6 +157,28 @@ async fn end_to_end(engine: Engine) {
     assert_eq!(stopped.spec.state, Some(mw_operator::resource::DesiredState::Stopped));
     assert_eq!(db.written("team-wiki").await.unwrap().1, None);
 
+    // GPUs requested in Manager (`nvidiaRequested`) → one GPU in the CR → the Pod requests the
+    // extended resource; no node here has one, so the rollout waits, saying why.
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "nvidiaRequested" = true, "updatedAt" = '{}' WHERE hostname = 'akumar-dev'"#,
+        now()
+    ))
+    .await;
+    wait_until(&workloads, "akumar-dev", "one GPU in the spec", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| mw.spec.resources.as_ref().and_then(|r| r.gpus) == Some(1))
+    })
+    .await;
+    let unschedulable = wait_until(&workloads, "akumar-dev", "Reconciling: Unschedulable", TIMEOUT, |mw| {
+        mw.and_then(|mw: &ManagedWorkload| mw.status.as_ref())
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Reconciling" && c.reason == "Unschedulable"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(phase_of(&unschedulable), Some(Phase::Updating), "a wait, the old Pod still serving");
+    let template = deployments.get("akumar-dev").await.unwrap().spec.unwrap().template.spec.unwrap();
+    let limits = template.containers[0].resources.as_ref().unwrap().limits.clone().unwrap();
+    assert_eq!(limits["nvidia.com/gpu"].0, "1");
+
     // The row is deleted → CR, Secret, Deployment and Pods go.
     db.exec(r#"UPDATE "Containers" SET "creationJobId" = NULL WHERE hostname = 'akumar-dev'"#).await;
     db.exec(r#"DELETE FROM "Containers" WHERE hostname = 'akumar-dev'"#).await;

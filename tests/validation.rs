@@ -125,6 +125,238 @@ fn cases() -> Vec<(&'static str, Value, Vec<&'static str>)> {
             with(json!({"updateStrategy": "BlueGreen"})),
             vec!["spec.updateStrategy", "Unsupported value"],
         ),
+        // Pod options: registry, identity, placement, security, health.
+        (
+            "bad image pull secret name",
+            with(json!({"imagePullSecrets": [{"name": "Reg_Cred"}]})),
+            vec!["spec.imagePullSecrets[0].name", "should match"],
+        ),
+        (
+            "duplicate image pull secrets",
+            with(json!({"imagePullSecrets": [{"name": "regcred"}, {"name": "regcred"}]})),
+            vec!["spec.imagePullSecrets[1]", "Duplicate value"],
+        ),
+        (
+            "unknown image pull policy",
+            with(json!({"imagePullPolicy": "Sometimes"})),
+            vec!["spec.imagePullPolicy", "Unsupported value"],
+        ),
+        (
+            "bad service account name",
+            with(json!({"serviceAccountName": "My SA"})),
+            vec!["spec.serviceAccountName", "should match"],
+        ),
+        (
+            "bad node selector key",
+            with(json!({"nodeSelector": {"bad key!": "x"}})),
+            vec!["spec.nodeSelector", "keys must be label keys"],
+        ),
+        (
+            "bad node selector value",
+            with(json!({"nodeSelector": {"disk": "fast ssd"}})),
+            vec!["spec.nodeSelector", "values label values"],
+        ),
+        (
+            "node selector value too long",
+            with(json!({"nodeSelector": {"disk": "x".repeat(64)}})),
+            vec!["spec.nodeSelector.disk", "may not be more than 63"],
+        ),
+        (
+            "toleration with unknown operator",
+            with(json!({"tolerations": [{"key": "gpu", "operator": "In"}]})),
+            vec!["spec.tolerations[0].operator", "Unsupported value"],
+        ),
+        (
+            "toleration with unknown effect",
+            with(json!({"tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoRun"}]})),
+            vec!["spec.tolerations[0].effect", "Unsupported value"],
+        ),
+        (
+            "toleration with neither key nor Exists",
+            with(json!({"tolerations": [{"value": "x"}]})),
+            vec!["spec.tolerations[0]", "a toleration without a key must have operator Exists"],
+        ),
+        (
+            "toleration Exists with a value",
+            with(json!({"tolerations": [{"key": "gpu", "operator": "Exists", "value": "yes"}]})),
+            vec!["spec.tolerations[0]", "value must be empty when operator is Exists"],
+        ),
+        (
+            "tolerationSeconds without NoExecute",
+            with(json!({"tolerations": [{"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 30}]})),
+            vec!["spec.tolerations[0]", "tolerationSeconds is only allowed with effect NoExecute"],
+        ),
+        (
+            "bad toleration key",
+            with(json!({"tolerations": [{"key": "-gpu", "operator": "Exists"}]})),
+            vec!["spec.tolerations[0].key", "should match"],
+        ),
+        (
+            "bad priority class name",
+            with(json!({"priorityClassName": "High_Priority"})),
+            vec!["spec.priorityClassName", "should match"],
+        ),
+        (
+            "negative GPU count",
+            with(json!({"resources": {"gpus": -1}})),
+            vec!["spec.resources.gpus", "greater than or equal to 0"],
+        ),
+        (
+            "GPU count as text",
+            with(json!({"resources": {"gpus": "one"}})),
+            vec!["spec.resources.gpus", "must be of type integer"],
+        ),
+        (
+            "negative runAsUser",
+            with(json!({"securityContext": {"runAsUser": -1}})),
+            vec!["spec.securityContext.runAsUser", "greater than or equal to 0"],
+        ),
+        (
+            "negative runAsGroup",
+            with(json!({"securityContext": {"runAsGroup": -5}})),
+            vec!["spec.securityContext.runAsGroup", "greater than or equal to 0"],
+        ),
+        (
+            "negative fsGroup",
+            with(json!({"securityContext": {"fsGroup": -5}})),
+            vec!["spec.securityContext.fsGroup", "greater than or equal to 0"],
+        ),
+        (
+            "runAsNonRoot with user 0",
+            with(json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 0}})),
+            vec!["spec.securityContext", "runAsNonRoot: true contradicts runAsUser: 0"],
+        ),
+        (
+            "readOnlyRootFilesystem as text",
+            with(json!({"securityContext": {"readOnlyRootFilesystem": "yes"}})),
+            vec!["spec.securityContext.readOnlyRootFilesystem", "must be of type boolean"],
+        ),
+        (
+            "allowPrivilegeEscalation as text",
+            with(json!({"securityContext": {"allowPrivilegeEscalation": "no"}})),
+            vec!["spec.securityContext.allowPrivilegeEscalation", "must be of type boolean"],
+        ),
+        (
+            "lowercase capability",
+            with(json!({"securityContext": {"capabilities": {"add": ["net_admin"]}}})),
+            vec!["spec.securityContext.capabilities.add[0]", "should match"],
+        ),
+        (
+            "duplicate dropped capability",
+            with(json!({"securityContext": {"capabilities": {"drop": ["ALL", "ALL"]}}})),
+            vec!["spec.securityContext.capabilities.drop[1]", "Duplicate value"],
+        ),
+        (
+            "unknown seccomp profile type",
+            with(json!({"securityContext": {"seccompProfile": {"type": "Strict"}}})),
+            vec!["spec.securityContext.seccompProfile.type", "Unsupported value"],
+        ),
+        (
+            "Localhost seccomp profile without a path",
+            with(json!({"securityContext": {"seccompProfile": {"type": "Localhost"}}})),
+            vec!["spec.securityContext.seccompProfile", "localhostProfile is required with type Localhost"],
+        ),
+        (
+            "absolute seccomp localhost profile",
+            with(
+                json!({"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "/etc/p.json"}}}),
+            ),
+            vec!["spec.securityContext.seccompProfile.localhostProfile", "relative to the kubelet's seccomp directory"],
+        ),
+        (
+            "seccomp localhost profile climbing out",
+            with(
+                json!({"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "a/../../p.json"}}}),
+            ),
+            vec!["spec.securityContext.seccompProfile.localhostProfile", "without '..'"],
+        ),
+        (
+            "toleration key prefix too long",
+            with(json!({"tolerations": [{"key": format!("{}.io/gpu", "a".repeat(260)), "operator": "Exists"}]})),
+            vec!["spec.tolerations[0].key", "prefix (before '/') must be at most 253"],
+        ),
+        (
+            "node selector key prefix too long",
+            with(json!({"nodeSelector": {format!("{}.io/gpu", "a".repeat(260)): "x"}})),
+            vec!["spec.nodeSelector", "keys must be label keys"],
+        ),
+        (
+            "probe with no handler",
+            with(json!({"readinessProbe": {"periodSeconds": 5}})),
+            vec!["spec.readinessProbe", "exactly one of httpGet, tcpSocket or exec"],
+        ),
+        (
+            "probe with two handlers",
+            with(json!({"livenessProbe": {"tcpSocket": {"port": 80}, "exec": {"command": ["true"]}}})),
+            vec!["spec.livenessProbe", "exactly one of httpGet, tcpSocket or exec"],
+        ),
+        (
+            "probe port zero",
+            with(json!({"readinessProbe": {"httpGet": {"port": 0}}})),
+            vec!["spec.readinessProbe.httpGet.port", "must be a port number (1 to 65535) or a port name"],
+        ),
+        (
+            "probe port name not a port name",
+            with(json!({"livenessProbe": {"tcpSocket": {"port": "Web_Port"}}})),
+            vec!["spec.livenessProbe.tcpSocket.port", "must be a port number (1 to 65535) or a port name"],
+        ),
+        (
+            "probe port name not among the ports",
+            with(
+                json!({"ports": [{"containerPort": 80, "name": "web"}], "readinessProbe": {"httpGet": {"port": "http"}}}),
+            ),
+            vec!["spec.readinessProbe", "a named port must be the name of one of spec.ports"],
+        ),
+        (
+            "probe port name with no ports at all",
+            with(json!({"startupProbe": {"tcpSocket": {"port": "http"}}})),
+            vec!["spec.startupProbe", "a named port must be the name of one of spec.ports"],
+        ),
+        (
+            "probe path not starting with /",
+            with(json!({"readinessProbe": {"httpGet": {"path": "healthz", "port": 80}}})),
+            vec!["spec.readinessProbe.httpGet.path", "should match"],
+        ),
+        (
+            "unknown probe scheme",
+            with(json!({"readinessProbe": {"httpGet": {"port": 80, "scheme": "FTP"}}})),
+            vec!["spec.readinessProbe.httpGet.scheme", "Unsupported value"],
+        ),
+        (
+            "exec probe without a command",
+            with(json!({"startupProbe": {"exec": {"command": []}}})),
+            vec!["spec.startupProbe.exec.command", "should have at least 1 items"],
+        ),
+        (
+            "probe period zero",
+            with(json!({"readinessProbe": {"tcpSocket": {"port": 80}, "periodSeconds": 0}})),
+            vec!["spec.readinessProbe.periodSeconds", "greater than or equal to 1"],
+        ),
+        (
+            "negative probe initial delay",
+            with(json!({"startupProbe": {"tcpSocket": {"port": 80}, "initialDelaySeconds": -1}})),
+            vec!["spec.startupProbe.initialDelaySeconds", "greater than or equal to 0"],
+        ),
+        (
+            "probe failure threshold zero",
+            with(json!({"readinessProbe": {"tcpSocket": {"port": 80}, "failureThreshold": 0}})),
+            vec!["spec.readinessProbe.failureThreshold", "greater than or equal to 1"],
+        ),
+        (
+            "probe timeout zero",
+            with(json!({"readinessProbe": {"tcpSocket": {"port": 80}, "timeoutSeconds": 0}})),
+            vec!["spec.readinessProbe.timeoutSeconds", "greater than or equal to 1"],
+        ),
+        (
+            "liveness probe successThreshold above 1",
+            with(json!({"livenessProbe": {"tcpSocket": {"port": 80}, "successThreshold": 2}})),
+            vec!["spec.livenessProbe", "successThreshold must be 1 for a liveness probe"],
+        ),
+        (
+            "startup probe successThreshold above 1",
+            with(json!({"startupProbe": {"tcpSocket": {"port": 80}, "successThreshold": 3}})),
+            vec!["spec.startupProbe", "successThreshold must be 1 for a startup probe"],
+        ),
     ]
 }
 
@@ -176,14 +408,34 @@ async fn good_manifests_are_accepted() {
             {"name": "from.secret", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
             {"name": "_FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode", "optional": true}}}
         ],
-        "resources": {"requests": {"cpu": 1, "memory": "512Mi"}, "limits": {"cpu": "1000m", "memory": "0.5Gi"}},
+        "resources": {"requests": {"cpu": 1, "memory": "512Mi"}, "limits": {"cpu": "1000m", "memory": "0.5Gi"}, "gpus": 2},
         "state": "Stopped",
         "hostname": "box-1",
         "ports": [{"containerPort": 53, "protocol": "UDP", "name": "dns"}, {"containerPort": 53, "name": "dns-tcp"}],
         "updateStrategy": "Recreate",
         "progressDeadlineSeconds": 120,
         "automountServiceAccountToken": true,
-        "enableServiceLinks": false
+        "enableServiceLinks": false,
+        "imagePullSecrets": [{"name": "regcred"}, {"name": "mirror.example"}],
+        "imagePullPolicy": "IfNotPresent",
+        "serviceAccountName": "runner",
+        "nodeSelector": {"kubernetes.io/os": "linux", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "empty": ""},
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "dedicated", "value": "manager", "effect": "NoExecute", "tolerationSeconds": 300},
+            {"operator": "Exists"}
+        ],
+        "priorityClassName": "manager-high",
+        "securityContext": {
+            "runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true, "fsGroup": 2000,
+            "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+            "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]},
+            "seccompProfile": {"type": "Localhost", "localhostProfile": "profiles/app.json"}
+        },
+        "readinessProbe": {"httpGet": {"path": "/healthz?full=1", "port": 8080, "scheme": "HTTPS"}, "periodSeconds": 5,
+                           "timeoutSeconds": 2, "successThreshold": 2, "failureThreshold": 3, "initialDelaySeconds": 0},
+        "livenessProbe": {"tcpSocket": {"port": "dns-tcp"}, "successThreshold": 1},
+        "startupProbe": {"exec": {"command": ["pg_isready", "-q"]}, "failureThreshold": 60}
     });
     let minimal = json!({"image": "nginx"});
     for (i, spec) in [full, minimal].into_iter().enumerate() {

@@ -13,9 +13,14 @@ use serde_json::Value;
 
 use super::error::RowError;
 
-/// Variables Manager adds when `nvidiaRequested` is set.
-pub const NVIDIA_DEFAULTS: [(&str, &str); 2] =
-    [("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "utility compute")];
+/// Variables Manager adds when `nvidiaRequested` is set, but `NVIDIA_VISIBLE_DEVICES=all`:
+/// on Kubernetes the row gets one GPU (`spec.resources.gpus`), and the device plugin sets
+/// `NVIDIA_VISIBLE_DEVICES` to the GPU it allocated. A Pod's own `all` would override that and,
+/// on nodes where the NVIDIA runtime reads the variable, show the container every GPU of the
+/// node.
+pub const NVIDIA_DEFAULTS: [(&str, &str); 1] = [("NVIDIA_DRIVER_CAPABILITIES", "utility compute")];
+/// Left to the device plugin for rows with a GPU (see `NVIDIA_DEFAULTS`).
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 /// The system-wide defaults from `Settings.default_container_env_vars`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -72,6 +77,8 @@ pub fn parse_defaults(setting: &str) -> Result<DefaultEnv, String> {
 pub fn effective(defaults: &DefaultEnv, nvidia: bool, own: Option<&str>) -> Result<BTreeMap<String, String>, RowError> {
     let mut env = defaults.vars.clone();
     if nvidia {
+        // Manager's NVIDIA defaults replace a system-wide value; here the device plugin's does.
+        env.remove(NVIDIA_VISIBLE_DEVICES);
         env.extend(NVIDIA_DEFAULTS.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     }
     let own = own.map(str::trim).filter(|s| !s.is_empty());
@@ -125,9 +132,12 @@ mod tests {
         let d = parse_defaults(r#"{"TZ":"UTC","NVIDIA_VISIBLE_DEVICES":"none","KEEP":"1"}"#).unwrap();
         let env = effective(&d, true, Some(r#"{"TZ":"America/Chicago","EDITOR":"vim"}"#)).unwrap();
         assert_eq!(env["TZ"], "America/Chicago");
-        assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "all");
+        assert!(!env.contains_key("NVIDIA_VISIBLE_DEVICES"), "the device plugin sets it");
         assert_eq!(env["NVIDIA_DRIVER_CAPABILITIES"], "utility compute");
         assert_eq!(env["KEEP"], "1");
+        // The row's own value still wins, as in Manager.
+        let own = effective(&d, true, Some(r#"{"NVIDIA_VISIBLE_DEVICES":"0"}"#)).unwrap();
+        assert_eq!(own["NVIDIA_VISIBLE_DEVICES"], "0");
         assert_eq!(env["EDITOR"], "vim");
         let without = effective(&d, false, None).unwrap();
         assert_eq!(without["NVIDIA_VISIBLE_DEVICES"], "none");

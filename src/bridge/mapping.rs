@@ -146,6 +146,8 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
             cpu: Some(Quantity(format!("{}m", (cpus * 1000 * percent / 100).max(1)))),
             memory: Some(Quantity(format!("{}Mi", (memory_mb * percent / 100).max(1)))),
         }),
+        // `nvidiaRequested` is a yes/no in Manager: one GPU.
+        gpus: (row.nvidia_requested != 0).then_some(1),
     };
 
     let env_refs = env

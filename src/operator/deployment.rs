@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, PodSpec,
-    PodTemplateSpec, ResourceRequirements, SecretKeySelector, Volume, VolumeMount,
+    Capabilities, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
+    LocalObjectReference, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, TCPSocketAction, Toleration, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -16,7 +18,7 @@ use kube::{Resource, ResourceExt};
 
 use super::ownership::{fingerprint, labels, selector_labels, stamp_applied_hash};
 use crate::resource::{
-    AccessMode, DesiredState, ManagedWorkload, ManagedWorkloadSpec, Protocol, ResourceList, UpdateStrategy,
+    AccessMode, DesiredState, ManagedWorkload, ManagedWorkloadSpec, Protocol, ResourceList, Resources, UpdateStrategy,
 };
 
 /// Name of the single container in every workload Pod.
@@ -28,12 +30,56 @@ pub const TEMPLATE_HASH_ANNOTATION: &str = "opensource-server.mieweb.org/templat
 /// operator reverts a `kubectl rollout undo` anyway.
 const REVISION_HISTORY_LIMIT: i32 = 3;
 
+/// The extended resource a GPU is requested as, unless the operator is told otherwise.
+pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Operator settings the pod template depends on (`run` flags, the same for every workload).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodSettings {
+    /// Extended resource name `spec.resources.gpus` is requested as (`--gpu-resource-name`).
+    pub gpu_resource: String,
+}
+
+impl Default for PodSettings {
+    fn default() -> Self {
+        PodSettings { gpu_resource: DEFAULT_GPU_RESOURCE.into() }
+    }
+}
+
+/// An extended resource name as Kubernetes accepts one for a container: `domain/name`, the
+/// domain not `kubernetes.io` (reserved for native resources), e.g. `nvidia.com/gpu`,
+/// `amd.com/gpu`, `gpu.intel.com/i915`.
+pub fn check_gpu_resource(name: &str) -> Result<String, String> {
+    let label = |s: &str, allowed: &dyn Fn(u8) -> bool| {
+        !s.is_empty()
+            && s.bytes().all(allowed)
+            && s.as_bytes()[0].is_ascii_alphanumeric()
+            && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+    };
+    let Some((domain, resource)) = name.split_once('/') else {
+        return Err(format!("{name:?} is not an extended resource name (domain/name, e.g. nvidia.com/gpu)"));
+    };
+    let domain_ok = domain.len() <= 253
+        && domain
+            .split('.')
+            .all(|l| l.len() <= 63 && label(l, &|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'));
+    let resource_ok =
+        resource.len() <= 63 && label(resource, &|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !domain_ok || !resource_ok {
+        return Err(format!("{name:?} is not an extended resource name (domain/name, e.g. nvidia.com/gpu)"));
+    }
+    if domain == "kubernetes.io" || domain.ends_with(".kubernetes.io") {
+        return Err(format!("{name:?}: the kubernetes.io domain is reserved for native resources"));
+    }
+    Ok(name.to_string())
+}
+
 /// The desired Deployment, ready for server-side apply. `None` when the CR has no UID yet
 /// (it was never stored, so nothing can be owned by it).
-pub fn deployment(mw: &ManagedWorkload) -> Option<Deployment> {
+pub fn deployment(mw: &ManagedWorkload, settings: &PodSettings) -> Option<Deployment> {
     let owner = mw.controller_owner_ref(&())?;
     let labels = labels(mw);
-    let mut template = pod_template(mw, &labels);
+    let mut template = pod_template(mw, &labels, settings);
     let hash = fingerprint(&template);
     template
         .metadata
@@ -127,19 +173,16 @@ pub fn desired_replicas(mw: &ManagedWorkload) -> i32 {
     }
 }
 
-fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>) -> PodTemplateSpec {
+fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>, settings: &PodSettings) -> PodTemplateSpec {
     let spec = &mw.spec;
+    let (pod_security, container_security) = security_contexts(spec.security_context.as_ref());
     let container = Container {
         name: CONTAINER_NAME.into(),
         image: Some(spec.image.clone()),
         command: non_empty(&spec.command),
         args: non_empty(&spec.args),
         env: (!spec.env.is_empty()).then(|| spec.env.iter().map(env_var).collect()),
-        resources: spec.resources.as_ref().map(|r| ResourceRequirements {
-            requests: r.requests.as_ref().and_then(resource_list),
-            limits: r.limits.as_ref().and_then(resource_list),
-            ..Default::default()
-        }),
+        resources: spec.resources.as_ref().map(|r| resources(r, settings)),
         ports: (!spec.ports.is_empty()).then(|| {
             spec.ports
                 .iter()
@@ -152,6 +195,11 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>) -> PodT
                 .collect()
         }),
         volume_mounts: volume_mounts(mw),
+        image_pull_policy: spec.image_pull_policy.map(wire),
+        security_context: container_security,
+        readiness_probe: spec.readiness_probe.as_ref().map(probe),
+        liveness_probe: spec.liveness_probe.as_ref().map(probe),
+        startup_probe: spec.startup_probe.as_ref().map(probe),
         ..Default::default()
     };
     PodTemplateSpec {
@@ -167,8 +215,106 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>) -> PodT
             automount_service_account_token: Some(spec.automount_service_account_token.unwrap_or(false)),
             enable_service_links: Some(spec.enable_service_links.unwrap_or(false)),
             volumes: pod_volumes(mw),
+            image_pull_secrets: (!spec.image_pull_secrets.is_empty()).then(|| {
+                spec.image_pull_secrets.iter().map(|s| LocalObjectReference { name: s.name.clone() }).collect()
+            }),
+            service_account_name: spec.service_account_name.clone(),
+            node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+            tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.iter().map(toleration).collect()),
+            priority_class_name: spec.priority_class_name.clone(),
+            security_context: pod_security,
             ..Default::default()
         }),
+    }
+}
+
+/// Requests and limits of the container. GPUs are an extended resource: Kubernetes allows no
+/// overcommit of those, so the count is both the request and the limit.
+fn resources(r: &Resources, settings: &PodSettings) -> ResourceRequirements {
+    let gpus = r.gpus.filter(|&n| n > 0).map(|n| (settings.gpu_resource.clone(), Quantity(n.to_string())));
+    let with_gpus = |list: Option<BTreeMap<String, Quantity>>| {
+        let mut list = list.unwrap_or_default();
+        list.extend(gpus.clone());
+        (!list.is_empty()).then_some(list)
+    };
+    ResourceRequirements {
+        requests: with_gpus(r.requests.as_ref().and_then(resource_list)),
+        limits: with_gpus(r.limits.as_ref().and_then(resource_list)),
+        ..Default::default()
+    }
+}
+
+/// The CR's one security context split as Kubernetes places it: who the process runs as, its
+/// volumes' group and the seccomp profile on the Pod; filesystem, privilege escalation and
+/// capabilities on the container. Nothing set, nothing emitted: the image's defaults apply.
+fn security_contexts(
+    sc: Option<&crate::resource::SecurityContext>,
+) -> (Option<PodSecurityContext>, Option<SecurityContext>) {
+    let Some(sc) = sc else { return (None, None) };
+    let pod = PodSecurityContext {
+        run_as_user: sc.run_as_user,
+        run_as_group: sc.run_as_group,
+        run_as_non_root: sc.run_as_non_root,
+        fs_group: sc.fs_group,
+        seccomp_profile: sc
+            .seccomp_profile
+            .as_ref()
+            .map(|p| SeccompProfile { type_: wire(p.type_), localhost_profile: p.localhost_profile.clone() }),
+        ..Default::default()
+    };
+    let container = SecurityContext {
+        read_only_root_filesystem: sc.read_only_root_filesystem,
+        allow_privilege_escalation: sc.allow_privilege_escalation,
+        capabilities: sc
+            .capabilities
+            .as_ref()
+            .map(|c| Capabilities { add: non_empty(&c.add), drop: non_empty(&c.drop) }),
+        ..Default::default()
+    };
+    (
+        (pod != PodSecurityContext::default()).then_some(pod),
+        (container != SecurityContext::default()).then_some(container),
+    )
+}
+
+/// A CR enum as Kubernetes spells it: its variants are named exactly as the API's values.
+fn wire(value: impl std::fmt::Debug) -> String {
+    format!("{value:?}")
+}
+
+fn toleration(t: &crate::resource::Toleration) -> Toleration {
+    Toleration {
+        key: t.key.clone(),
+        operator: t.operator.map(wire),
+        value: t.value.clone(),
+        effect: t.effect.map(wire),
+        toleration_seconds: t.toleration_seconds,
+    }
+}
+
+fn port(p: &crate::resource::PortRef) -> IntOrString {
+    match p {
+        crate::resource::PortRef::Number(n) => IntOrString::Int(*n),
+        crate::resource::PortRef::Name(name) => IntOrString::String(name.clone()),
+    }
+}
+
+fn probe(p: &crate::resource::Probe) -> Probe {
+    Probe {
+        http_get: p.http_get.as_ref().map(|h| HTTPGetAction {
+            path: h.path.clone(),
+            port: port(&h.port),
+            scheme: h.scheme.map(wire),
+            ..Default::default()
+        }),
+        tcp_socket: p.tcp_socket.as_ref().map(|t| TCPSocketAction { port: port(&t.port), host: None }),
+        exec: p.exec.as_ref().map(|e| ExecAction { command: Some(e.command.clone()) }),
+        initial_delay_seconds: p.initial_delay_seconds,
+        period_seconds: p.period_seconds,
+        timeout_seconds: p.timeout_seconds,
+        success_threshold: p.success_threshold,
+        failure_threshold: p.failure_threshold,
+        ..Default::default()
     }
 }
 
@@ -244,15 +390,19 @@ mod tests {
 
     #[test]
     fn running_is_one_replica_and_stopped_is_zero() {
-        let d = deployment(&workload(nginx())).unwrap();
+        let d = deployment(&workload(nginx()), &PodSettings::default()).unwrap();
         assert_eq!(d.spec.as_ref().unwrap().replicas, Some(1));
-        let d = deployment(&workload(ManagedWorkloadSpec { state: Some(DesiredState::Stopped), ..nginx() })).unwrap();
+        let d = deployment(
+            &workload(ManagedWorkloadSpec { state: Some(DesiredState::Stopped), ..nginx() }),
+            &PodSettings::default(),
+        )
+        .unwrap();
         assert_eq!(d.spec.as_ref().unwrap().replicas, Some(0));
     }
 
     #[test]
     fn owned_by_the_workload_as_controller() {
-        let d = deployment(&workload(nginx())).unwrap();
+        let d = deployment(&workload(nginx()), &PodSettings::default()).unwrap();
         let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("ManagedWorkload", "web", "uid-1"));
         assert_eq!(owner.controller, Some(true));
@@ -264,7 +414,7 @@ mod tests {
     fn no_deployment_for_an_unstored_workload() {
         let mut mw = workload(nginx());
         mw.metadata.uid = None;
-        assert!(deployment(&mw).is_none());
+        assert!(deployment(&mw, &PodSettings::default()).is_none());
     }
 
     #[test]
@@ -277,7 +427,7 @@ mod tests {
             (MANAGED_BY_LABEL.to_string(), "someone-else".to_string()),
             ("team".to_string(), "x".to_string()),
         ]));
-        let d = deployment(&mw).unwrap();
+        let d = deployment(&mw, &PodSettings::default()).unwrap();
         let template_labels = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.clone().unwrap();
         for l in [d.metadata.labels.clone().unwrap(), template_labels] {
             assert_eq!(l[INSTANCE_LABEL], "web");
@@ -313,6 +463,7 @@ mod tests {
             resources: Some(Resources {
                 requests: Some(ResourceList { cpu: Some(crate::resource::Quantity("250m".into())), memory: None }),
                 limits: Some(ResourceList { cpu: None, memory: Some(crate::resource::Quantity("1Gi".into())) }),
+                gpus: None,
             }),
             hostname: Some("box".into()),
             ports: vec![crate::resource::ContainerPort {
@@ -322,7 +473,7 @@ mod tests {
             }],
             ..nginx()
         };
-        let d = deployment(&workload(spec)).unwrap();
+        let d = deployment(&workload(spec), &PodSettings::default()).unwrap();
         let c = container(&d);
         assert_eq!(c.name, CONTAINER_NAME);
         assert_eq!(c.image.as_deref(), Some("nginx:latest"));
@@ -343,7 +494,7 @@ mod tests {
 
     #[test]
     fn service_account_token_and_service_links_are_off_unless_asked() {
-        let d = deployment(&workload(nginx())).unwrap();
+        let d = deployment(&workload(nginx()), &PodSettings::default()).unwrap();
         let pod = d.spec.as_ref().unwrap().template.spec.clone().unwrap();
         assert_eq!(pod.automount_service_account_token, Some(false));
         assert_eq!(pod.enable_service_links, Some(false));
@@ -352,14 +503,14 @@ mod tests {
             enable_service_links: Some(true),
             ..nginx()
         };
-        let pod = deployment(&workload(spec)).unwrap().spec.unwrap().template.spec.unwrap();
+        let pod = deployment(&workload(spec), &PodSettings::default()).unwrap().spec.unwrap().template.spec.unwrap();
         assert_eq!(pod.automount_service_account_token, Some(true));
         assert_eq!(pod.enable_service_links, Some(true));
     }
 
     #[test]
     fn strategy_defaults_to_a_surging_rolling_update_and_can_recreate() {
-        let d = deployment(&workload(nginx())).unwrap();
+        let d = deployment(&workload(nginx()), &PodSettings::default()).unwrap();
         let s = d.spec.as_ref().unwrap().strategy.clone().unwrap();
         assert_eq!(s.type_.as_deref(), Some("RollingUpdate"));
         let ru = s.rolling_update.unwrap();
@@ -371,7 +522,7 @@ mod tests {
             progress_deadline_seconds: Some(30),
             ..nginx()
         };
-        let d = deployment(&workload(spec)).unwrap();
+        let d = deployment(&workload(spec), &PodSettings::default()).unwrap();
         let s = d.spec.as_ref().unwrap().strategy.clone().unwrap();
         assert_eq!(s.type_.as_deref(), Some("Recreate"));
         assert!(s.rolling_update.is_none());
@@ -388,7 +539,11 @@ mod tests {
             access_mode: mode,
             retention_policy: None,
         };
-        let d = deployment(&workload(ManagedWorkloadSpec { volumes: vec![data(None)], ..nginx() })).unwrap();
+        let d = deployment(
+            &workload(ManagedWorkloadSpec { volumes: vec![data(None)], ..nginx() }),
+            &PodSettings::default(),
+        )
+        .unwrap();
         let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
         let v = &pod.volumes.as_ref().unwrap()[0];
         assert_eq!(v.name, "data");
@@ -401,17 +556,264 @@ mod tests {
         let rwop = ManagedWorkloadSpec { volumes: vec![data(Some(AccessMode::ReadWriteOncePod))], ..nginx() };
         assert_eq!(update_strategy(&rwop), UpdateStrategy::Recreate);
         assert_eq!(update_strategy(&nginx()), UpdateStrategy::RollingUpdate);
-        let none = deployment(&workload(nginx())).unwrap();
+        let none = deployment(&workload(nginx()), &PodSettings::default()).unwrap();
         assert!(none.spec.unwrap().template.spec.unwrap().volumes.is_none());
     }
 
     #[test]
     fn template_hash_follows_the_template_but_not_replicas() {
-        let hash = |spec| current_template_hash(&deployment(&workload(spec)).unwrap()).unwrap().to_string();
+        let hash = |spec| {
+            current_template_hash(&deployment(&workload(spec), &PodSettings::default()).unwrap()).unwrap().to_string()
+        };
         let base = hash(nginx());
         assert_eq!(base.len(), 16);
         assert_eq!(base, hash(nginx()), "deterministic");
         assert_eq!(base, hash(ManagedWorkloadSpec { state: Some(DesiredState::Stopped), ..nginx() }));
         assert_ne!(base, hash(ManagedWorkloadSpec { image: "nginx:1.27".into(), ..nginx() }));
+    }
+
+    fn pod_spec(spec: ManagedWorkloadSpec, settings: &PodSettings) -> PodSpec {
+        deployment(&workload(spec), settings).unwrap().spec.unwrap().template.spec.unwrap()
+    }
+
+    fn quantity(n: &str) -> Quantity {
+        Quantity(n.into())
+    }
+
+    #[test]
+    fn gpus_are_requested_and_limited_as_the_configured_extended_resource() {
+        let spec = || ManagedWorkloadSpec {
+            resources: Some(Resources {
+                requests: Some(ResourceList { cpu: Some(crate::resource::Quantity("1".into())), memory: None }),
+                limits: None,
+                gpus: Some(2),
+            }),
+            ..nginx()
+        };
+        let res = pod_spec(spec(), &PodSettings::default()).containers[0].resources.clone().unwrap();
+        assert_eq!(res.requests.as_ref().unwrap()["nvidia.com/gpu"], quantity("2"));
+        assert_eq!(res.requests.as_ref().unwrap()["cpu"], quantity("1"));
+        assert_eq!(res.limits.unwrap(), BTreeMap::from([("nvidia.com/gpu".to_string(), quantity("2"))]));
+
+        let amd = PodSettings { gpu_resource: "amd.com/gpu".into() };
+        let res = pod_spec(spec(), &amd).containers[0].resources.clone().unwrap();
+        assert_eq!(res.limits.unwrap()["amd.com/gpu"], quantity("2"));
+        assert!(!res.requests.unwrap().contains_key("nvidia.com/gpu"));
+
+        // Zero GPUs is none at all.
+        let none =
+            ManagedWorkloadSpec { resources: Some(Resources { gpus: Some(0), ..Default::default() }), ..nginx() };
+        let res = pod_spec(none, &PodSettings::default()).containers[0].resources.clone().unwrap();
+        assert_eq!((res.requests, res.limits), (None, None));
+    }
+
+    #[test]
+    fn the_gpu_resource_name_setting_is_checked() {
+        for good in ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "example.org/a_b.c-d"] {
+            assert_eq!(check_gpu_resource(good).as_deref(), Ok(good));
+        }
+        for bad in ["gpu", "nvidia.com/", "/gpu", "Nvidia.com/gpu", "kubernetes.io/gpu", "x.kubernetes.io/gpu", "a/b/c"]
+        {
+            assert!(check_gpu_resource(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn registry_identity_and_placement_reach_the_pod() {
+        use crate::resource::{LocalObjectReference as Name, PullPolicy, TaintEffect, TolerationOperator};
+        let spec = ManagedWorkloadSpec {
+            image_pull_secrets: vec![Name { name: "regcred".into() }, Name { name: "mirror".into() }],
+            image_pull_policy: Some(PullPolicy::IfNotPresent),
+            service_account_name: Some("runner".into()),
+            node_selector: BTreeMap::from([("gpu".to_string(), "a100".to_string())]),
+            tolerations: vec![crate::resource::Toleration {
+                key: Some("nvidia.com/gpu".into()),
+                operator: Some(TolerationOperator::Exists),
+                value: None,
+                effect: Some(TaintEffect::NoSchedule),
+                toleration_seconds: None,
+            }],
+            priority_class_name: Some("high".into()),
+            ..nginx()
+        };
+        let pod = pod_spec(spec, &PodSettings::default());
+        let secrets: Vec<_> = pod.image_pull_secrets.unwrap().into_iter().map(|s| s.name).collect();
+        assert_eq!(secrets, ["regcred", "mirror"]);
+        assert_eq!(pod.containers[0].image_pull_policy.as_deref(), Some("IfNotPresent"));
+        assert_eq!(pod.service_account_name.as_deref(), Some("runner"));
+        assert_eq!(pod.node_selector.unwrap()["gpu"], "a100");
+        let t = &pod.tolerations.unwrap()[0];
+        assert_eq!(
+            (t.key.as_deref(), t.operator.as_deref(), t.effect.as_deref(), t.value.as_deref()),
+            (Some("nvidia.com/gpu"), Some("Exists"), Some("NoSchedule"), None)
+        );
+        assert_eq!(pod.priority_class_name.as_deref(), Some("high"));
+    }
+
+    #[test]
+    fn none_of_the_pod_options_is_set_unless_asked() {
+        let pod = pod_spec(nginx(), &PodSettings::default());
+        assert!(pod.image_pull_secrets.is_none() && pod.service_account_name.is_none());
+        assert!(pod.node_selector.is_none() && pod.tolerations.is_none() && pod.priority_class_name.is_none());
+        assert!(pod.security_context.is_none(), "images that run as root keep running");
+        let c = &pod.containers[0];
+        assert!(c.security_context.is_none() && c.image_pull_policy.is_none());
+        assert!(c.readiness_probe.is_none() && c.liveness_probe.is_none() && c.startup_probe.is_none());
+    }
+
+    #[test]
+    fn security_context_is_split_between_pod_and_container_as_kubernetes_places_it() {
+        use crate::resource::{Capabilities as Caps, SeccompProfile as Profile, SeccompProfileType};
+        let restricted = crate::resource::SecurityContext {
+            run_as_user: Some(1000),
+            run_as_group: Some(1000),
+            run_as_non_root: Some(true),
+            fs_group: Some(2000),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Caps { add: vec!["NET_BIND_SERVICE".into()], drop: vec!["ALL".into()] }),
+            seccomp_profile: Some(Profile { type_: SeccompProfileType::RuntimeDefault, localhost_profile: None }),
+        };
+        let pod = pod_spec(ManagedWorkloadSpec { security_context: Some(restricted), ..nginx() }, &Default::default());
+        let psc = pod.security_context.unwrap();
+        assert_eq!(
+            (psc.run_as_user, psc.run_as_group, psc.run_as_non_root, psc.fs_group),
+            (Some(1000), Some(1000), Some(true), Some(2000))
+        );
+        assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        let csc = pod.containers[0].security_context.clone().unwrap();
+        assert_eq!((csc.read_only_root_filesystem, csc.allow_privilege_escalation), (Some(true), Some(false)));
+        let caps = csc.capabilities.unwrap();
+        assert_eq!(
+            (caps.add.unwrap(), caps.drop.unwrap()),
+            (vec!["NET_BIND_SERVICE".to_string()], vec!["ALL".to_string()])
+        );
+        assert!(csc.run_as_user.is_none(), "said once, on the Pod");
+
+        // Only container settings: no empty Pod security context, and the other way round.
+        let only_container =
+            crate::resource::SecurityContext { read_only_root_filesystem: Some(true), ..Default::default() };
+        let pod =
+            pod_spec(ManagedWorkloadSpec { security_context: Some(only_container), ..nginx() }, &Default::default());
+        assert!(pod.security_context.is_none() && pod.containers[0].security_context.is_some());
+        let only_pod = crate::resource::SecurityContext { run_as_user: Some(0), ..Default::default() };
+        let pod = pod_spec(ManagedWorkloadSpec { security_context: Some(only_pod), ..nginx() }, &Default::default());
+        assert!(pod.security_context.is_some() && pod.containers[0].security_context.is_none());
+    }
+
+    #[test]
+    fn probes_of_each_kind_reach_the_container() {
+        use crate::resource::{
+            ExecAction as Exec, HttpGetAction as Http, PortRef, Probe as P, Scheme, TcpSocketAction as Tcp,
+        };
+        let spec = ManagedWorkloadSpec {
+            readiness_probe: Some(P {
+                http_get: Some(Http {
+                    path: Some("/healthz".into()),
+                    port: PortRef::Number(8080),
+                    scheme: Some(Scheme::HTTPS),
+                }),
+                period_seconds: Some(5),
+                failure_threshold: Some(2),
+                ..Default::default()
+            }),
+            liveness_probe: Some(P {
+                tcp_socket: Some(Tcp { port: PortRef::Name("postgres".into()) }),
+                initial_delay_seconds: Some(30),
+                ..Default::default()
+            }),
+            startup_probe: Some(P {
+                exec: Some(Exec { command: vec!["pg_isready".into(), "-q".into()] }),
+                timeout_seconds: Some(3),
+                success_threshold: Some(1),
+                ..Default::default()
+            }),
+            ..nginx()
+        };
+        let c = pod_spec(spec, &Default::default()).containers.remove(0);
+        let r = c.readiness_probe.unwrap();
+        let http = r.http_get.unwrap();
+        assert_eq!(
+            (http.path.as_deref(), http.port, http.scheme.as_deref()),
+            (Some("/healthz"), IntOrString::Int(8080), Some("HTTPS"))
+        );
+        assert_eq!((r.period_seconds, r.failure_threshold, r.timeout_seconds), (Some(5), Some(2), None));
+        let l = c.liveness_probe.unwrap();
+        assert_eq!(
+            (l.tcp_socket.unwrap().port, l.initial_delay_seconds),
+            (IntOrString::String("postgres".into()), Some(30))
+        );
+        let s = c.startup_probe.unwrap();
+        assert_eq!(s.exec.unwrap().command.unwrap(), ["pg_isready", "-q"]);
+        assert_eq!((s.timeout_seconds, s.success_threshold), (Some(3), Some(1)));
+    }
+
+    #[test]
+    fn every_pod_option_rolls_out_and_the_gpu_resource_name_only_matters_with_gpus() {
+        use crate::resource::{LocalObjectReference as Name, PullPolicy};
+        let hash = |spec: ManagedWorkloadSpec, settings: &PodSettings| {
+            current_template_hash(&deployment(&workload(spec), settings).unwrap()).unwrap().to_string()
+        };
+        let base = hash(nginx(), &PodSettings::default());
+        let changed: Vec<(&str, ManagedWorkloadSpec)> = vec![
+            (
+                "imagePullSecrets",
+                ManagedWorkloadSpec { image_pull_secrets: vec![Name { name: "r".into() }], ..nginx() },
+            ),
+            ("imagePullPolicy", ManagedWorkloadSpec { image_pull_policy: Some(PullPolicy::Always), ..nginx() }),
+            ("serviceAccountName", ManagedWorkloadSpec { service_account_name: Some("sa".into()), ..nginx() }),
+            (
+                "nodeSelector",
+                ManagedWorkloadSpec { node_selector: BTreeMap::from([("a".into(), "b".into())]), ..nginx() },
+            ),
+            (
+                "tolerations",
+                ManagedWorkloadSpec {
+                    tolerations: vec![crate::resource::Toleration {
+                        key: None,
+                        operator: Some(crate::resource::TolerationOperator::Exists),
+                        value: None,
+                        effect: None,
+                        toleration_seconds: None,
+                    }],
+                    ..nginx()
+                },
+            ),
+            ("priorityClassName", ManagedWorkloadSpec { priority_class_name: Some("p".into()), ..nginx() }),
+            (
+                "securityContext",
+                ManagedWorkloadSpec {
+                    security_context: Some(crate::resource::SecurityContext {
+                        run_as_non_root: Some(true),
+                        ..Default::default()
+                    }),
+                    ..nginx()
+                },
+            ),
+            (
+                "readinessProbe",
+                ManagedWorkloadSpec {
+                    readiness_probe: Some(crate::resource::Probe {
+                        tcp_socket: Some(crate::resource::TcpSocketAction {
+                            port: crate::resource::PortRef::Number(80),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..nginx()
+                },
+            ),
+            (
+                "gpus",
+                ManagedWorkloadSpec { resources: Some(Resources { gpus: Some(1), ..Default::default() }), ..nginx() },
+            ),
+        ];
+        for (field, spec) in changed {
+            assert_ne!(hash(spec, &PodSettings::default()), base, "{field} rolls out");
+        }
+        let amd = PodSettings { gpu_resource: "amd.com/gpu".into() };
+        assert_eq!(hash(nginx(), &amd), base, "no GPUs: the setting changes nothing");
+        let gpu =
+            || ManagedWorkloadSpec { resources: Some(Resources { gpus: Some(1), ..Default::default() }), ..nginx() };
+        assert_ne!(hash(gpu(), &amd), hash(gpu(), &PodSettings::default()));
     }
 }

@@ -126,6 +126,7 @@ mod tests {
                         memory: Some(Quantity("1024Mi".into())),
                     }),
                     limits: None,
+                    gpus: None,
                 }),
                 ports: vec![crate::resource::ContainerPort { container_port: 80, name: None, protocol: None }],
                 ..Default::default()
@@ -236,13 +237,13 @@ mod tests {
 
     #[test]
     fn normalised_values_and_defaults_are_up_to_date() {
-        let desired = desired::deployment(&workload()).unwrap();
+        let desired = desired::deployment(&workload(), &Default::default()).unwrap();
         assert!(up_to_date(&desired, &as_stored(&desired)));
     }
 
     #[test]
     fn entries_other_managers_add_are_not_drift() {
-        let desired = desired::deployment(&workload()).unwrap();
+        let desired = desired::deployment(&workload(), &Default::default()).unwrap();
         let mut live = as_stored(&desired);
         // kubectl set env deployment/web EXTRA=1
         live.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].env.as_mut().unwrap().push(
@@ -257,7 +258,7 @@ mod tests {
 
     #[test]
     fn hand_edits_of_our_fields_are_drift() {
-        let desired = desired::deployment(&workload()).unwrap();
+        let desired = desired::deployment(&workload(), &Default::default()).unwrap();
         let stored = as_stored(&desired);
         for path in [
             &["f:spec", "f:replicas"][..],
@@ -274,7 +275,7 @@ mod tests {
 
     #[test]
     fn without_the_operators_ownership_record_it_reapplies() {
-        let desired = desired::deployment(&workload()).unwrap();
+        let desired = desired::deployment(&workload(), &Default::default()).unwrap();
         let mut live = as_stored(&desired);
         live.metadata.managed_fields = None;
         assert!(!up_to_date(&desired, &live));
@@ -287,9 +288,9 @@ mod tests {
     fn a_changed_spec_is_not_up_to_date_even_when_it_only_removes_fields() {
         let mut mw = workload();
         mw.spec.hostname = Some("box".into());
-        let before = desired::deployment(&mw).unwrap();
+        let before = desired::deployment(&mw, &Default::default()).unwrap();
         mw.spec.hostname = None;
-        let after = desired::deployment(&mw).unwrap();
+        let after = desired::deployment(&mw, &Default::default()).unwrap();
         assert!(!up_to_date(&after, &as_stored(&before)));
         assert!(!same_desired(&after, &as_stored(&before)));
     }

@@ -61,6 +61,8 @@ pub struct Settings {
     pub concurrency: u16,
     /// Leader election; None runs the controller at once (one replica only).
     pub election: Option<crate::election::Election>,
+    /// What every workload's pod template is built with (the GPU resource name).
+    pub pod_settings: deployment::PodSettings,
 }
 
 /// Run until SIGTERM/SIGINT: fill the caches, then (as leader, when election is on) reconcile.
@@ -101,11 +103,14 @@ pub async fn run(
         }
     }
     let concurrency = settings.concurrency;
+    let pod_settings = Arc::new(settings.pod_settings);
     let term = |stop: watch::Receiver<bool>| {
-        let (client, caches, metrics) = (client.clone(), caches.clone(), metrics.clone());
+        let (client, caches, metrics, pod_settings) =
+            (client.clone(), caches.clone(), metrics.clone(), pod_settings.clone());
         async move {
-            let controllers =
-                caches.iter().map(|c| lead(client.clone(), c.clone(), concurrency, metrics.clone(), stop.clone()));
+            let controllers = caches.iter().map(|c| {
+                lead(client.clone(), c.clone(), concurrency, metrics.clone(), pod_settings.clone(), stop.clone())
+            });
             futures::future::join_all(controllers).await;
         }
     };
@@ -193,6 +198,7 @@ async fn lead(
     caches: Arc<Caches>,
     concurrency: u16,
     metrics: Arc<Metrics>,
+    pod_settings: Arc<deployment::PodSettings>,
     mut stop: watch::Receiver<bool>,
 ) {
     let (resync, resyncs) = mpsc::unbounded_channel();
@@ -212,6 +218,7 @@ async fn lead(
         claims: caches.claims.clone(),
         pod_index: caches.pod_index.clone(),
         objects: caches.objects.clone(),
+        pod_settings,
     });
     info!(namespace = caches.namespace.as_deref(), "reconciling");
     Controller::for_stream(futures::stream::pending::<Result<Workload, watcher::Error>>(), caches.workloads.clone())

@@ -130,14 +130,14 @@ mod tests {
     #[test]
     fn the_decision_table() {
         let mw = workload("u1", "nginx:1");
-        let desired = deployment::deployment(&mw).unwrap();
+        let desired = deployment::deployment(&mw, &Default::default()).unwrap();
         let live = stored(&desired);
         assert_eq!(decide(&mw, &desired, None), Decision::Apply(Mode::Create), "absent: create, not forced");
         assert!(!Mode::Create.force());
         assert_eq!(decide(&mw, &desired, Some(&live)), Decision::UpToDate, "applied from this spec, untouched");
 
         let changed = workload("u1", "nginx:2");
-        let newer = deployment::deployment(&changed).unwrap();
+        let newer = deployment::deployment(&changed, &Default::default()).unwrap();
         assert_eq!(
             decide(&changed, &newer, Some(&live)),
             Decision::Apply(Mode::Update { drift: false }),
@@ -155,7 +155,7 @@ mod tests {
 
         let successor = workload("u2", "nginx:1");
         assert_eq!(
-            decide(&successor, &deployment::deployment(&successor).unwrap(), Some(&live)),
+            decide(&successor, &deployment::deployment(&successor, &Default::default()).unwrap(), Some(&live)),
             Decision::Conflict,
             "a re-created workload of the same name does not control its predecessor's Deployment"
         );

@@ -49,7 +49,12 @@ prop_compose! {
         command in proptest::collection::vec(".{0,6}", 0..3),
         args in proptest::collection::vec(".{0,6}", 0..3),
         env in proptest::collection::vec(env_var(), 0..4),
-        resources in proptest::option::of((resource_list(), resource_list()).prop_map(|(requests, limits)| Resources { requests, limits })),
+        resources in proptest::option::of((resource_list(), resource_list(), proptest::option::of(0i32..3)).prop_map(|(requests, limits, gpus)| Resources { requests, limits, gpus })),
+        pull_secrets in proptest::collection::vec("[a-z]{1,5}", 0..2),
+        service_account in proptest::option::of("[a-z]{1,5}"),
+        node_selector in proptest::collection::btree_map("[a-z]{1,5}", "[a-z]{0,5}", 0..2),
+        non_root in proptest::option::of(any::<bool>()),
+        readiness_port in proptest::option::of(1i32..65536),
         state in proptest::option::of(prop_oneof![Just(DesiredState::Running), Just(DesiredState::Stopped)]),
         hostname in proptest::option::of("[a-z0-9-]{0,10}"),
         ports in proptest::collection::vec((any::<i32>(), proptest::option::of("[a-z]{1,4}"), proptest::option::of(prop_oneof![Just(Protocol::TCP), Just(Protocol::UDP), Just(Protocol::SCTP)])), 0..3),
@@ -65,7 +70,15 @@ prop_compose! {
             update_strategy, progress_deadline_seconds,
             automount_service_account_token: automount, enable_service_links: links,
             pod_annotations,
-            volumes: Vec::new(),
+            image_pull_secrets: pull_secrets.into_iter().map(|name| crate::resource::LocalObjectReference { name }).collect(),
+            service_account_name: service_account,
+            node_selector,
+            security_context: non_root.map(|n| crate::resource::SecurityContext { run_as_non_root: Some(n), ..Default::default() }),
+            readiness_probe: readiness_port.map(|port| crate::resource::Probe {
+                tcp_socket: Some(crate::resource::TcpSocketAction { port: crate::resource::PortRef::Number(port) }),
+                ..Default::default()
+            }),
+            ..Default::default()
         }
     }
 }
@@ -214,7 +227,7 @@ prop_compose! {
             observed_generation: Some(generation),
             ..Default::default()
         });
-        let deployment = desired::deployment(&mw).filter(|_| has_deployment).map(|mut d| {
+        let deployment = desired::deployment(&mw, &Default::default()).filter(|_| has_deployment).map(|mut d| {
             d.metadata.generation = Some(dep_generation);
             let [replicas, updated, ready, available] = counts;
             d.status = Some(DeploymentStatus {
@@ -255,8 +268,8 @@ proptest! {
 
     #[test]
     fn the_desired_deployment_is_always_well_formed_and_deterministic(mw in workload()) {
-        let d = desired::deployment(&mw).expect("a stored CR always has a Deployment");
-        let again = desired::deployment(&mw);
+        let d = desired::deployment(&mw, &Default::default()).expect("a stored CR always has a Deployment");
+        let again = desired::deployment(&mw, &Default::default());
         prop_assert_eq!(Some(&d), again.as_ref(), "deterministic");
         prop_assert!(drift::same_desired(&d, &d));
         let spec = d.spec.as_ref().unwrap();
@@ -282,7 +295,13 @@ proptest! {
     fn derived_status_is_well_formed_and_a_second_pass_changes_nothing(
         (mw, deployment, pods, blocked, now) in world()
     ) {
-        let observed = status::Observed { deployment: deployment.as_ref(), pods: pods.iter().collect(), blocked, claims: vec![] };
+        let observed = status::Observed {
+            settings: &Default::default(),
+            deployment: deployment.as_ref(),
+            pods: pods.iter().collect(),
+            blocked,
+            claims: vec![],
+        };
         let first = status::derive(&mw, &observed, &now);
 
         prop_assert!(first.phase.is_some());

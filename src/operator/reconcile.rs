@@ -64,6 +64,8 @@ pub struct Context {
     pub events: events::Events,
     /// Per-workload memory, dropped when the workload goes.
     pub objects: Arc<PerObject>,
+    /// The operator's settings every pod template is built with.
+    pub pod_settings: Arc<deployment::PodSettings>,
 }
 
 pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -109,7 +111,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     if mw.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let Some(desired) = deployment::deployment(mw) else {
+    let Some(desired) = deployment::deployment(mw, &ctx.pod_settings) else {
         return Ok(Action::await_change());
     };
     // Claims first, so a Pod never waits for a claim the operator has yet to make.
@@ -213,6 +215,7 @@ async fn report(
         None => None,
     };
     let observed = Observed {
+        settings: &ctx.pod_settings,
         deployment: acted.deployment.as_ref(),
         pods: pods.iter().collect(),
         blocked: acted.blocked,

@@ -189,7 +189,8 @@ pub fn claim(c: &mut PersistentVolumeClaim) {
 }
 
 /// A Pod as the operator needs it: which workload and template it belongs to, whether it is
-/// going away, and the status `status::derive` reads (phase, IP, readiness, container states).
+/// going away, and the status `status::derive` reads (phase, IP, readiness, whether the
+/// scheduler could place it, container states).
 pub fn pod(p: &mut Pod) {
     p.spec = None;
     p.metadata.managed_fields = None;
@@ -209,7 +210,11 @@ pub fn pod(p: &mut Pod) {
     p.metadata.finalizers = None;
     let Some(status) = &mut p.status else { return };
     if let Some(conditions) = &mut status.conditions {
-        conditions.retain(|c| c.type_ == "Ready");
+        // Ready, and PodScheduled while it says the Pod cannot be placed (status.rs reads both).
+        conditions.retain(|c| c.type_ == "Ready" || (c.type_ == "PodScheduled" && c.status == "False"));
+        for c in conditions.iter_mut() {
+            c.last_probe_time = None;
+        }
         conditions.shrink_to_fit();
     }
     status.host_ip = None;

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use super::deployment::{self as desired, TEMPLATE_HASH_ANNOTATION};
+use super::deployment::{self as desired, PodSettings, TEMPLATE_HASH_ANNOTATION};
 use super::ownership::applied_hash;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 
@@ -39,8 +39,10 @@ pub const STALLED: &str = "Stalled";
 pub const MIRRORED: [&str; 3] = ["Available", "Progressing", "ReplicaFailure"];
 
 /// What the operator saw of the workload's children in this reconcile.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Observed<'a> {
+    /// The operator's settings the desired Deployment was built with.
+    pub settings: &'a PodSettings,
     /// The Deployment this CR controls, if it exists.
     pub deployment: Option<&'a Deployment>,
     /// Pods labelled as this workload's.
@@ -106,7 +108,7 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
             generation,
         ),
     ];
-    conditions.extend(mirrored(mw, observed.deployment));
+    conditions.extend(mirrored(mw, observed.deployment, observed.settings));
     let previous_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
     for c in &mut conditions {
         c.last_transition_time = previous_conditions
@@ -250,11 +252,11 @@ fn condition(type_: &str, status: bool, reason: &str, message: &str, generation:
 /// previous template, so they keep the generation they had, and are left out when they never
 /// had one. `kubectl wait --for=condition=Available` then cannot return on the old
 /// ReplicaSet's state.
-fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>) -> Vec<Condition> {
+fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>, settings: &PodSettings) -> Vec<Condition> {
     let Some(conditions) = deployment.and_then(|d| d.status.as_ref()?.conditions.as_ref()) else {
         return Vec::new();
     };
-    let current = deployment.is_some_and(|d| rolled_out(d) && built_from_current_spec(mw, d));
+    let current = deployment.is_some_and(|d| rolled_out(d) && built_from_current_spec(mw, d, settings));
     let previous = mw.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     MIRRORED
         .iter()
@@ -271,8 +273,9 @@ fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>) -> Vec<Condit
 }
 
 /// The live Deployment was applied from the desired object of the CR's current spec.
-fn built_from_current_spec(mw: &ManagedWorkload, deployment: &Deployment) -> bool {
-    desired::deployment(mw).is_some_and(|d| applied_hash(&d).is_some_and(|h| Some(h) == applied_hash(deployment)))
+fn built_from_current_spec(mw: &ManagedWorkload, deployment: &Deployment, settings: &PodSettings) -> bool {
+    desired::deployment(mw, settings)
+        .is_some_and(|d| applied_hash(&d).is_some_and(|h| Some(h) == applied_hash(deployment)))
 }
 
 /// A Deployment condition in metav1.Condition shape. Its own transition time is kept: it says
@@ -381,6 +384,13 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
             if let Some(claim) = unbound {
                 return volumes::waiting_for(phase, word, &claim);
             }
+            if let Some(why) = current.iter().find_map(|p| unschedulable(p)) {
+                return Verdict::new(
+                    phase,
+                    UNSCHEDULABLE,
+                    format!("{word}: {UNSCHEDULABLE}: {}", scrub_scheduler(why)),
+                );
+            }
             let detail = if !rolled_out(deployment) {
                 "waiting for the Deployment controller to observe the new spec"
             } else if others > 0 {
@@ -391,6 +401,35 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
             Verdict::new(phase, word, format!("{word}: {detail}"))
         }
     }
+}
+
+/// Reason of a workload whose current Pod no node can host (yet).
+pub const UNSCHEDULABLE: &str = "Unschedulable";
+
+/// The scheduler's word on a Pod it could not place: its `PodScheduled=False` condition with
+/// reason `Unschedulable` ("0/3 nodes are available: 3 Insufficient nvidia.com/gpu. ..."),
+/// which names what is missing. A capacity wait is a waiting state, not a failure: a node may
+/// be added (a cluster autoscaler reacts to exactly this condition) or another workload may
+/// stop, and the Pod is then placed with no change of the spec. So the workload stays
+/// `Creating` (or `Updating`) with `Reconciling=True` and this reason, reported at once; the
+/// progress deadline bounds the wait (then `Failed`, `ProgressDeadlineExceeded`).
+fn unschedulable(pod: &Pod) -> Option<&str> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == "PodScheduled")?;
+    (c.status == "False" && c.reason.as_deref() == Some(UNSCHEDULABLE)).then(|| c.message.as_deref().unwrap_or(""))
+}
+
+/// The scheduler's message without its preemption postscript ("preemption: 0/3 nodes are
+/// available: 3 No preemption victims found for incoming pod."), which says nothing about
+/// what is missing; at most 512 characters, cut at a character boundary.
+fn scrub_scheduler(message: &str) -> String {
+    let core = message.split("preemption: ").next().unwrap_or(message).trim_end_matches([' ', ',']).trim();
+    let core = if core.is_empty() { "no node can host the Pod" } else { core };
+    let mut end = core.len().min(512);
+    while !core.is_char_boundary(end) {
+        end -= 1;
+    }
+    core[..end].to_string()
 }
 
 /// The Pod's Ready condition is True.

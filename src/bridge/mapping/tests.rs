@@ -210,8 +210,23 @@ fn nvidia_defaults() {
     let mut row = team_wiki();
     row.nvidia_requested = 1;
     let d = map(&row, &Grants::default()).unwrap();
-    assert_eq!(d.env["NVIDIA_VISIBLE_DEVICES"], "all");
+    assert!(!d.env.contains_key("NVIDIA_VISIBLE_DEVICES"), "left to the device plugin: {:?}", d.env.keys());
     assert_eq!(d.env["NVIDIA_DRIVER_CAPABILITIES"], "utility compute");
+}
+
+#[test]
+fn nvidia_requested_is_one_gpu() {
+    let gpus = |nvidia: i64| {
+        let mut row = team_wiki();
+        row.nvidia_requested = nvidia;
+        map(&row, &Grants::default()).unwrap().workload.spec.resources.unwrap().gpus
+    };
+    assert_eq!(gpus(1), Some(1));
+    assert_eq!(gpus(0), None, "no GPU field at all, so rows without GPUs keep their CRs as they were");
+    let mut row = team_wiki();
+    let without = map(&row, &Grants::default()).unwrap().hash;
+    row.nvidia_requested = 1;
+    assert_ne!(map(&row, &Grants::default()).unwrap().hash, without, "a changed flag is applied");
 }
 
 #[test]

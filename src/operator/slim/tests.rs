@@ -4,7 +4,7 @@
 //! objects must derive exactly what the full ones do.
 
 use super::*;
-use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStateWaiting};
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStateWaiting, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -88,6 +88,26 @@ fn pod_variants() -> Vec<(&'static str, Pod)> {
         ),
         ("terminating", with(&|p, _| p.metadata.deletion_timestamp = Some(at(1_800_000_000)))),
         (
+            "unschedulable",
+            with(&|p, _| {
+                let status = p.status.as_mut().unwrap();
+                status.phase = Some("Pending".into());
+                status.pod_ip = None;
+                status.container_statuses = None;
+                status.conditions = Some(vec![
+                    PodCondition {
+                        type_: "PodScheduled".into(),
+                        status: "False".into(),
+                        reason: Some("Unschedulable".into()),
+                        message: Some("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.".into()),
+                        last_probe_time: Some(at(1_800_000_000)),
+                        ..Default::default()
+                    },
+                    PodCondition { type_: "Ready".into(), status: "False".into(), ..Default::default() },
+                ]);
+            }),
+        ),
+        (
             "evicted",
             with(&|p, cs| {
                 let status = p.status.as_mut().unwrap();
@@ -131,12 +151,14 @@ fn trimmed_objects_derive_what_full_ones_do() {
             assert_eq!(slim_pod, trimmed(&pod, super::pod));
             for with_deployment in [true, false] {
                 let full = Observed {
+                    settings: &Default::default(),
                     deployment: with_deployment.then_some(&deployment),
                     pods: vec![&pod],
                     blocked: None,
                     claims: vec![],
                 };
                 let slim = Observed {
+                    settings: &Default::default(),
                     deployment: with_deployment.then_some(&slim_deployment),
                     pods: vec![&slim_pod],
                     blocked: None,
@@ -153,12 +175,17 @@ fn trimmed_objects_derive_what_full_ones_do() {
             }
         }
     }
-    assert_eq!(checked, 4 * 7 * 2);
+    assert_eq!(checked, 4 * 8 * 2);
     let phases: std::collections::HashSet<_> = pod_variants()
         .iter()
         .map(|(_, pod)| {
-            let observed =
-                Observed { deployment: Some(&slim_deployment), pods: vec![pod], blocked: None, claims: vec![] };
+            let observed = Observed {
+                settings: &Default::default(),
+                deployment: Some(&slim_deployment),
+                pods: vec![pod],
+                blocked: None,
+                claims: vec![],
+            };
             status::derive(&workload_variants()[0].1, &observed, &now).phase.map(|p| p.as_str())
         })
         .collect();
@@ -186,7 +213,7 @@ fn cached_objects_are_read_from_the_api_as_the_kubernetes_type_and_trimmed() {
 #[test]
 fn trimmed_deployments_judge_drift_as_full_ones_do() {
     let mw: ManagedWorkload = fixture("managedworkload");
-    let desired = crate::operator::deployment::deployment(&mw).unwrap();
+    let desired = crate::operator::deployment::deployment(&mw, &Default::default()).unwrap();
     let live: Deployment = fixture("deployment");
     assert!(
         crate::operator::drift::up_to_date(&desired, &live),
@@ -206,7 +233,7 @@ fn trimmed_deployments_judge_drift_as_full_ones_do() {
     // A spec change of the CR: a different applied hash.
     let mut changed = mw.clone();
     changed.spec.image = "nginx:1.27".into();
-    let desired = crate::operator::deployment::deployment(&changed).unwrap();
+    let desired = crate::operator::deployment::deployment(&changed, &Default::default()).unwrap();
     assert!(!crate::operator::drift::up_to_date(&desired, &trimmed(&live, super::deployment)));
 }
 
@@ -243,6 +270,18 @@ fn trimming_keeps_identity_and_drops_the_rest() {
     assert_eq!(status.pod_ip, full.status.as_ref().unwrap().pod_ip);
     assert!(status.conditions.iter().flatten().all(|c| c.type_ == "Ready"));
     assert_eq!(trimmed(&p, super::pod), p);
+
+    // PodScheduled is kept while it says the Pod cannot be placed (and only then).
+    let (_, unschedulable) = pod_variants().into_iter().find(|(name, _)| *name == "unschedulable").unwrap();
+    let kept = trimmed(&unschedulable, super::pod).status.unwrap().conditions.unwrap();
+    assert_eq!(kept.iter().map(|c| c.type_.as_str()).collect::<Vec<_>>(), ["PodScheduled", "Ready"]);
+    assert_eq!(kept[0].reason.as_deref(), Some("Unschedulable"));
+    assert!(kept[0].message.as_deref().unwrap().contains("nvidia.com/gpu"));
+    assert_eq!(kept[0].last_probe_time, None);
+    let mut scheduled = unschedulable.clone();
+    scheduled.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
+    let kept = trimmed(&scheduled, super::pod).status.unwrap().conditions.unwrap();
+    assert!(kept.iter().all(|c| c.type_ == "Ready"));
 }
 
 /// A claim as the API server returns it, trimmed: whose it is, whether it is up to date and
@@ -295,7 +334,8 @@ fn a_trimmed_claim_tells_the_same() {
     assert!(claims::is_own(&full, &mw, &mw.spec.volumes[0]) && claims::is_own(&slim, &mw, &mw.spec.volumes[0]));
     assert!(drift::up_to_date(&desired, &full) && drift::up_to_date(&desired, &slim));
     let derive = |c: &PersistentVolumeClaim| {
-        let observed = Observed { claims: vec![c], ..Default::default() };
+        let observed =
+            Observed { settings: &Default::default(), deployment: None, pods: vec![], blocked: None, claims: vec![c] };
         status::derive(&mw, &observed, &at(10)).volumes
     };
     assert_eq!(derive(&full), derive(&slim));

@@ -34,7 +34,7 @@ fn with_phase(mut mw: ManagedWorkload, phase: Phase) -> ManagedWorkload {
 
 /// The Deployment the operator would apply for `mw`, as the cluster reports it.
 fn deployment(mw: &ManagedWorkload, generation: i64, observed: i64, counts: [i32; 4]) -> Deployment {
-    let mut d = desired::deployment(mw).unwrap();
+    let mut d = desired::deployment(mw, &Default::default()).unwrap();
     d.metadata.generation = Some(generation);
     let [replicas, updated, ready, available] = counts;
     d.status = Some(DeploymentStatus {
@@ -109,7 +109,13 @@ fn terminating(mut p: Pod) -> Pod {
 }
 
 fn derive_with(mw: &ManagedWorkload, d: Option<&Deployment>, pods: &[Pod]) -> ManagedWorkloadStatus {
-    let observed = Observed { deployment: d, pods: pods.iter().collect(), blocked: None, claims: vec![] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: d,
+        pods: pods.iter().collect(),
+        blocked: None,
+        claims: vec![],
+    };
     derive(mw, &observed, &at(1000))
 }
 
@@ -202,7 +208,13 @@ fn a_pod_stuck_terminating_on_a_lost_node_does_not_hold_back_its_replacement() {
     let mut old = terminating(pod(&d, true, false, "10.0.0.5"));
     old.metadata.name = Some("web-old".into());
     let observed = |now: i64, pods: &[Pod]| {
-        let o = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![] };
+        let o = Observed {
+            settings: &Default::default(),
+            deployment: Some(&d),
+            pods: pods.iter().collect(),
+            blocked: None,
+            claims: vec![],
+        };
         (derive(&mw, &o, &at(now)), revisit_after(&mw, &o, &at(now)))
     };
     // Deadline at 990: within the kubelet's time to report, it is still going.
@@ -338,6 +350,7 @@ fn failed_on_replica_failure() {
 fn blocked_reports_stalled_with_its_reason() {
     let mw = workload(DesiredState::Running, 1);
     let observed = Observed {
+        settings: &Default::default(),
         deployment: None,
         pods: vec![],
         blocked: Some(Blocked { reason: "DeploymentConflict", message: "not ours".into() }),
@@ -357,7 +370,13 @@ fn an_unchanged_world_derives_an_identical_status() {
     let first = derive_with(&mw, Some(&d), &pods);
     let mut again = mw.clone();
     again.status = Some(first.clone());
-    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d),
+        pods: pods.iter().collect(),
+        blocked: None,
+        claims: vec![],
+    };
     let second = derive(&again, &observed, &at(5000));
     assert_eq!(first, second, "a later clock alone must not change the status");
 }
@@ -373,7 +392,13 @@ fn transition_time_moves_only_when_a_condition_flips() {
     let mut stopping = workload(DesiredState::Stopped, 2);
     stopping.status = Some(running.clone());
     let d2 = deployment(&stopping, 2, 2, [0, 0, 0, 0]);
-    let observed = Observed { deployment: Some(&d2), pods: vec![&pods[0]], blocked: None, claims: vec![] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d2),
+        pods: vec![&pods[0]],
+        blocked: None,
+        claims: vec![],
+    };
     let s = derive(&stopping, &observed, &at(2000));
     assert_eq!(cond(&s, READY).last_transition_time, at(2000));
     assert_eq!(cond(&s, STALLED).last_transition_time, cond(&running, STALLED).last_transition_time);
@@ -485,7 +510,13 @@ fn a_crash_loop_stays_failed_through_its_whole_cycle_with_one_status() {
     for (step, restarts) in [("running", 2), ("terminated", 2), ("waiting", 3), ("running", 4), ("waiting", 9)] {
         // Ready while running (no readiness probe) or not: either way a loop.
         let p = crash_cycle(&d, step, restarts, 990);
-        let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
+        let observed = Observed {
+            settings: &Default::default(),
+            deployment: Some(&d),
+            pods: vec![&p],
+            blocked: None,
+            claims: vec![],
+        };
         let s = derive(&mw, &observed, &at(1000));
         assert_eq!(s, first, "{step} #{restarts}: the status must not change within the cycle");
     }
@@ -500,7 +531,8 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
     let mut mw = workload(DesiredState::Running, 1);
     let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
     let p = crash_cycle(&d, "running", 1, 1000);
-    let observed = Observed { deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
+    let observed =
+        Observed { settings: &Default::default(), deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
     let window = CRASH_LOOP_RECOVERY.as_secs() as i64;
     let s = derive(&mw, &observed, &at(1000 + window - 1));
     assert_eq!(s.phase, Some(Phase::Failed));
@@ -511,7 +543,13 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
     assert_summary(&s, Phase::Running, "True", "False", "False");
     // A healthy Pod needs no revisit.
     let healthy = pod(&d, true, true, "10.0.0.5");
-    let observed = Observed { deployment: Some(&d), pods: vec![&healthy], blocked: None, claims: vec![] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d),
+        pods: vec![&healthy],
+        blocked: None,
+        claims: vec![],
+    };
     assert_eq!(revisit_after(&mw, &observed, &at(5000)), None);
 }
 
@@ -671,7 +709,13 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
     let mw = with_volume(workload(DesiredState::Running, 1));
     let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
     let pending = claim("Pending", None);
-    let observed = Observed { deployment: Some(&d), pods: vec![], blocked: None, claims: vec![&pending] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d),
+        pods: vec![],
+        blocked: None,
+        claims: vec![&pending],
+    };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Creating, "False", "True", "False");
     assert_eq!(cond(&s, RECONCILING).reason, "ClaimPending");
@@ -686,7 +730,13 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
         "ProgressDeadlineExceeded",
         "ReplicaSet \"web-abc\" has timed out progressing.",
     )]);
-    let observed = Observed { deployment: Some(&late), pods: vec![], blocked: None, claims: vec![&pending] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&late),
+        pods: vec![],
+        blocked: None,
+        claims: vec![&pending],
+    };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
     assert_eq!(cond(&s, STALLED).reason, "ClaimNotBound");
@@ -699,13 +749,25 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
     let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
     let pods = [pod(&d, true, true, "10.0.0.5")];
     let lost = claim("Lost", None);
-    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![&lost] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d),
+        pods: pods.iter().collect(),
+        blocked: None,
+        claims: vec![&lost],
+    };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
     assert_eq!(cond(&s, STALLED).reason, "ClaimLost");
 
     let bound = claim("Bound", Some("1Gi"));
-    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![&bound] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d),
+        pods: pods.iter().collect(),
+        blocked: None,
+        claims: vec![&bound],
+    };
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running));
     assert_eq!(s.volumes[0].capacity.as_deref(), Some("1Gi"));
@@ -714,8 +776,118 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
     let mut grown = bound.clone();
     grown.spec.as_mut().unwrap().resources.as_mut().unwrap().requests =
         Some([("storage".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("2Gi".into()))].into());
-    let observed = Observed { deployment: Some(&d), pods: pods.iter().collect(), blocked: None, claims: vec![&grown] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d),
+        pods: pods.iter().collect(),
+        blocked: None,
+        claims: vec![&grown],
+    };
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running), "an expansion in progress fails nothing");
     assert!(s.volumes[0].message.as_deref().is_some_and(|m| m.contains("expansion to 2Gi requested")));
+}
+
+/// A Pod the scheduler could not place, as kube-scheduler reports it.
+fn unscheduled(d: &Deployment, message: &str) -> Pod {
+    let mut p = pod(d, true, false, "");
+    let status = p.status.as_mut().unwrap();
+    status.phase = Some("Pending".into());
+    status.pod_ip = None;
+    status.conditions = Some(vec![PodCondition {
+        type_: "PodScheduled".into(),
+        status: "False".into(),
+        reason: Some("Unschedulable".into()),
+        message: Some(message.into()),
+        ..Default::default()
+    }]);
+    p
+}
+
+const NO_GPU: &str = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. no new claims to deallocate, \
+                      preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.";
+
+#[test]
+fn an_unschedulable_pod_is_a_wait_naming_what_is_missing() {
+    let mw = workload(DesiredState::Running, 1);
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let s = derive_with(&mw, Some(&d), &[unscheduled(&d, NO_GPU)]);
+    // A wait, not a failure: kstatus InProgress, Manager "creating".
+    assert_summary(&s, Phase::Creating, "False", "True", "False");
+    let reconciling = cond(&s, RECONCILING);
+    assert_eq!(reconciling.reason, "Unschedulable");
+    assert_eq!(
+        reconciling.message,
+        "Creating: Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu. no new claims to deallocate"
+    );
+    assert_eq!(cond(&s, READY).reason, "Unschedulable");
+    assert_eq!(cond(&s, STALLED).reason, "Healthy");
+    // Said at once: the reason changed, so the write is not held back.
+    let before = derive_with(&mw, Some(&d), &[pod(&d, true, false, "")]);
+    assert_eq!(urgency(Some(&before), &s), Urgency::Now);
+}
+
+#[test]
+fn an_unschedulable_update_stays_updating_and_the_deadline_still_fails_it() {
+    let mw = with_phase(workload(DesiredState::Running, 2), Phase::Running);
+    let d = deployment(&mw, 2, 2, [2, 1, 1, 1]);
+    let old = pod(&d, false, true, "10.0.0.1");
+    let s = derive_with(&mw, Some(&d), &[old.clone(), unscheduled(&d, NO_GPU)]);
+    assert_summary(&s, Phase::Updating, "False", "True", "False");
+    assert!(cond(&s, RECONCILING).message.starts_with("Updating: Unschedulable: 0/3 nodes"));
+    assert_eq!(s.pod_ip.as_deref(), Some("10.0.0.1"), "the old Pod still serves");
+
+    // The progress deadline bounds the wait.
+    let mut late = d.clone();
+    late.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
+        "Progressing",
+        "False",
+        "ProgressDeadlineExceeded",
+        "ReplicaSet \"web-abc\" has timed out progressing.",
+    )]);
+    let s = derive_with(&mw, Some(&late), &[old, unscheduled(&late, NO_GPU)]);
+    assert_summary(&s, Phase::Failed, "False", "False", "True");
+    assert_eq!(cond(&s, STALLED).reason, "ProgressDeadlineExceeded");
+}
+
+#[test]
+fn scheduled_pods_and_other_templates_are_not_unschedulable() {
+    let mw = workload(DesiredState::Running, 1);
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let mut scheduled = unscheduled(&d, NO_GPU);
+    scheduled.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
+    let s = derive_with(&mw, Some(&d), &[scheduled]);
+    assert_eq!(cond(&s, RECONCILING).reason, "Creating");
+    // An old template's Pod that cannot be placed says nothing about the current one.
+    let mut old = unscheduled(&d, NO_GPU);
+    old.metadata.annotations = Some([(desired::TEMPLATE_HASH_ANNOTATION.to_string(), "0".repeat(16))].into());
+    let s = derive_with(&mw, Some(&d), &[old]);
+    assert_ne!(cond(&s, RECONCILING).reason, "Unschedulable");
+}
+
+#[test]
+fn scheduler_messages_lose_the_preemption_postscript_and_stay_short() {
+    assert_eq!(
+        scrub_scheduler(NO_GPU),
+        "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. no new claims to deallocate"
+    );
+    assert_eq!(scrub_scheduler(""), "no node can host the Pod");
+    let long = "é".repeat(600);
+    let cut = scrub_scheduler(&long);
+    assert!(cut.len() <= 512 && cut.chars().all(|c| c == 'é'));
+}
+
+#[test]
+fn gpu_workloads_are_judged_against_the_resource_name_they_were_built_with() {
+    let mut mw = workload(DesiredState::Running, 1);
+    mw.spec.resources = Some(crate::resource::Resources { gpus: Some(1), ..Default::default() });
+    let amd = PodSettings { gpu_resource: "amd.com/gpu".into() };
+    let mut d = desired::deployment(&mw, &amd).unwrap();
+    d.metadata.generation = Some(1);
+    d.status = deployment(&mw, 1, 1, [1, 1, 1, 1]).status;
+    let p = pod(&d, true, true, "10.0.0.9");
+    let observed = Observed { settings: &amd, deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_eq!(s.phase, Some(Phase::Running));
+    assert_eq!(cond(&s, "Available").observed_generation, Some(1), "mirrored conditions are current");
 }
