@@ -21,7 +21,8 @@
 #   hack/controlplane.sh start-component NAME COMPONENT  start it again with the same flags and
 #                                         ports (waits for the API server to be ready again)
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
-#   hack/controlplane.sh node-build|node-up NAME|node-down NAME|node-status NAME|images
+#   hack/controlplane.sh node-build|node-up NAME|node-down NAME|node-status NAME|
+#                        node-namespace NAME NS|images
 #                                         the real node (kubelet, kube-proxy, containerd,
 #                                         CNI) and its local images: see hack/realnode.sh
 #
@@ -522,6 +523,7 @@ main() {
     node-up) cmd_node_up "${2:?NAME}" ;;
     node-down) cmd_node_down "${2:?NAME}" ;;
     node-status) cmd_node_status "${2:?NAME}" ;;
+    node-namespace) cmd_node_namespace "${2:?NAME}" "${3:?NAMESPACE}" ;;
     images) cmd_images ;;
     stop-component) cmd_stop_component "${2:?NAME}" "${3:?COMPONENT}" ;;
     start-component) cmd_start_component "${2:?NAME}" "${3:?COMPONENT}" ;;

@@ -8,6 +8,7 @@
 #   hack/controlplane.sh node-up NAME        start the real node of control plane NAME
 #   hack/controlplane.sh node-down NAME      stop it and remove every trace (also after a kill)
 #   hack/controlplane.sh node-status NAME    whether it runs and is Ready
+#   hack/controlplane.sh node-namespace NAME NS   a namespace whose Pods all run on the real node
 #   hack/controlplane.sh images              build the test images' OCI archive, print its path
 #
 # Why these choices:
@@ -115,6 +116,16 @@ cmd_images() {
 node_namespace_annotations() {
   printf 'scheduler.alpha.kubernetes.io/node-selector=%s=true\n' "$REAL_NODE_KEY"
   printf 'scheduler.alpha.kubernetes.io/defaultTolerations=[{"key":"%s","operator":"Equal","value":"true","effect":"NoSchedule"}]\n' "$REAL_NODE_KEY"
+}
+
+# Create namespace NS on control plane NAME (if missing) with those annotations.
+cmd_node_namespace() {
+  local name=${1:?NAME} ns=${2:?NAMESPACE}
+  local kubectl=("$(bin_dir)/kubectl" --kubeconfig "$RUN_ROOT/$name/kubeconfig")
+  "${kubectl[@]}" create namespace "$ns" --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
+  local annotations=()
+  mapfile -t annotations < <(node_namespace_annotations)
+  "${kubectl[@]}" annotate --overwrite namespace "$ns" "${annotations[@]}" >/dev/null
 }
 
 free_port_pair() { echo "$(free_port) $(free_port)"; }
