@@ -40,7 +40,8 @@ async fn real_node_namespace(test: &str) -> TestNamespace {
     );
     let ns = TestNamespace::new(test).await;
     let nodes: Api<Node> = Api::all(ns.client.clone());
-    let node = nodes.get_opt(REAL_NODE).await.unwrap().unwrap_or_else(|| panic!("no Node {REAL_NODE}: these tests {NEEDS}"));
+    let node =
+        nodes.get_opt(REAL_NODE).await.unwrap().unwrap_or_else(|| panic!("no Node {REAL_NODE}: these tests {NEEDS}"));
     let ready = node.status.and_then(|s| s.conditions).unwrap_or_default();
     assert!(
         ready.iter().any(|c| c.type_ == "Ready" && c.status == "True"),
@@ -168,7 +169,11 @@ async fn lifecycle_on_real_containers_answers_http_stops_starts_rolls_out_and_de
     eventually("the Deployment and its Pods to be gone", TIMEOUT, || async {
         let d = deployments.get_opt("web").await.unwrap();
         let p = pods_of(&pods, "web").await;
-        if d.is_none() && p.is_empty() { Ok(()) } else { Err(format!("deployment: {}, pods: {}", d.is_some(), p.len())) }
+        if d.is_none() && p.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("deployment: {}, pods: {}", d.is_some(), p.len()))
+        }
     })
     .await;
 }
@@ -221,7 +226,11 @@ async fn a_real_crash_loop_is_failed_and_stays_still_through_restart_cycles() {
     let mut states = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(90);
     while restarts(&pods, "crash").await < first + 3 {
-        assert!(Instant::now() < deadline, "the container restarted only {} times in 90 s", restarts(&pods, "crash").await - first);
+        assert!(
+            Instant::now() < deadline,
+            "the container restarted only {} times in 90 s",
+            restarts(&pods, "crash").await - first
+        );
         for p in pods_of(&pods, "crash").await {
             states.insert(container_state(&p));
         }
@@ -302,14 +311,15 @@ async fn a_real_oom_kill_is_reported_as_a_crash_loop_naming_oomkilled() {
         "progressDeadlineSeconds": 3600,
     });
     apply(&workloads, "oom", spec).await.unwrap();
-    let mw = wait_until(&workloads, "oom", "a Stalled status naming OOMKilled", TIMEOUT, |mw: Option<&ManagedWorkload>| {
-        mw.is_some_and(|mw| {
-            support::workload::condition_current(mw, "Stalled", "True")
-                && condition(mw, "Stalled").message.contains("OOMKilled")
+    let mw =
+        wait_until(&workloads, "oom", "a Stalled status naming OOMKilled", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+            mw.is_some_and(|mw| {
+                support::workload::condition_current(mw, "Stalled", "True")
+                    && condition(mw, "Stalled").message.contains("OOMKilled")
+            })
         })
-    })
-    .await
-    .unwrap();
+        .await
+        .unwrap();
     assert_eq!(phase_of(&mw), Some(Phase::Failed));
     assert_eq!(condition(&mw, "Stalled").reason, "CrashLoopBackOff");
     assert_eq!(condition(&mw, "Ready").status, "False");
@@ -353,7 +363,9 @@ async fn stop_is_graceful_and_stopped_waits_for_a_process_that_ignores_sigterm()
     assert!(!pods_of(&pods, "stubborn").await.is_empty(), "the stubborn Pod is still there");
     wait_real(&workloads, "stubborn", Phase::Stopped).await;
     let stubborn_took = started.elapsed();
-    eprintln!("graceful stop: SIGTERM honoured → Stopped in {polite_took:?}; SIGTERM ignored → Stopped in {stubborn_took:?}");
+    eprintln!(
+        "graceful stop: SIGTERM honoured → Stopped in {polite_took:?}; SIGTERM ignored → Stopped in {stubborn_took:?}"
+    );
     assert!(polite_took < Duration::from_secs(15), "a process that exits on SIGTERM took {polite_took:?} to stop");
     assert!(
         stubborn_took >= Duration::from_secs(25),

@@ -472,9 +472,13 @@ fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle
     assert_eq!(cond(&first, "Available").status, "False");
     let mut mw = mw;
     mw.status = Some(first.clone());
-    for (step, restarts, d) in
-        [("running", 2, &up), ("terminated", 2, &down), ("waiting", 2, &down), ("running", 3, &up), ("running", 3, &down)]
-    {
+    for (step, restarts, d) in [
+        ("running", 2, &up),
+        ("terminated", 2, &down),
+        ("waiting", 2, &down),
+        ("running", 3, &up),
+        ("running", 3, &down),
+    ] {
         let p = crash_cycle(d, step, restarts, 990);
         let observed = Observed { deployment: Some(d), pods: vec![&p], blocked: None };
         let s = derive(&mw, &observed, &at(1000));
