@@ -153,9 +153,10 @@ cmd_node_up() {
     log "real node of '$name' is already up"; return 0
   fi
   [ "$(id -u)" = 0 ] || die "the real node runs containers: it needs root (containerd, runc, iptables)"
-  node_lock "$name"
+  node_lock_free "$name"
   # Whatever a killed earlier run of this node left goes first.
   node_cleanup "$name" || die "an earlier real node of '$name' could not be cleaned up (see above)"
+  echo "$state" >"$REAL_NODE_LOCK"
   ensure_node_packages
   local nbin images
   nbin=$(cmd_node_build)
@@ -227,6 +228,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        # runc's state inside the node's directory (by default /run/containerd/runc).
+        Root = "$node/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$node/cni/net.d"
@@ -296,6 +299,9 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+# Inside the node's directory (by default /var/log/pods); the kubelet still links each
+# container's log from /var/log/containers, which teardown removes.
+podLogsDir: $node/pod-logs
 containerLogMaxSize: 1Mi
 containerLogMaxFiles: 2
 # A crash-looping container is restarted at most 10 s apart (the default back-off doubles to
@@ -338,17 +344,15 @@ node_alive() {
   done
 }
 
-# Take the machine's one real node for control plane NAME, unless another control plane's
-# node still runs.
-node_lock() {
+# Fail unless the machine's one real node is free for control plane NAME: no lock, or one
+# that NAME holds, or one whose control plane's node no longer runs.
+node_lock_free() {
   local name=$1 owner
-  if [ -e "$REAL_NODE_LOCK" ]; then
-    owner=$(cat "$REAL_NODE_LOCK")
-    if [ "$owner" != "$RUN_ROOT/$name" ] && node_alive "$owner" 2>/dev/null; then
-      die "a real node already runs on this machine, for the control plane in $owner (one per machine: it owns the host's KUBE-* iptables chains); stop it first (hack/controlplane.sh node-down NAME, or make demo-down)"
-    fi
+  [ -e "$REAL_NODE_LOCK" ] || return 0
+  owner=$(cat "$REAL_NODE_LOCK")
+  if [ "$owner" != "$RUN_ROOT/$name" ] && node_alive "$owner" 2>/dev/null; then
+    die "a real node already runs on this machine, for the control plane in $owner (one per machine: it owns the host's KUBE-* iptables chains); stop it first (hack/controlplane.sh node-down NAME, or make demo-down)"
   fi
-  echo "$RUN_ROOT/$name" >"$REAL_NODE_LOCK"
 }
 
 cmd_node_down() {
@@ -403,8 +407,12 @@ node_cleanup() {
   # 5. Shims and container processes containerd leaves behind when it was killed: shims are
   #    found by the socket address of this node's containerd on their command line,
   #    container processes by this node's cgroup.
-  local pid pids=()
-  for pid in $(pgrep -f -- "-address $sock" 2>/dev/null || true); do pids+=("$pid"); done
+  local pid pids=() shim_sockets=()
+  for pid in $(pgrep -f -- "-address $sock" 2>/dev/null || true); do
+    pids+=("$pid")
+    # The socket a shim listens on (under /run/containerd/s/) outlives a SIGKILLed shim.
+    mapfile -t -O "${#shim_sockets[@]}" shim_sockets < <(process_unix_sockets "$pid" | grep '^/run/containerd/s/' || true)
+  done
   local cg
   while read -r cg; do
     [ -d "$cg" ] || continue
@@ -419,6 +427,7 @@ node_cleanup() {
       pid_runs "$pid" && { log "pid $pid survived SIGKILL"; failed=1; }
     done
   fi
+  rm -f "${shim_sockets[@]}"
   # 6. Network: Pod netns on this node's subnet (left when CNI DEL never ran), the veth
   #    pairs on its bridge, the bridge, and CNI's cache entries for its network.
   local ns
@@ -436,6 +445,13 @@ node_cleanup() {
     ip link delete "$CNI_BRIDGE" 2>/dev/null || { log "could not delete the bridge $CNI_BRIDGE"; failed=1; }
   fi
   rm -f /var/lib/cni/results/"$CNI_NETWORK"-* 2>/dev/null || true
+  # Directories CNI and containerd create on first use, when nothing else uses them.
+  rmdir /var/lib/cni/results /var/lib/cni /run/netns 2>/dev/null || true
+  # The kubelet's links to container logs that lived in this node's pod-logs directory.
+  local link
+  for link in /var/log/containers/*.log; do
+    [ -L "$link" ] && [[ "$(readlink "$link")" == "$node/"* ]] && rm -f "$link"
+  done
   # 7. Mounts under the node's directory (rootfs overlays, shm, Pod volumes), deepest first.
   if [ -d "$node" ]; then
     local m
@@ -461,6 +477,17 @@ node_cleanup() {
   rm -rf --one-file-system "$node" "$state"/{kubelet,kube-proxy}.kubeconfig "$state"/pki/{kubelet,kube-proxy}.{crt,key}
   rm -f "$state"/cmd/{containerd,kubelet,kube-proxy}
   node_release_lock "$name"
+}
+
+# The paths of the unix sockets process PID holds open.
+process_unix_sockets() {
+  local pid=$1 fd inodes=()
+  for fd in /proc/"$pid"/fd/*; do
+    fd=$(readlink "$fd" 2>/dev/null) || continue
+    [[ "$fd" == socket:\[*\] ]] && inodes+=("${fd//[^0-9]/}")
+  done
+  ((${#inodes[@]})) || return 0
+  awk -v list=" ${inodes[*]} " 'NR > 1 && $8 != "" && index(list, " " $7 " ") {print $8}' /proc/net/unix
 }
 
 node_release_lock() {
