@@ -13,7 +13,7 @@ some, a small second layer; what differs is the entrypoint:
 
   pause:1    the Pod sandbox (containerd's sandbox_image): sleeps forever
   busybox:1  a shell
-  httpd:1    busybox httpd on port 8080 answering "mw-test httpd v1"
+  httpd:1    busybox httpd on port 8080 answering "mw-test httpd v1", exiting on SIGTERM
   httpd:2    the same answering "mw-test httpd v2" (an image change the tests can see)
   crash:1    prints a line and exits 3
   oom:1      allocates and touches 256 MiB (dd's buffer), past any small memory limit
@@ -148,7 +148,9 @@ def main():
         layout.image(
             f"httpd:{version}",
             [base, www_layer(f"mw-test httpd v{version}\n")],
-            ["/bin/httpd", "-f", "-v", "-p", "8080", "-h", "/www"],
+            # httpd as PID 1 would ignore SIGTERM (PID 1 has no default handlers) and every
+            # stop would wait out the 30 s grace period; the shell stops it on SIGTERM.
+            ["/bin/sh", "-c", "trap 'kill $pid; exit 0' TERM; httpd -f -v -p 8080 -h /www & pid=$!; wait $pid"],
             ports=[8080],
         )
     layout.image("crash:1", [base], ["/bin/sh", "-c", "echo 'mw-test crash: exiting with status 3'; exit 3"])

@@ -399,8 +399,13 @@ node_cleanup() {
   # 3. kube-proxy, and its rules (its --cleanup removes the KUBE-* chains it owns). Only the
   #    lock's owner does this: the chains are the machine's, not this control plane's.
   stop_wave "$state" kube-proxy || failed=1
-  if [ -x "$nbin/kube-proxy" ] && [ "$(cat "$REAL_NODE_LOCK" 2>/dev/null)" = "$state" ]; then
-    "$nbin/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || log "kube-proxy --cleanup reported an error"
+  if [ "$(cat "$REAL_NODE_LOCK" 2>/dev/null)" = "$state" ]; then
+    if [ -x "$nbin/kube-proxy" ]; then
+      "$nbin/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || log "kube-proxy --cleanup reported an error"
+    fi
+    # The kubelet's own chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT), which
+    # kube-proxy --cleanup leaves, and anything of kube-proxy's it missed.
+    remove_kube_chains || failed=1
   fi
   # 4. containerd.
   stop_wave "$state" containerd || failed=1
@@ -446,7 +451,7 @@ node_cleanup() {
   fi
   rm -f /var/lib/cni/results/"$CNI_NETWORK"-* 2>/dev/null || true
   # Directories CNI and containerd create on first use, when nothing else uses them.
-  rmdir /var/lib/cni/results /var/lib/cni /run/netns 2>/dev/null || true
+  rmdir /var/lib/cni/results /var/lib/cni /run/netns /run/containerd/s /run/containerd /var/log/containers 2>/dev/null || true
   # The kubelet's links to container logs that lived in this node's pod-logs directory.
   local link
   for link in /var/log/containers/*.log; do
@@ -477,6 +482,33 @@ node_cleanup() {
   rm -rf --one-file-system "$node" "$state"/{kubelet,kube-proxy}.kubeconfig "$state"/pki/{kubelet,kube-proxy}.{crt,key}
   rm -f "$state"/cmd/{containerd,kubelet,kube-proxy}
   node_release_lock "$name"
+}
+
+# Remove every KUBE-* iptables chain and every rule that jumps to one, IPv4 and IPv6. Only
+# the lock's owner calls this: one real node per machine, so these are its kubelet's and
+# kube-proxy's. Returns non-zero when one stays.
+remove_kube_chains() {
+  local tool table rule chain left=0
+  for tool in iptables ip6tables; do
+    command -v "$tool-save" >/dev/null || continue
+    for table in filter nat mangle raw; do
+      # Rules in any chain that jump to a KUBE-* chain (iptables-save quotes comments the way
+      # the shell reads them, hence eval).
+      while read -r rule; do
+        eval "$tool -w 5 -t $table -D ${rule#-A }" 2>/dev/null || true
+      done < <("$tool-save" -t "$table" 2>/dev/null | grep -E '^-A .* -j KUBE-[A-Z0-9-]+( |$)' | grep -v '^-A KUBE-' || true)
+      for chain in $("$tool-save" -t "$table" 2>/dev/null | sed -n 's/^:\(KUBE-[^ ]*\) .*/\1/p'); do
+        "$tool" -w 5 -t "$table" -F "$chain" 2>/dev/null || true
+      done
+      for chain in $("$tool-save" -t "$table" 2>/dev/null | sed -n 's/^:\(KUBE-[^ ]*\) .*/\1/p'); do
+        "$tool" -w 5 -t "$table" -X "$chain" 2>/dev/null || true
+      done
+      if "$tool-save" -t "$table" 2>/dev/null | grep -q 'KUBE-'; then
+        log "$tool table $table still has KUBE-* rules"; left=1
+      fi
+    done
+  done
+  return "$left"
 }
 
 # The paths of the unix sockets process PID holds open.
