@@ -450,6 +450,12 @@ node_cleanup() {
     ip link delete "$CNI_BRIDGE" 2>/dev/null || { log "could not delete the bridge $CNI_BRIDGE"; failed=1; }
   fi
   rm -f /var/lib/cni/results/"$CNI_NETWORK"-* 2>/dev/null || true
+  # libcni also caches the loopback network's result per sandbox (cni-loopback-ID-lo); the
+  # sandboxes' IDs are the directory names containerd's CRI keeps for them.
+  local id
+  for id in $(ls "$node"/containerd/{root,state}/io.containerd.grpc.v1.cri/sandboxes 2>/dev/null | sort -u); do
+    rm -f /var/lib/cni/results/*-"$id"-* 2>/dev/null || true
+  done
   # Directories CNI and containerd create on first use, when nothing else uses them.
   rmdir /var/lib/cni/results /var/lib/cni /run/netns /run/containerd/s /run/containerd /var/log/containers 2>/dev/null || true
   # The kubelet's links to container logs that lived in this node's pod-logs directory.

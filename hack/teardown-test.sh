@@ -81,6 +81,7 @@ echo "teardown: up with MW_CACHE_DIR, down without: all ${#recorded[@]} componen
 t0=$SECONDS
 veths_before=$(ip -o link show type veth 2>/dev/null | wc -l)
 kube_rules_before=$(iptables-save 2>/dev/null | grep -c KUBE- || true)
+cni_cache_before=$( (ls /var/lib/cni/results 2>/dev/null || true) | wc -l)
 sysctls="vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward"
 # shellcheck disable=SC2086
 sysctls_before=$(sysctl -n $sysctls 2>/dev/null | tr '\n' ' ')
@@ -113,6 +114,7 @@ kube_rules=$(iptables-save 2>/dev/null | grep -c KUBE- || true)
 ((kube_rules > kube_rules_before)) && leftovers+=("$((kube_rules - kube_rules_before)) KUBE-* iptables lines")
 ls -d /sys/fs/cgroup/*/mw-realnode-td /sys/fs/cgroup/mw-realnode-td 2>/dev/null | grep -q . && leftovers+=("cgroups")
 [ -e /run/mw-operator-realnode.lock ] && leftovers+=("lock file")
+(($( (ls /var/lib/cni/results 2>/dev/null || true) | wc -l) > cni_cache_before)) && leftovers+=("CNI cache: $(ls /var/lib/cni/results | tr '\n' ' ')")
 # shellcheck disable=SC2086
 [ "$(sysctl -n $sysctls 2>/dev/null | tr '\n' ' ')" = "$sysctls_before" ] || leftovers+=("sysctls ($sysctls) changed")
 [ -d "$state" ] && leftovers+=("run state $state")
