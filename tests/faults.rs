@@ -381,7 +381,12 @@ async fn credentials_never_appear_in_output_events_or_status() {
     }
     // Refused credentials, a forbidden namespace, a missing context, an unverified server:
     // each ends the process with an error that must not quote the kubeconfig.
-    let wrong_token = format!("{}x", &token[..token.len() - 1]);
+    // A character in the middle of the signature changes: the last one may only carry
+    // base64 padding bits, and a token with it changed can still verify.
+    let signature = token.rfind('.').expect("a JWT") + 1;
+    let middle = signature + (token.len() - signature) / 2;
+    let flipped = if &token[middle..=middle] == "A" { "B" } else { "A" };
+    let wrong_token = format!("{}{flipped}{}", &token[..middle], &token[middle + 1..]);
     let failing = [
         ("unauthorized", write_kubeconfig(&ns.name, "leaky-wrong", json!({"token": wrong_token})), vec![]),
         (
