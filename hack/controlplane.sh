@@ -497,6 +497,7 @@ cmd_status() {
   local state="$RUN_ROOT/$name"
   if alive "$state" 2>/dev/null && healthy "$state"; then
     log "control plane '$name' is up"; print_env "$name"
+    if [ -e "$state/pids/kubelet.pid" ]; then cmd_node_status "$name" || return 1; fi
   else
     log "control plane '$name' is not up"; return 1
   fi
