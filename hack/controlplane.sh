@@ -21,8 +21,13 @@
 #   hack/controlplane.sh start-component NAME COMPONENT  start it again with the same flags and
 #                                         ports (waits for the API server to be ready again)
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
+#   hack/controlplane.sh node-build|node-up NAME|node-down NAME|node-status NAME|
+#                        node-namespace NAME NS|images
+#                                         the real node (kubelet, kube-proxy, containerd,
+#                                         CNI) and its local images: see hack/realnode.sh
 #
 # NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
+# MW_REAL_NODE=1 makes `up` start the real node too.
 set -euo pipefail
 
 # ---- pinned versions (changing one rebuilds; the cache key covers go.mod/go.sum too) ----
@@ -66,6 +71,18 @@ ensure_tools() {
   fi
 }
 
+# The same version stamps Kubernetes' own build (hack/lib/version.sh) writes, so
+# `kubectl version`, clients and the kubelet's node status show a real release rather than
+# v0.0.0-master.
+version_ldflags() {
+  local ldflags="-s -w" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1"
+    ldflags+=" -X $pkg.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) -X $pkg.gitTreeState=clean"
+  done
+  echo "$ldflags"
+}
+
 cmd_build() {
   ensure_tools
   local dir; dir=$(bin_dir)
@@ -78,13 +95,7 @@ cmd_build() {
   local tmp="$dir.partial.$$"
   rm -rf "$tmp"; mkdir -p "$tmp"
   local start=$SECONDS
-  # The same version stamps Kubernetes' own build (hack/lib/version.sh) writes, so
-  # `kubectl version` and clients see a real release rather than v0.0.0-master.
-  local ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1"
-    ldflags+=" -X $pkg.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) -X $pkg.gitTreeState=clean"
-  done
+  local ldflags; ldflags=$(version_ldflags)
   (
     cd "$BUILD_MODULE"
     export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false -trimpath"
@@ -120,7 +131,10 @@ free_port() {
 # first, then kube-apiserver, then etcd: an apiserver whose etcd is gone hangs on shutdown.
 stop_recorded() {
   local state=$1 wave refused=0
-  [ -d "$state/pids" ] || return 0
+  # The real node first, while the API server still runs (its Pods are removed through the
+  # CRI, its Node object through the API); a no-op when this control plane has none.
+  node_cleanup "$(basename "$state")" || refused=1
+  [ -d "$state/pids" ] || return "$refused"
   for wave in "bridge operator kwok kube-scheduler kube-controller-manager" "kube-apiserver" "etcd"; do
     stop_wave "$state" $wave || refused=1
   done
@@ -315,6 +329,7 @@ cmd_up() {
   local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
   if alive "$state" 2>/dev/null && healthy "$state"; then
     log "control plane '$name' is already up"
+    if [ "${MW_REAL_NODE:-0}" != 0 ]; then cmd_node_up "$name"; fi
     print_env "$name"
     return 0
   fi
@@ -353,7 +368,8 @@ cmd_up() {
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
-    --authorization-mode=RBAC --allow-privileged=true \
+    --authorization-mode=Node,RBAC --allow-privileged=true \
+    --enable-admission-plugins=NodeRestriction,PodNodeSelector,PodTolerationRestriction \
     --endpoint-reconciler-type=none --profiling=false \
     --audit-policy-file="$HERE/audit-policy.yaml" --audit-log-path="$logs/audit.log" \
     --audit-log-maxsize=200 --audit-log-maxbackup=1
@@ -398,6 +414,7 @@ cmd_up() {
   alive "$state" || { log "a component died during start-up; logs are in $logs"; cmd_down "$name"; return 1; }
 
   log "control plane '$name' up in $((SECONDS - t0))s"
+  if [ "${MW_REAL_NODE:-0}" != 0 ]; then cmd_node_up "$name" || { cmd_down "$name"; return 1; }; fi
   print_env "$name"
 }
 
@@ -491,10 +508,14 @@ cmd_status() {
   local state="$RUN_ROOT/$name"
   if alive "$state" 2>/dev/null && healthy "$state"; then
     log "control plane '$name' is up"; print_env "$name"
+    if [ -e "$state/pids/kubelet.pid" ]; then cmd_node_status "$name" || return 1; fi
   else
     log "control plane '$name' is not up"; return 1
   fi
 }
+
+# shellcheck source=hack/realnode.sh
+source "$HERE/realnode.sh"
 
 main() {
   case "${1:-}" in
@@ -510,9 +531,15 @@ main() {
     start-bridge) shift; cmd_start_bridge "$@" ;;
     stop-operator) stop_wave "$RUN_ROOT/${2:?NAME}" operator ;;
     operator-metrics) cat "$RUN_ROOT/${2:?NAME}/operator.metrics" ;;
+    node-build) cmd_node_build >/dev/null; node_bin_dir ;;
+    node-up) cmd_node_up "${2:?NAME}" ;;
+    node-down) cmd_node_down "${2:?NAME}" ;;
+    node-status) cmd_node_status "${2:?NAME}" ;;
+    node-namespace) cmd_node_namespace "${2:?NAME}" "${3:?NAMESPACE}" ;;
+    images) cmd_images ;;
     stop-component) cmd_stop_component "${2:?NAME}" "${3:?COMPONENT}" ;;
     start-component) cmd_start_component "${2:?NAME}" "${3:?COMPONENT}" ;;
-    *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 }
 

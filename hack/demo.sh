@@ -5,6 +5,8 @@
 # a `kubernetes` node, synced into namespace `manager`; the demo shows them Running and the
 # rows' containerId/ipv4Address filled in. Everything stays up afterwards so you can try
 # kubectl (and sqlite3) on it; `make demo-down` (or `make cluster-down`) stops it.
+# MW_REAL_NODE=1 adds the real node (hack/realnode.sh) and runs the samples there too, on
+# local images, showing each one's HTTP answer.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -44,6 +46,28 @@ fi
 "${KUBECTL[@]}" get managedworkloads -o wide
 "${KUBECTL[@]}" get deployments,pods -o wide
 
+if [ "${MW_REAL_NODE:-0}" != 0 ]; then
+  step "the samples on real containers: namespace real-node, on the real node, local images"
+  bash "$CP" node-namespace "$NAME" real-node
+  # The samples name registry images, and no registry is reachable here: the same workloads
+  # run the local HTTP server image (hack/images.py) on its port instead.
+  REAL_SAMPLES=$(sed -e 's#^\(  image:\) .*#\1 mw-test.invalid/httpd:1#' -e 's#containerPort: 80$#containerPort: 8080#' config/samples/*.yaml)
+  if grep '^  image:' <<<"$REAL_SAMPLES" | grep -vq 'mw-test.invalid/'; then
+    echo "a sample's image was not replaced by a local one; see hack/demo.sh" >&2; exit 1
+  fi
+  "${KUBECTL[@]}" -n real-node apply -f - <<<"$REAL_SAMPLES"
+  if ! "${KUBECTL[@]}" -n real-node wait --for=condition=Ready managedworkloads --all --timeout=180s; then
+    echo "the samples on the real node did not become Ready; logs: $LOGS/ (kubelet.log, containerd.log)" >&2
+    "${KUBECTL[@]}" -n real-node get managedworkloads,pods -o wide >&2
+    exit 1
+  fi
+  "${KUBECTL[@]}" -n real-node get managedworkloads,pods -o wide
+  for mw in $("${KUBECTL[@]}" -n real-node get managedworkloads -o name); do
+    ip=$("${KUBECTL[@]}" -n real-node get "$mw" -o jsonpath='{.status.podIP}')
+    echo "curl http://$ip:8080/  ($mw, a real container) → $(curl -s --max-time 5 "http://$ip:8080/" || echo 'no answer')"
+  done
+fi
+
 step "bridge: Manager's SQLite database → ManagedWorkloads in namespace manager (logs: $LOGS/bridge.log)"
 DB=$(bash "$HERE/manager-db.sh" sqlite "$REPO/target/demo-$NAME/manager.sqlite")
 echo "before: $(sqlite3 "$DB" 'SELECT group_concat(hostname || " containerId=" || ifnull(containerId, "NULL") || " ipv4Address=" || ifnull(ipv4Address, "NULL"), "; ") FROM Containers')"
@@ -80,3 +104,10 @@ Manager's database (the bridge polls it every 2 s):
   kubectl -n manager patch mw team-wiki --type merge -p '{"spec":{"state":"Stopped"}}'   # its ipv4Address goes NULL
 Logs: $LOGS/   Stop everything: make demo-down
 MSG
+if [ "${MW_REAL_NODE:-0}" != 0 ]; then
+  cat <<MSG
+Real containers (namespace real-node, node mw-real-node):
+  kubectl -n real-node get mw,pods -o wide
+  curl http://\$(kubectl -n real-node get mw nginx -o jsonpath='{.status.podIP}'):8080/
+MSG
+fi

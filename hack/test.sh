@@ -55,6 +55,11 @@ bash "$CP" up "$CLUSTER"
 KUBECONFIG_ADMIN=$("$CP" kubeconfig "$CLUSTER")
 LOGS=$("$CP" log-dir "$CLUSTER")
 
+step "real node (kubelet, kube-proxy, containerd, runc, CNI; first run builds the kubelet)"
+# Beside the kwok node, tainted so that only the real-node suite's Pods land on it.
+bash "$CP" node-up "$CLUSTER"
+export MW_TEST_REAL_NODE=1
+
 step "PostgreSQL for the bridge tests"
 bash "$HERE/postgres.sh" down "$CLUSTER"
 bash "$HERE/postgres.sh" up "$CLUSTER"
@@ -77,7 +82,15 @@ cargo test --locked --test '*' -- --test-threads="${MW_TEST_THREADS:-4}"
 
 step "Manager's backend examples (@kubernetes/client-node, node --test)"
 (cd examples/manager-node && npm ci --no-audit --no-fund --loglevel=error && node --test)
+
+step "real containers: lifecycle, HTTP from the host, crash loop, pull failure, OOM kill, graceful stop"
+# Own step (the tests are #[ignore]d without a real node): the shared operator serves them,
+# and nothing else runs on the real node meanwhile.
+cargo test --locked --test realnode -- --ignored --test-threads="${MW_TEST_THREADS:-4}" --nocapture
 kill -0 "$OPERATOR_PID" 2>/dev/null || { echo "the operator exited during the tests; see $LOGS/operator.log" >&2; exit 1; }
+# The real node goes before the fault tests stop and start the API server under it, and so
+# that the teardown test below can start a real node of its own (one per machine).
+bash "$CP" node-down "$CLUSTER"
 
 # What follows runs alone, one test at a time: each starts operators of its own (the shared
 # one watches every namespace), deletes the CRD every other test relies on, or stops

@@ -36,7 +36,10 @@ pub const READY: &str = "Ready";
 pub const RECONCILING: &str = "Reconciling";
 pub const STALLED: &str = "Stalled";
 /// Deployment conditions copied into the CR's status.
-pub const MIRRORED: [&str; 3] = ["Available", "Progressing", "ReplicaFailure"];
+pub const MIRRORED: [&str; 3] = [AVAILABLE, "Progressing", "ReplicaFailure"];
+const AVAILABLE: &str = "Available";
+/// The reason of a crash loop's verdict, whichever step of the kubelet's cycle it was seen in.
+const CRASH_LOOP: &str = "CrashLoopBackOff";
 
 /// What the operator saw of the workload's children in this reconcile.
 #[derive(Debug)]
@@ -87,6 +90,15 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
 
     let replicas = |f: fn(&DeploymentStatus) -> Option<i32>| observed.deployment.map_or(0, |d| count(d, f));
 
+    // A crash-looping container runs for moments between restarts. With no readiness probe
+    // its Pod is Ready meanwhile, so a real kubelet makes the Deployment count it ready and
+    // available, and turn Available True, then not, on every cycle. The verdict holds the
+    // workload Failed through the cycle; the counts and the mirrored Available condition are
+    // held with it, at "not available": a Pod the verdict calls crash-looping is no available
+    // replica. Otherwise every restart would be two status writes.
+    let looping = verdict.phase == Phase::Failed && verdict.reason == CRASH_LOOP;
+    let available = |f: fn(&DeploymentStatus) -> Option<i32>| if looping { 0 } else { replicas(f) };
+
     let phase = verdict.phase;
     let ready = matches!(phase, Phase::Running | Phase::Stopped);
     let reconciling = matches!(phase, Phase::Creating | Phase::Updating | Phase::Stopping);
@@ -109,6 +121,15 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
         ),
     ];
     conditions.extend(mirrored(mw, observed.deployment, observed.settings));
+    if looping {
+        for c in conditions.iter_mut().filter(|c| c.type_ == AVAILABLE && c.status == "True") {
+            // The Deployment controller's own words for a Deployment without its replica.
+            c.status = "False".into();
+            c.reason = "MinimumReplicasUnavailable".into();
+            c.message = "Deployment does not have minimum availability.".into();
+            c.last_transition_time = UNSET;
+        }
+    }
     let previous_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
     for c in &mut conditions {
         c.last_transition_time = previous_conditions
@@ -127,8 +148,8 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
         desired_replicas: desired,
         replicas: replicas(|s| s.replicas),
         updated_replicas: replicas(|s| s.updated_replicas),
-        ready_replicas: replicas(|s| s.ready_replicas),
-        available_replicas: replicas(|s| s.available_replicas),
+        ready_replicas: available(|s| s.ready_replicas),
+        available_replicas: available(|s| s.available_replicas),
         conditions,
         volumes: volumes::statuses(mw, observed),
     }
@@ -537,7 +558,7 @@ fn crash_loop(cs: &ContainerStatus) -> Verdict {
     };
     Verdict::new(
         Phase::Failed,
-        "CrashLoopBackOff",
+        CRASH_LOOP,
         format!(
             "container {}: CrashLoopBackOff: the container keeps exiting and is restarted with back-off{how}",
             cs.name

@@ -526,6 +526,66 @@ fn a_crash_loop_stays_failed_through_its_whole_cycle_with_one_status() {
     }
 }
 
+/// What a real kubelet does to the Deployment on every crash-loop cycle of a container with no
+/// readiness probe: while the container runs, its Pod is Ready, the ReplicaSet counts it and
+/// the Deployment turns Available (maxUnavailable 0: one available replica is the minimum);
+/// when it exits, all of that goes back. Found on the real node (tests/realnode.rs): two
+/// status writes per restart until the counts and Available were held through the loop.
+#[test]
+fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle() {
+    let mw = workload(DesiredState::Running, 1);
+    let unavailable = |d: &mut Deployment| {
+        let status = d.status.as_mut().unwrap();
+        status.conditions.as_mut().unwrap()[0] = dep_condition(
+            "Available",
+            "False",
+            "MinimumReplicasUnavailable",
+            "Deployment does not have minimum availability.",
+        );
+    };
+    let mut down = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    unavailable(&mut down);
+    let up = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let first = derive_with(&mw, Some(&down), &[crash_cycle(&down, "waiting", 1, 0)]);
+    assert_summary(&first, Phase::Failed, "False", "False", "True");
+    assert_eq!((first.ready_replicas, first.available_replicas), (0, 0));
+    assert_eq!(cond(&first, "Available").status, "False");
+    let mut mw = mw;
+    mw.status = Some(first.clone());
+    for (step, restarts, d) in [
+        ("running", 2, &up),
+        ("terminated", 2, &down),
+        ("waiting", 2, &down),
+        ("running", 3, &up),
+        ("running", 3, &down),
+    ] {
+        let p = crash_cycle(d, step, restarts, 990);
+        let observed = Observed {
+            settings: &Default::default(),
+            deployment: Some(d),
+            pods: vec![&p],
+            blocked: None,
+            claims: vec![],
+        };
+        let s = derive(&mw, &observed, &at(1000));
+        assert_eq!(s, first, "{step} #{restarts}: the Deployment's flip must not change the status");
+        assert_eq!(urgency(mw.status.as_ref(), &s), Urgency::Within(DETAIL_DELAY), "nothing to write");
+    }
+    // Recovered (running for the whole window): the counts and Available are the Deployment's again.
+    let p = crash_cycle(&up, "running", 3, 1000 - CRASH_LOOP_RECOVERY.as_secs() as i64);
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&up),
+        pods: vec![&p],
+        blocked: None,
+        claims: vec![],
+    };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_summary(&s, Phase::Running, "True", "False", "False");
+    assert_eq!((s.ready_replicas, s.available_replicas), (1, 1));
+    assert_eq!(cond(&s, "Available").status, "True");
+}
+
 #[test]
 fn a_restarted_container_recovers_after_running_for_the_window() {
     let mut mw = workload(DesiredState::Running, 1);

@@ -1,0 +1,393 @@
+//! Workloads on real containers: the real node (kubelet, containerd, runc, CNI; see
+//! hack/realnode.sh) beside the kwok nodes. Each test's namespace carries the
+//! PodNodeSelector/PodTolerationRestriction annotations that send its Pods to that node,
+//! so the operator's Deployments are unchanged and land there. Images are the local ones
+//! hack/images.py builds (mw-test.invalid/...): no registry is involved.
+//!
+//! `make test` starts the node and runs these with `--ignored`; without a real node they are
+//! reported as ignored (and fail, saying why, when run with `--ignored` anyway).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use mw_operator::resource::{ManagedWorkload, Phase};
+use serde_json::json;
+use support::workload::{PhaseLog, apply, condition, phase_of};
+use support::{TestNamespace, audit, eventually, wait_until};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const REAL_NODE: &str = "mw-real-node";
+const REAL_NODE_KEY: &str = "mw-test/real-node";
+const HTTPD_1: &str = "mw-test.invalid/httpd:1";
+const HTTPD_2: &str = "mw-test.invalid/httpd:2";
+/// Starting a real container (sandbox, CNI, runc) takes a few seconds; a busy 2-core machine
+/// can stretch that.
+const TIMEOUT: Duration = Duration::from_secs(120);
+const NEEDS: &str = "needs the real node: make test runs it (hack/controlplane.sh node-up NAME, MW_TEST_REAL_NODE=1)";
+
+/// A test namespace whose Pods all go to the real node, once the node is there and Ready.
+async fn real_node_namespace(test: &str) -> TestNamespace {
+    assert_eq!(
+        std::env::var("MW_TEST_REAL_NODE").as_deref(),
+        Ok("1"),
+        "these tests {NEEDS}; MW_TEST_REAL_NODE is not 1"
+    );
+    let ns = TestNamespace::new(test).await;
+    let nodes: Api<Node> = Api::all(ns.client.clone());
+    let node =
+        nodes.get_opt(REAL_NODE).await.unwrap().unwrap_or_else(|| panic!("no Node {REAL_NODE}: these tests {NEEDS}"));
+    let ready = node.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(
+        ready.iter().any(|c| c.type_ == "Ready" && c.status == "True"),
+        "Node {REAL_NODE} is not Ready: {ready:?}\nlogs (kubelet.log, containerd.log): {}",
+        support::log_dir()
+    );
+    let tolerations = json!([{"key": REAL_NODE_KEY, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]);
+    let annotations = json!({"metadata": {"annotations": {
+        "scheduler.alpha.kubernetes.io/node-selector": format!("{REAL_NODE_KEY}=true"),
+        "scheduler.alpha.kubernetes.io/defaultTolerations": tolerations.to_string(),
+    }}});
+    Api::<Namespace>::all(ns.client.clone())
+        .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&annotations))
+        .await
+        .unwrap();
+    ns
+}
+
+async fn pods_of(pods: &Api<Pod>, name: &str) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"))).await.unwrap().items
+}
+
+/// Wait for Ready and `phase` like `wait_phase`, with the real node's longer timeout.
+async fn wait_real(api: &Api<ManagedWorkload>, name: &str, phase: Phase) -> ManagedWorkload {
+    let what = format!("Ready=True and phase {phase:?}");
+    wait_until(api, name, &what, TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| support::workload::condition_current(mw, "Ready", "True") && phase_of(mw) == Some(phase))
+    })
+    .await
+    .unwrap()
+}
+
+/// One HTTP/1.0 GET of `/` from this host, bounded; the body, or why not.
+async fn http_get(ip: &str, port: u16) -> Result<String, String> {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect((ip, port)).await.map_err(|e| format!("connect: {e}"))?;
+        stream.write_all(b"GET / HTTP/1.0\r\nHost: test\r\n\r\n").await.map_err(|e| format!("write: {e}"))?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.map_err(|e| format!("read: {e}"))?;
+        Ok::<_, String>(response)
+    };
+    match tokio::time::timeout(Duration::from_secs(3), attempt).await {
+        Ok(Ok(response)) if response.starts_with("HTTP/1.") && response.contains(" 200 ") => {
+            Ok(response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
+        }
+        Ok(Ok(response)) => Err(format!("unexpected answer: {response:?}")),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err("no answer within 3 s".into()),
+    }
+}
+
+/// The workload's Pod IP (from its status) answers HTTP with `body`, within a bounded wait.
+async fn answers(mw: &ManagedWorkload, body: &str) -> String {
+    let ip = mw.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_else(|| panic!("no Pod IP: {:#?}", mw.status));
+    assert!(ip.starts_with("10.88.0."), "the Pod IP {ip} is not on the real node's CNI subnet 10.88.0.0/24");
+    eventually(&format!("http://{ip}:8080/ to answer {body:?}"), Duration::from_secs(30), || {
+        let ip = ip.clone();
+        async move {
+            let got = http_get(&ip, 8080).await?;
+            if got.trim() == body { Ok(()) } else { Err(format!("answered {got:?}")) }
+        }
+    })
+    .await;
+    ip
+}
+
+fn finished(p: &Pod) -> bool {
+    matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+fn on_real_node(pods: &[Pod]) {
+    for p in pods {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        assert_eq!(node, Some(REAL_NODE), "Pod {} runs on {node:?}, not the real node", p.name_any());
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn lifecycle_on_real_containers_answers_http_stops_starts_rolls_out_and_deletes() {
+    let ns = real_node_namespace("real-lifecycle").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    let spec = |image: &str, state: &str| json!({"image": image, "state": state, "ports": [{"containerPort": 8080, "name": "http"}]});
+
+    // Create → Running, and the Pod IP the status reports answers from this host.
+    let started = Instant::now();
+    apply(&workloads, "web", spec(HTTPD_1, "Running")).await.unwrap();
+    let mw = wait_real(&workloads, "web", Phase::Running).await;
+    eprintln!("created → Running in {:?}", started.elapsed());
+    on_real_node(&pods_of(&pods, "web").await);
+    let first_ip = answers(&mw, "mw-test httpd v1").await;
+
+    // Stop → Stopped only once the container is gone: its address no longer answers.
+    let started = Instant::now();
+    apply(&workloads, "web", spec(HTTPD_1, "Stopped")).await.unwrap();
+    let mw = wait_real(&workloads, "web", Phase::Stopped).await;
+    eprintln!("stop → Stopped in {:?}", started.elapsed());
+    assert_eq!(mw.status.as_ref().unwrap().pod_ip, None, "a stopped workload has no Pod IP");
+    // A real kubelet marks a deleted Pod's phase terminal once its containers are gone, and
+    // deletes the Pod a moment later: Stopped may come first (a finished Pod is history).
+    let left = pods_of(&pods, "web").await;
+    assert!(
+        left.iter().all(finished),
+        "Stopped, yet a Pod is not finished: {:?}",
+        left.iter().map(|p| (p.name_any(), p.status.as_ref().and_then(|s| s.phase.clone()))).collect::<Vec<_>>()
+    );
+    assert!(http_get(&first_ip, 8080).await.is_err(), "{first_ip} still answers after Stopped");
+    eventually("the finished Pod to be deleted by the kubelet", TIMEOUT, || async {
+        let n = pods_of(&pods, "web").await.len();
+        if n == 0 { Ok(()) } else { Err(format!("{n} Pods")) }
+    })
+    .await;
+
+    // Start → Running again, answering.
+    apply(&workloads, "web", spec(HTTPD_1, "Running")).await.unwrap();
+    let mw = wait_real(&workloads, "web", Phase::Running).await;
+    answers(&mw, "mw-test httpd v1").await;
+
+    // Image change → Updating → Running at the new generation, and the new image answers.
+    let phases = PhaseLog::start(&workloads, "web").await;
+    let updated = apply(&workloads, "web", spec(HTTPD_2, "Running")).await.unwrap();
+    let mw = wait_real(&workloads, "web", Phase::Running).await;
+    assert_eq!(mw.status.as_ref().unwrap().observed_generation, updated.metadata.generation);
+    let seen = phases.seen();
+    assert!(seen.contains(&Phase::Updating), "an image change is an update: {seen:?}");
+    assert!(!seen.contains(&Phase::Failed), "never Failed during a rollout on real containers: {seen:?}");
+    answers(&mw, "mw-test httpd v2").await;
+    let current = pods_of(&pods, "web").await;
+    on_real_node(&current);
+    eventually("the old Pod to be gone after the rollout", TIMEOUT, || async {
+        let all = pods_of(&pods, "web").await;
+        if all.len() == 1 { Ok(()) } else { Err(format!("{} Pods", all.len())) }
+    })
+    .await;
+
+    // Delete → the Deployment and its Pods go (garbage collection through owner references).
+    workloads.delete("web", &DeleteParams::default()).await.unwrap();
+    let deployments = ns.api::<Deployment>();
+    eventually("the Deployment and its Pods to be gone", TIMEOUT, || async {
+        let d = deployments.get_opt("web").await.unwrap();
+        let p = pods_of(&pods, "web").await;
+        if d.is_none() && p.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("deployment: {}, pods: {}", d.is_some(), p.len()))
+        }
+    })
+    .await;
+}
+
+/// The restart count of the workload's (first) Pod's container.
+async fn restarts(pods: &Api<Pod>, name: &str) -> i32 {
+    pods_of(pods, name)
+        .await
+        .first()
+        .and_then(|p| p.status.as_ref()?.container_statuses.as_ref()?.first().map(|c| c.restart_count))
+        .unwrap_or(0)
+}
+
+fn container_state(p: &Pod) -> String {
+    let cs = p.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
+    let Some(cs) = cs.first() else { return "none".into() };
+    let state = cs.state.clone().unwrap_or_default();
+    if let Some(w) = state.waiting {
+        w.reason.unwrap_or_default()
+    } else if state.running.is_some() {
+        "running".into()
+    } else {
+        "terminated".into()
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn a_real_crash_loop_is_failed_and_stays_still_through_restart_cycles() {
+    let ns = real_node_namespace("real-crash").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    apply(&workloads, "crash", json!({"image": "mw-test.invalid/crash:1", "progressDeadlineSeconds": 3600}))
+        .await
+        .unwrap();
+    let mw = wait_until(&workloads, "crash", "Stalled=True", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| support::workload::condition_current(mw, "Stalled", "True"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(phase_of(&mw), Some(Phase::Failed));
+    assert_eq!(condition(&mw, "Stalled").reason, "CrashLoopBackOff");
+    on_real_node(&pods_of(&pods, "crash").await);
+    let before = audit::settled_writes(&ns.name).await;
+    let phases = PhaseLog::start(&workloads, "crash").await;
+
+    // Watch three more real restarts (the node restarts a crashed container at most 10 s
+    // apart), recording every state the container passes through.
+    let first = restarts(&pods, "crash").await;
+    let mut states = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while restarts(&pods, "crash").await < first + 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the container restarted only {} times in 90 s",
+            restarts(&pods, "crash").await - first
+        );
+        for p in pods_of(&pods, "crash").await {
+            states.insert(container_state(&p));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let cycles = restarts(&pods, "crash").await - first;
+    let after = audit::operator_writes(&ns.name);
+    let window = &after[before.len()..];
+    let mw = workloads.get("crash").await.unwrap();
+    eprintln!(
+        "real crash loop: {cycles} restarts, container states seen {states:?}, operator writes in that window: {} {window:?}",
+        window.len()
+    );
+    assert_eq!(phases.seen(), [Phase::Failed], "the phase moved during the crash loop");
+    assert_eq!(condition(&mw, "Stalled").reason, "CrashLoopBackOff");
+    assert!(
+        condition(&mw, "Stalled").message.contains("last termination: Error"),
+        "{}",
+        condition(&mw, "Stalled").message
+    );
+    // Three restarts are the proof of the cycle; which of its short-lived states a 200 ms poll
+    // catches (waiting CrashLoopBackOff, running, terminated) varies with the machine's load.
+    assert!(states.len() >= 2, "the container was meant to cycle: {states:?}");
+    assert_eq!(window, [], "the operator wrote during {cycles} real restart cycles (states seen: {states:?})");
+}
+
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn a_real_image_pull_failure_is_failed_and_stays_still() {
+    let ns = real_node_namespace("real-pull").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    // .invalid is reserved: this name resolves nowhere, so the pull really fails.
+    apply(&workloads, "pull", json!({"image": "mw-test.invalid/does-not-exist:1", "progressDeadlineSeconds": 3600}))
+        .await
+        .unwrap();
+    let mw = wait_condition_real(&workloads, "pull", "Stalled").await;
+    assert_eq!(phase_of(&mw), Some(Phase::Failed));
+    assert_eq!(condition(&mw, "Stalled").reason, "ImagePullBackOff");
+    let before = audit::settled_writes(&ns.name).await;
+    let mut states = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The kubelet alternates ErrImagePull and ImagePullBackOff; see both (or time out).
+    while states.len() < 2 {
+        assert!(Instant::now() < deadline, "the kubelet's pull states: {states:?}");
+        for p in pods_of(&pods, "pull").await {
+            states.insert(container_state(&p));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        states.iter().all(|s| s == "ErrImagePull" || s == "ImagePullBackOff"),
+        "only pull failures were expected: {states:?}"
+    );
+    let window = &audit::operator_writes(&ns.name)[before.len()..];
+    eprintln!("real image pull failure: states {states:?}, operator writes meanwhile: {window:?}");
+    assert_eq!(window, [], "the operator wrote while the kubelet retried the pull");
+    let mw = workloads.get("pull").await.unwrap();
+    assert_eq!(condition(&mw, "Stalled").reason, "ImagePullBackOff");
+}
+
+async fn wait_condition_real(api: &Api<ManagedWorkload>, name: &str, type_: &str) -> ManagedWorkload {
+    wait_until(api, name, &format!("{type_}=True"), TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| support::workload::condition_current(mw, type_, "True"))
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn a_real_oom_kill_is_reported_as_a_crash_loop_naming_oomkilled() {
+    let ns = real_node_namespace("real-oom").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    // 256 MiB touched against a 32 MiB limit: the kernel's OOM killer, not a simulated status.
+    let spec = json!({
+        "image": "mw-test.invalid/oom:1",
+        "resources": {"requests": {"memory": "32Mi"}, "limits": {"memory": "32Mi"}},
+        "progressDeadlineSeconds": 3600,
+    });
+    apply(&workloads, "oom", spec).await.unwrap();
+    let mw =
+        wait_until(&workloads, "oom", "a Stalled status naming OOMKilled", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+            mw.is_some_and(|mw| {
+                support::workload::condition_current(mw, "Stalled", "True")
+                    && condition(mw, "Stalled").message.contains("OOMKilled")
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(phase_of(&mw), Some(Phase::Failed));
+    assert_eq!(condition(&mw, "Stalled").reason, "CrashLoopBackOff");
+    assert_eq!(condition(&mw, "Ready").status, "False");
+    let pod = pods_of(&pods, "oom").await.into_iter().next().expect("the workload's Pod");
+    let cs = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
+    let last = cs.first().and_then(|c| c.last_state.as_ref()?.terminated.clone()).expect("a terminated last state");
+    assert_eq!(last.reason.as_deref(), Some("OOMKilled"), "{last:?}");
+    assert_eq!(last.exit_code, 137, "killed by SIGKILL: {last:?}");
+    eprintln!("real OOM kill: {}", condition(&mw, "Stalled").message);
+}
+
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn stop_is_graceful_and_stopped_waits_for_a_process_that_ignores_sigterm() {
+    let ns = real_node_namespace("real-stop").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    let busybox = "mw-test.invalid/busybox:1";
+    // One exits on SIGTERM; the other ignores it and is killed at the end of the Pod's
+    // 30 s grace period.
+    let polite = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"];
+    let stubborn = ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 1; done"];
+    for (name, command) in [("polite", polite), ("stubborn", stubborn)] {
+        apply(&workloads, name, json!({"image": busybox, "command": command})).await.unwrap();
+    }
+    for name in ["polite", "stubborn"] {
+        wait_real(&workloads, name, Phase::Running).await;
+        on_real_node(&pods_of(&pods, name).await);
+    }
+    let polite_log = PhaseLog::start(&workloads, "polite").await;
+    let stubborn_log = PhaseLog::start(&workloads, "stubborn").await;
+    let started = Instant::now();
+    for (name, command) in [("polite", polite), ("stubborn", stubborn)] {
+        apply(&workloads, name, json!({"image": busybox, "command": command, "state": "Stopped"})).await.unwrap();
+    }
+    wait_real(&workloads, "polite", Phase::Stopped).await;
+    let polite_took = started.elapsed();
+    // Stopping, not Stopped, while the stubborn container still runs out its grace period.
+    let mw = workloads.get("stubborn").await.unwrap();
+    assert_eq!(phase_of(&mw), Some(Phase::Stopping), "the stubborn Pod is still terminating: {:#?}", mw.status);
+    assert!(!pods_of(&pods, "stubborn").await.is_empty(), "the stubborn Pod is still there");
+    wait_real(&workloads, "stubborn", Phase::Stopped).await;
+    let stubborn_took = started.elapsed();
+    eprintln!(
+        "graceful stop: SIGTERM honoured → Stopped in {polite_took:?}; SIGTERM ignored → Stopped in {stubborn_took:?}"
+    );
+    assert!(polite_took < Duration::from_secs(15), "a process that exits on SIGTERM took {polite_took:?} to stop");
+    assert!(
+        stubborn_took >= Duration::from_secs(25),
+        "Stopped after {stubborn_took:?}, before the 30 s grace period could have ended"
+    );
+    assert_eq!(polite_log.until(Phase::Stopped).await, [Phase::Running, Phase::Stopping, Phase::Stopped]);
+    assert_eq!(stubborn_log.until(Phase::Stopped).await, [Phase::Running, Phase::Stopping, Phase::Stopped]);
+}
