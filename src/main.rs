@@ -101,7 +101,7 @@ fn run(
         let clients = client::connect_all(&connection).await.map_err(|e| e.to_string())?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = metrics::Metrics::register(&mut registry);
-        let health = std::sync::Arc::new(telemetry::Health::default());
+        let health = std::sync::Arc::new(telemetry::Health::with_stall_limit(operator::liveness::BEAT_GRACE));
         telemetry::serve(metrics_address, std::sync::Arc::new(registry), health.clone())
             .await
             .map_err(|e| format!("serving probes and metrics on {metrics_address}: {e}"))?;

@@ -18,6 +18,7 @@ pub mod claims;
 pub mod deployment;
 pub mod drift;
 pub mod events;
+pub mod liveness;
 pub mod memory;
 pub mod ownership;
 pub mod plan;
@@ -90,6 +91,8 @@ pub async fn run(
     let caches: Vec<Arc<Caches>> =
         scopes.into_iter().map(|ns| Arc::new(Caches::start(&clients.watches, ns, metrics.clone()))).collect();
     let (synced_tx, mut synced) = watch::channel(false);
+    let in_flight = Arc::new(liveness::InFlight::default());
+    tokio::spawn(liveness::report(in_flight.clone(), health.clone()));
     tokio::spawn(report_health(caches.clone(), metrics.clone(), health, synced_tx));
     // Decisions read the caches, so nothing is reconciled before they are full; and only a
     // replica whose caches are full competes for the Lease: a new leader decides at once, and
@@ -105,11 +108,17 @@ pub async fn run(
     let concurrency = settings.concurrency;
     let pod_settings = Arc::new(settings.pod_settings);
     let term = |stop: watch::Receiver<bool>| {
-        let (client, caches, metrics, pod_settings) =
-            (client.clone(), caches.clone(), metrics.clone(), pod_settings.clone());
+        let (client, caches, metrics, pod_settings, in_flight) =
+            (client.clone(), caches.clone(), metrics.clone(), pod_settings.clone(), in_flight.clone());
         async move {
             let controllers = caches.iter().map(|c| {
-                lead(client.clone(), c.clone(), concurrency, metrics.clone(), pod_settings.clone(), stop.clone())
+                let shared = Shared {
+                    client: client.clone(),
+                    metrics: metrics.clone(),
+                    pod_settings: pod_settings.clone(),
+                    in_flight: in_flight.clone(),
+                };
+                lead(shared, c.clone(), concurrency, stop.clone())
             });
             futures::future::join_all(controllers).await;
         }
@@ -191,16 +200,18 @@ async fn report_health(
     }
 }
 
-/// One term of leadership for one scope: reconcile everything once, then every trigger, until
-/// `stop`; in-flight reconciles finish before this returns.
-async fn lead(
+/// What every scope's controller shares.
+struct Shared {
     client: Client,
-    caches: Arc<Caches>,
-    concurrency: u16,
     metrics: Arc<Metrics>,
     pod_settings: Arc<deployment::PodSettings>,
-    mut stop: watch::Receiver<bool>,
-) {
+    in_flight: Arc<liveness::InFlight>,
+}
+
+/// One term of leadership for one scope: reconcile everything once, then every trigger, until
+/// `stop`; in-flight reconciles finish before this returns.
+async fn lead(shared: Shared, caches: Arc<Caches>, concurrency: u16, mut stop: watch::Receiver<bool>) {
+    let Shared { client, metrics, pod_settings, in_flight } = shared;
     let (resync, resyncs) = mpsc::unbounded_channel();
     // Subscribed before the first full pass, so nothing between the two is missed.
     let triggers = subscribe(&caches.triggers, resync.clone());
@@ -219,6 +230,7 @@ async fn lead(
         pod_index: caches.pod_index.clone(),
         objects: caches.objects.clone(),
         pod_settings,
+        in_flight,
     });
     info!(namespace = caches.namespace.as_deref(), "reconciling");
     Controller::for_stream(futures::stream::pending::<Result<Workload, watcher::Error>>(), caches.workloads.clone())

@@ -66,6 +66,8 @@ pub struct Context {
     pub objects: Arc<PerObject>,
     /// The operator's settings every pod template is built with.
     pub pod_settings: Arc<deployment::PodSettings>,
+    /// The reconciles in flight, for liveness.
+    pub in_flight: Arc<super::liveness::InFlight>,
 }
 
 pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -74,6 +76,7 @@ pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action
     let span =
         info_span!("reconcile", object = %format_args!("{namespace}/{name}"), generation = guard.meta().generation);
     let timer = ctx.metrics.reconcile_started();
+    let _running = ctx.in_flight.start();
     let result = match &guard.0 {
         Ok(mw) => reconcile_one(mw, &ctx, &namespace, &name).instrument(span.clone()).await,
         Err(invalid) => report_invalid(&ctx, &guard, invalid).instrument(span.clone()).await,
