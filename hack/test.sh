@@ -78,7 +78,8 @@ export MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OP
   MW_TEST_HELM="$HELM" MW_TEST_CLUSTER="$CLUSTER" MW_TEST_OPERATOR_BIN="$REPO/target/debug/mw-operator"
 
 step "integration tests"
-cargo test --locked --test '*' -- --test-threads="${MW_TEST_THREADS:-4}"
+# --no-fail-fast: one failing suite does not hide the others' results.
+cargo test --locked --no-fail-fast --test '*' -- --test-threads="${MW_TEST_THREADS:-4}"
 
 step "Manager's backend examples (@kubernetes/client-node, node --test)"
 (cd examples/manager-node && npm ci --no-audit --no-fund --loglevel=error && node --test)
