@@ -399,14 +399,7 @@ async fn database_outage(engine: Engine) {
     wait_row(&db, &workloads, "late-arrival", true).await;
     wait_ready(&workloads, "team-wiki", Phase::Stopped).await;
     wait_row(&db, &workloads, "team-wiki", false).await;
-    // Within its term the loop logs its recovery; an outage longer than the Lease (this one)
-    // ends the term instead, and the bridge leads again, starting with a full resync.
-    eventually("the bridge to recover, or to lead again", TIMEOUT, || async {
-        let log = bridge.output();
-        let led_again = log.contains("leadership ended") && log.matches("became leader").count() >= 2;
-        if log.contains("sync recovered") || led_again { Ok(()) } else { Err("neither".to_string()) }
-    })
-    .await;
+    bridge.wait_for_line(&["sync recovered"], TIMEOUT).await;
     // One CR per row, exactly.
     let names: Vec<String> =
         workloads.list(&ListParams::default()).await.unwrap().items.iter().map(|w| w.name_any()).collect();
@@ -468,7 +461,7 @@ async fn api_server_outage() {
         mw.is_some_and(|mw| mw.spec.env.iter().any(|e| e.name == "CHANGED"))
     })
     .await;
-    bridge.wait_for_line(&["sync recovered"], TIMEOUT).await;
+    recovered_from_api_outage(&bridge).await;
     eventually("/readyz to answer 200 again", TIMEOUT, || async {
         let (status, _) = bridge.http_get("/readyz").await;
         if status == 200 { Ok(()) } else { Err(format!("{status}")) }
@@ -483,6 +476,18 @@ async fn api_server_outage() {
     wait_row(&db, &workloads, "team-wiki", false).await;
     bridge.stop().await;
     db.close().await;
+}
+
+/// After the API server was unreachable: within its term the loop logs its recovery; an
+/// outage longer than the Lease's renew deadline ends the term instead (the bridge cannot
+/// renew), and the bridge leads again, starting with a full resync. Either is recovery.
+async fn recovered_from_api_outage(bridge: &Bridge) {
+    eventually("the bridge to recover, or to lead again", TIMEOUT, || async {
+        let log = bridge.output();
+        let led_again = log.contains("leadership ended") && log.matches("became leader").count() >= 2;
+        if log.contains("sync recovered") || led_again { Ok(()) } else { Err("neither yet".to_string()) }
+    })
+    .await;
 }
 
 /// A Sequelize-form timestamp `offset_s` seconds from now (negative: in the past).
@@ -736,7 +741,7 @@ async fn hung_api_server() {
         mw.is_some_and(|mw| mw.spec.env.iter().any(|e| e.name == "CHANGED"))
     })
     .await;
-    bridge.wait_for_line(&["sync recovered"], TIMEOUT).await;
+    recovered_from_api_outage(&bridge).await;
     eventually("/readyz to answer 200 again", TIMEOUT, || async {
         let (status, _) = bridge.http_get("/readyz").await;
         if status == 200 { Ok(()) } else { Err(format!("{status}")) }

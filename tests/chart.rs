@@ -294,14 +294,32 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
     let docs = render_with("rel", "ops", &values);
     let name = "rel-mw-operator-bridge";
     let metrics = format!("{name}-metrics");
-    let is_bridge = |d: &&Value| d["metadata"]["name"] == name || d["metadata"]["name"] == metrics.as_str();
+    let lease = format!("{name}-leader-election");
+    let is_bridge = |d: &&Value| {
+        d["metadata"]["name"] == name
+            || d["metadata"]["name"] == metrics.as_str()
+            || d["metadata"]["name"] == lease.as_str()
+    };
 
     // Everything else is exactly what the chart renders without the bridge.
     let others: Vec<&Value> = docs.iter().filter(|d| !is_bridge(d)).collect();
     assert_eq!(sorted_by_identity(others), sorted_by_identity(plain.iter().collect()));
     let mut kinds: Vec<&str> = docs.iter().filter(is_bridge).map(|d| d["kind"].as_str().unwrap()).collect();
     kinds.sort_unstable();
-    assert_eq!(kinds, ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "Service", "ServiceAccount"]);
+    assert_eq!(
+        kinds,
+        [
+            "Deployment",
+            "Role",
+            "Role",
+            "Role",
+            "RoleBinding",
+            "RoleBinding",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount"
+        ]
+    );
 
     // Its own ServiceAccount.
     let account = named(&docs, "ServiceAccount", name);
@@ -329,10 +347,20 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
         );
     }
 
+    // Its leader election: the Lease Role of config/rbac in its own namespace, bound to it.
+    let lease_role = named(&docs, "Role", &lease);
+    assert_eq!(lease_role.len(), 1);
+    assert_eq!(lease_role[0]["metadata"]["namespace"], "ops");
+    assert_eq!(lease_role[0]["rules"], rules_of("config/rbac/bridge-leader-election-role.yaml"));
+    let lease_binding = named(&docs, "RoleBinding", &lease);
+    assert_eq!(lease_binding.len(), 1);
+    assert_eq!(lease_binding[0]["metadata"]["namespace"], "ops");
+    assert_eq!(lease_binding[0]["roleRef"]["name"], lease.as_str());
+
     // Nothing cluster-wide: no ClusterRole of its own, and no ClusterRoleBinding names it.
     assert!(named(&docs, "ClusterRole", name).is_empty());
     for binding in of_kind(&docs, "ClusterRoleBinding").into_iter().chain(of_kind(&docs, "RoleBinding")) {
-        let is_bridge_binding = binding["metadata"]["name"] == name;
+        let is_bridge_binding = binding["metadata"]["name"] == name || binding["metadata"]["name"] == lease.as_str();
         let names_bridge = binding["subjects"].as_array().unwrap().iter().any(|s| s["name"] == name);
         assert_eq!(names_bridge, is_bridge_binding, "{binding}");
         if names_bridge {
@@ -340,12 +368,13 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
         }
     }
 
-    // The Deployment: the operator's image running `bridge`, one replica, never two at once.
+    // The Deployment: the operator's image running `bridge`, leader-elected (a warm standby,
+    // and a rollout may surge: only the leader writes).
     let deployment = named(&docs, "Deployment", name);
     assert_eq!(deployment.len(), 1);
     let spec = &deployment[0]["spec"];
-    assert_eq!(spec["replicas"], 1);
-    assert_eq!(spec["strategy"]["type"], "Recreate");
+    assert_eq!(spec["replicas"], 2);
+    assert_eq!(spec["strategy"]["type"], "RollingUpdate");
     let operator = &named(&docs, "Deployment", "rel-mw-operator")[0]["spec"];
     let (bridge_pod, operator_pod) = (&spec["template"], &operator["template"]);
     assert!(!selects(&operator["selector"]["matchLabels"], &bridge_pod["metadata"]["labels"]));
@@ -375,6 +404,7 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
             "--rootfs-storage-class=",
             "--rootfs-on-delete=retain",
             "--metrics-address=0.0.0.0:8080",
+            "--lease-name=mw-bridge",
             "--database-password-file=/etc/mw/password",
         ]
     );
@@ -386,6 +416,12 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
     assert_eq!(url.len(), 1);
     assert_eq!(url[0]["valueFrom"], serde_json::json!({"secretKeyRef": {"name": "manager-db", "key": "url"}}));
     assert!(env.iter().all(|e| e["name"] == "RUST_LOG" || e.get("value").is_none()), "{env:?}");
+    // Its identity and Lease namespace for the election, from the downward API.
+    for (var, field) in [("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")] {
+        let from: Vec<&Value> = env.iter().filter(|e| e["name"] == var).collect();
+        assert_eq!(from.len(), 1, "{var}");
+        assert_eq!(from[0]["valueFrom"]["fieldRef"]["fieldPath"], field);
+    }
     // Password and CA as files in /etc/mw, from their Secrets.
     assert_eq!(
         container["volumeMounts"],
