@@ -13,11 +13,12 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::json;
+use support::storage::Storage;
 use support::workload::{PhaseLog, apply, condition, phase_of};
 use support::{TestNamespace, audit, eventually, wait_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -390,4 +391,109 @@ async fn stop_is_graceful_and_stopped_waits_for_a_process_that_ignores_sigterm()
     );
     assert_eq!(polite_log.until(Phase::Stopped).await, [Phase::Running, Phase::Stopping, Phase::Stopped]);
     assert_eq!(stubborn_log.until(Phase::Stopped).await, [Phase::Running, Phase::Stopping, Phase::Stopped]);
+}
+
+/// Serves `/data/www` on port 8080, writing its page only when the disk has none yet: a page
+/// written by an earlier start (`$WRITER` then) proves the disk was kept. Exits on SIGTERM.
+const KEEPS_ITS_PAGE: &str = "mkdir -p /data/www && { [ -f /data/www/index.html ] || echo \"written by $WRITER\" > /data/www/index.html; } \
+     && trap 'kill $pid; exit 0' TERM; httpd -f -p 8080 -h /data/www & pid=$!; wait $pid";
+
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn a_file_written_before_stop_is_read_back_after_start_and_after_a_rollout() {
+    let ns = real_node_namespace("real-volume").await;
+    let storage = Storage::new(&ns, 1, "1Gi").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let claims = ns.api::<PersistentVolumeClaim>();
+    let pods = ns.api::<Pod>();
+    let spec = |writer: &str, state: &str| {
+        json!({
+            "image": "mw-test.invalid/busybox:1",
+            "command": ["/bin/sh", "-c", KEEPS_ITS_PAGE],
+            "env": [{"name": "WRITER", "value": writer}],
+            "state": state,
+            "ports": [{"containerPort": 8080, "name": "http"}],
+            "volumes": [{"name": "data", "mountPath": "/data", "size": "1Gi", "storageClassName": storage.class}],
+        })
+    };
+
+    apply(&workloads, "disk", spec("the first Pod", "Running")).await.unwrap();
+    let mw = wait_real(&workloads, "disk", Phase::Running).await;
+    on_real_node(&pods_of(&pods, "disk").await);
+    answers(&mw, "written by the first Pod").await;
+    let claim = claims.get("disk-data").await.unwrap();
+    let volume = claim.spec.as_ref().and_then(|s| s.volume_name.clone());
+    assert!(volume.is_some(), "the claim is bound: {:?}", claim.status);
+
+    // Stop deletes the Pod and its container; the disk stays and the next Pod reads it.
+    apply(&workloads, "disk", spec("the first Pod", "Stopped")).await.unwrap();
+    wait_real(&workloads, "disk", Phase::Stopped).await;
+    eventually("the stopped Pod to be deleted by the kubelet", TIMEOUT, || async {
+        let n = pods_of(&pods, "disk").await.len();
+        if n == 0 { Ok(()) } else { Err(format!("{n} Pods")) }
+    })
+    .await;
+    apply(&workloads, "disk", spec("the first Pod", "Running")).await.unwrap();
+    let mw = wait_real(&workloads, "disk", Phase::Running).await;
+    answers(&mw, "written by the first Pod").await;
+
+    // A rollout (an env change, so a new Pod with another $WRITER) mounts the same disk: the
+    // new Pod finds the page and serves it unchanged.
+    let updated = apply(&workloads, "disk", spec("a rolled-out Pod", "Running")).await.unwrap();
+    let mw =
+        wait_until(&workloads, "disk", "Running at the new generation", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+            mw.is_some_and(|mw| {
+                phase_of(mw) == Some(Phase::Running)
+                    && mw.status.as_ref().and_then(|s| s.observed_generation) == updated.metadata.generation
+                    && support::workload::condition_current(mw, "Ready", "True")
+            })
+        })
+        .await
+        .unwrap();
+    answers(&mw, "written by the first Pod").await;
+
+    let after = claims.get("disk-data").await.unwrap();
+    assert_eq!(after.uid(), claim.uid(), "the same claim throughout");
+    assert_eq!(after.spec.as_ref().and_then(|s| s.volume_name.clone()), volume, "bound to the same volume");
+    drop(storage);
+}
+
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn a_failing_readiness_probe_keeps_a_running_container_from_ready() {
+    let ns = real_node_namespace("real-readiness").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    let spec = |path: &str| {
+        json!({
+            "image": HTTPD_1,
+            "ports": [{"containerPort": 8080, "name": "http"}],
+            "readinessProbe": {"httpGet": {"path": path, "port": "http"}, "periodSeconds": 1, "failureThreshold": 1},
+        })
+    };
+
+    // httpd answers 404 for a page it does not have: the container runs, the Pod never Ready.
+    apply(&workloads, "gated", spec("/missing")).await.unwrap();
+    eventually("the container to run", TIMEOUT, || async {
+        let states: Vec<_> = pods_of(&pods, "gated").await.iter().map(container_state).collect();
+        if states == ["running"] { Ok(()) } else { Err(format!("{states:?}")) }
+    })
+    .await;
+    // Several probe periods later: still not Ready, and the workload says it is still starting.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mw = workloads.get("gated").await.unwrap();
+    assert_eq!(phase_of(&mw), Some(Phase::Creating), "{:#?}", mw.status);
+    assert_eq!(condition(&mw, "Ready").status, "False");
+    let pod = pods_of(&pods, "gated").await.remove(0);
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready").cloned());
+    assert_eq!(ready.map(|c| c.status).as_deref(), Some("False"), "the kubelet holds the Pod unready");
+
+    // A probe that passes rolls out and the workload is Running.
+    apply(&workloads, "gated", spec("/")).await.unwrap();
+    let mw = wait_real(&workloads, "gated", Phase::Running).await;
+    answers(&mw, "mw-test httpd v1").await;
 }

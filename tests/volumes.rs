@@ -11,78 +11,14 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::{Value, json};
+use support::storage::Storage;
 use support::workload::{TIMEOUT, apply, wait_condition, wait_phase, wait_ready};
 use support::{TestNamespace, audit, wait_until};
-
-/// A StorageClass and hostPath PersistentVolumes of the test's own (cluster-scoped, so named
-/// after its namespace), deleted with it.
-struct Storage {
-    client: kube::Client,
-    class: String,
-    volumes: Vec<String>,
-}
-
-impl Storage {
-    async fn new(ns: &TestNamespace, volumes: usize, capacity: &str) -> Storage {
-        let class = format!("{}-sc", ns.name);
-        let classes: Api<StorageClass> = Api::all(ns.client.clone());
-        let sc: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": class, "labels": {"mw-operator.test/suite": "true"}},
-            "provisioner": "kubernetes.io/no-provisioner",
-            "volumeBindingMode": "Immediate",
-            "allowVolumeExpansion": true,
-            "reclaimPolicy": "Retain",
-        }))
-        .unwrap();
-        classes.create(&PostParams::default(), &sc).await.unwrap();
-        let pvs: Api<PersistentVolume> = Api::all(ns.client.clone());
-        let mut names = Vec::new();
-        for i in 0..volumes {
-            let name = format!("{}-pv{i}", ns.name);
-            let pv: PersistentVolume = serde_json::from_value(json!({
-                "metadata": {"name": name, "labels": {"mw-operator.test/suite": "true"}},
-                "spec": {
-                    "capacity": {"storage": capacity},
-                    "accessModes": ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": class,
-                    "hostPath": {"path": format!("/tmp/mw-operator-test-pv/{name}"), "type": "DirectoryOrCreate"},
-                },
-            }))
-            .unwrap();
-            pvs.create(&PostParams::default(), &pv).await.unwrap();
-            names.push(name);
-        }
-        Storage { client: ns.client.clone(), class, volumes: names }
-    }
-}
-
-impl Drop for Storage {
-    fn drop(&mut self) {
-        if std::env::var_os("MW_TEST_KEEP_NAMESPACES").is_some() {
-            return;
-        }
-        let (class, volumes) = (self.class.clone(), self.volumes.clone());
-        let _ = &self.client;
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
-            rt.block_on(async move {
-                let client = support::client().await;
-                for pv in volumes {
-                    let _ = Api::<PersistentVolume>::all(client.clone()).delete(&pv, &DeleteParams::background()).await;
-                }
-                let _ = Api::<StorageClass>::all(client).delete(&class, &DeleteParams::background()).await;
-            });
-        })
-        .join();
-    }
-}
 
 fn spec(image: &str, state: &str, volumes: Value) -> Value {
     json!({"image": image, "state": state, "volumes": volumes})

@@ -151,4 +151,5 @@ pub mod operator;
 pub mod procfs;
 pub mod proxy;
 pub mod scoped;
+pub mod storage;
 pub mod workload;
