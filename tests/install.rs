@@ -270,41 +270,24 @@ async fn check_bridge_checks_the_bridge_role() {
     let kubeconfig = std::path::Path::new(&admin).with_file_name("bridge.kubeconfig");
     let kubeconfig = kubeconfig.to_str().unwrap();
     // Its Lease in the namespace it serves (grant gives it the Lease Role there).
-    let (ok, out, _) = run_binary(&[
-        "check",
-        "--bridge",
-        "--kubeconfig",
-        kubeconfig,
-        "-n",
-        &granted.name,
-        "--lease-namespace",
-        &granted.name,
-    ])
-    .await;
+    let check = |namespace: &str, output: &str| {
+        let args = ["check", "--bridge", "--kubeconfig", kubeconfig, "-n", namespace, "--lease-namespace", namespace];
+        let args: Vec<String> = args.iter().chain(&["--output", output]).map(|a| a.to_string()).collect();
+        async move { run_binary(&args.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+    let (ok, out, _) = check(&granted.name, "text").await;
     assert!(ok, "{out}");
     assert!(out.contains("authenticated as mw-bridge"), "{out}");
     let needed = required(Component::Bridge).unwrap().len();
-    assert_eq!(lines_with(&out, "[ok  ] rbac ", &granted.name).len(), needed, "{out}");
+    let lease = lease_required(Component::Bridge, "mw-bridge").unwrap().len();
+    assert_eq!(lines_with(&out, "[ok  ] rbac ", &granted.name).len(), needed + lease, "{out}");
     assert!(lines_with(&out, "[ok  ] rbac ", "create secrets").len() == 1, "the bridge needs Secrets: {out}");
 
-    let (ok, out, _) = run_binary(&[
-        "check",
-        "--bridge",
-        "--kubeconfig",
-        kubeconfig,
-        "-n",
-        &bare.name,
-        "--lease-namespace",
-        &bare.name,
-        "--output",
-        "json",
-    ])
-    .await;
+    let (ok, out, _) = check(&bare.name, "json").await;
     assert!(!ok);
     let report = json_report(&out);
     assert_eq!(report["component"], "bridge");
     let failed = report["checks"].as_array().unwrap().iter().filter(|c| c["status"] == "fail").count();
-    let lease = lease_required(Component::Bridge, "mw-bridge").unwrap().len();
     assert_eq!(failed, needed + lease, "every permission, the Lease's too: {out}");
 }
 
