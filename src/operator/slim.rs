@@ -6,8 +6,8 @@
 //! Vectors that keep entries are shrunk: a parsed list has up to twice the room it needs, and
 //! the dropped entries' room would stay allocated.
 //!
-//! Deployments and Pods are cached as `CachedDeployment` and `CachedPod`: only metadata and
-//! status, without the empty room a `Deployment` or `Pod` keeps for its spec (about 2 KiB
+//! Deployments and Pods are cached as `CachedDeployment` and `CachedPod`: only metadata,
+//! status and what of the spec is read (the pod template's hash; the Pod's node), without the empty room a `Deployment` or `Pod` keeps for its spec (about 2 KiB
 //! each, allocated whether the spec is there or not). A reconcile turns them back into the
 //! Kubernetes types the pure parts (`status`, `drift`) read.
 //!
@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodStatus, PodTemplateSpec,
+    ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, PodStatus, PodTemplateSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ObjectMeta};
 use kube::ResourceExt;
@@ -68,21 +68,29 @@ impl CachedDeployment {
 #[serde(from = "Pod")]
 pub struct CachedPod {
     metadata: ObjectMeta,
+    /// The node it is placed on.
+    node_name: Option<String>,
     status: Option<PodStatus>,
 }
 
 impl From<Pod> for CachedPod {
     fn from(mut p: Pod) -> Self {
         pod(&mut p);
-        CachedPod { metadata: p.metadata, status: p.status }
+        let node_name = p.spec.and_then(|s| s.node_name);
+        CachedPod { metadata: p.metadata, node_name, status: p.status }
     }
 }
 
 impl CachedPod {
     /// The trimmed Pod, as `status` reads it.
     pub fn to_pod(&self) -> Pod {
-        Pod { metadata: self.metadata.clone(), spec: None, status: self.status.clone() }
+        Pod { metadata: self.metadata.clone(), spec: placed_on(self.node_name.clone()), status: self.status.clone() }
     }
+}
+
+/// A pod spec holding only the node the Pod is placed on, if any.
+fn placed_on(node_name: Option<String>) -> Option<PodSpec> {
+    node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() })
 }
 
 /// Cached types are watched, listed and keyed as the Kubernetes type they stand for.
@@ -192,7 +200,13 @@ pub fn claim(c: &mut PersistentVolumeClaim) {
 /// going away, and the status `status::derive` reads (phase, IP, readiness, whether the
 /// scheduler could place it, container states).
 pub fn pod(p: &mut Pod) {
-    p.spec = None;
+    // Of the spec, only the node it runs on (status/volumes.rs: whether a volume is still
+    // held on another node).
+    p.spec = p
+        .spec
+        .take()
+        .and_then(|s| s.node_name)
+        .map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() });
     p.metadata.managed_fields = None;
     keep(&mut p.metadata.labels, &[INSTANCE_LABEL]);
     keep(&mut p.metadata.annotations, &[TEMPLATE_HASH_ANNOTATION]);

@@ -405,6 +405,9 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
             if let Some(claim) = unbound {
                 return volumes::waiting_for(phase, word, &claim);
             }
+            if let Some((claim, node)) = volumes::held_elsewhere(mw, observed, &current) {
+                return volumes::waiting_for_detach(phase, word, &claim, &node);
+            }
             if let Some(why) = current.iter().find_map(|p| unschedulable(p)) {
                 return Verdict::new(
                     phase,

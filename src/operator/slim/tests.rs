@@ -4,7 +4,7 @@
 //! objects must derive exactly what the full ones do.
 
 use super::*;
-use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStateWaiting, PodCondition};
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStateWaiting, PodCondition, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -260,7 +260,10 @@ fn trimming_keeps_identity_and_drops_the_rest() {
 
     let full: Pod = fixture("pod");
     let p = trimmed(&full, super::pod);
-    assert!(p.spec.is_none() && p.managed_fields().is_empty());
+    assert!(p.managed_fields().is_empty());
+    let node = full.spec.as_ref().unwrap().node_name.clone();
+    assert!(node.is_some(), "the fixture is a scheduled Pod");
+    assert_eq!(p.spec, Some(PodSpec { node_name: node, ..Default::default() }), "of the spec, only the node");
     let controller = full.owner_references().iter().find(|o| o.controller == Some(true)).unwrap();
     assert_eq!(p.owner_references().len(), 1, "only the controller");
     assert_eq!((p.owner_references()[0].kind.as_str(), &p.owner_references()[0].uid), ("ReplicaSet", &controller.uid));

@@ -951,3 +951,50 @@ fn gpu_workloads_are_judged_against_the_resource_name_they_were_built_with() {
     assert_eq!(s.phase, Some(Phase::Running));
     assert_eq!(cond(&s, "Available").observed_generation, Some(1), "mirrored conditions are current");
 }
+
+/// `p` placed on `node`.
+fn on(mut p: Pod, node: &str) -> Pod {
+    p.spec.get_or_insert_with(Default::default).node_name = Some(node.into());
+    p
+}
+
+#[test]
+fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_node() {
+    let mw = with_volume(workload(DesiredState::Running, 1));
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let bound = claim("Bound", Some("1Gi"));
+    // The lost node's Pod is being deleted (and cannot finish); its replacement is placed on
+    // another node and waits, no container started, for the volume to attach there.
+    let lost = on(terminating(pod(&d, true, true, "10.0.0.1")), "node-a");
+    let replacement = on(waiting(pod(&d, true, false, ""), "ContainerCreating", ""), "node-b");
+    let pods = [lost.clone(), replacement.clone()];
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d),
+        pods: pods.iter().collect(),
+        blocked: None,
+        claims: vec![&bound],
+    };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_summary(&s, Phase::Creating, "False", "True", "False");
+    let reconciling = cond(&s, RECONCILING);
+    assert_eq!(reconciling.reason, "VolumeHeldElsewhere");
+    assert!(reconciling.message.contains("claim web-data") && reconciling.message.contains("node node-a"));
+
+    // Not that wait: the same node (the volume is attached where the Pod waits), a shared
+    // volume (ReadWriteMany attaches to many nodes), or a replacement already running.
+    let same_node = [lost.clone(), on(replacement.clone(), "node-a")];
+    let mut shared = mw.clone();
+    shared.spec.volumes[0].access_mode = Some(crate::resource::AccessMode::ReadWriteMany);
+    let running = [lost, on(pod(&d, true, false, "10.0.0.2"), "node-b")];
+    for (mw, pods) in [(&mw, &same_node[..]), (&shared, &pods[..]), (&mw, &running[..])] {
+        let observed = Observed {
+            settings: &Default::default(),
+            deployment: Some(&d),
+            pods: pods.iter().collect(),
+            blocked: None,
+            claims: vec![&bound],
+        };
+        assert_ne!(cond(&derive(mw, &observed, &at(1000)), RECONCILING).reason, "VolumeHeldElsewhere");
+    }
+}

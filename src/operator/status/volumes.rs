@@ -2,17 +2,18 @@
 //! what a claim does to the verdict (a Lost claim fails the workload at once; a claim not yet
 //! bound keeps it Creating, named, and fails it, named, at the progress deadline).
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
 use super::{Observed, Verdict};
 use crate::operator::claims::{bytes, capacity, claim_name, requested};
-use crate::resource::{ManagedWorkload, Phase, VolumeStatus};
+use crate::resource::{AccessMode, ManagedWorkload, Phase, VolumeStatus};
 
 /// Reasons the verdict gives for a claim.
 pub const CLAIM_LOST: &str = "ClaimLost";
 pub const CLAIM_PENDING: &str = "ClaimPending";
 pub const CLAIM_NOT_BOUND: &str = "ClaimNotBound";
+pub const VOLUME_HELD_ELSEWHERE: &str = "VolumeHeldElsewhere";
 
 /// The claim of each volume, in spec order; each message is stable (no times, no UIDs).
 pub fn statuses(mw: &ManagedWorkload, observed: &Observed<'_>) -> Vec<VolumeStatus> {
@@ -61,6 +62,54 @@ pub fn waiting_for(phase: Phase, word: &str, claim: &str) -> Verdict {
              says why it is not)"
         ),
     )
+}
+
+/// A volume that one node at a time may mount, held by a Pod being deleted on another node
+/// than the one the current Pod waits on: the Multi-Attach wait. It is what happens when a
+/// node is lost: its Pods are deleted but cannot finish (no kubelet confirms it), and the
+/// volume stays attached there until the attach/detach controller gives up waiting for the
+/// unmount (6 minutes) or someone deletes the Node. Judged from the Pods alone (the
+/// VolumeAttachment objects are cluster-scoped, and the operator may watch one namespace):
+/// the current Pod is placed but none of its containers has started, and an older Pod of this
+/// workload is being deleted on another node. Returns the claim and that node.
+pub fn held_elsewhere(mw: &ManagedWorkload, observed: &Observed<'_>, current: &[&Pod]) -> Option<(String, String)> {
+    let exclusive = mw.spec.volumes.iter().find(|v| v.access_mode.unwrap_or_default() != AccessMode::ReadWriteMany)?;
+    let waiting_on = current.iter().find_map(|p| node_of(p).filter(|_| !started(p)))?;
+    let holder = observed.pods.iter().find_map(|p| {
+        let node = node_of(p)?;
+        (p.metadata.deletion_timestamp.is_some() && !super::finished(p) && node != waiting_on).then_some(node)
+    })?;
+    Some((claim_name(&mw.name_any(), &exclusive.name), holder.to_owned()))
+}
+
+/// Waiting for the volume to be released by the node that still holds it.
+pub fn waiting_for_detach(phase: Phase, word: &str, claim: &str, node: &str) -> Verdict {
+    Verdict::new(
+        phase,
+        VOLUME_HELD_ELSEWHERE,
+        format!(
+            "{word}: the volume of claim {claim} is still attached to node {node}, where a Pod of this workload is \
+             being deleted (Multi-Attach); it is detached once that Pod is gone, or after 6 minutes if the node is \
+             lost (deleting the Node object releases it at once)"
+        ),
+    )
+}
+
+fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
+}
+
+/// Has any container of the Pod started (running or run)? A Pod waiting for its volumes to
+/// attach and mount has none.
+fn started(pod: &Pod) -> bool {
+    if pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|phase| phase != "Pending") {
+        return true;
+    }
+    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).into_iter().flatten();
+    statuses.into_iter().any(|c| {
+        let state = c.state.as_ref();
+        state.is_some_and(|s| s.running.is_some() || s.terminated.is_some()) || c.restart_count > 0
+    })
 }
 
 /// The rollout's progress deadline passed while a claim was unbound: that claim is the cause.
