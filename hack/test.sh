@@ -9,7 +9,8 @@ cd "$REPO"
 CLUSTER=${MW_TEST_CLUSTER:-test}
 CP="$HERE/controlplane.sh"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it started, so a slow one shows in the log.
+step() { printf '\n==> %s (%s)\n' "$*" "$(date +%T)"; }
 
 step "toolchain"
 bash "$HERE/ensure-tools.sh"
@@ -77,17 +78,33 @@ OPERATOR_PID=$(bash "$CP" start-operator "$CLUSTER" "$REPO/target/debug/mw-opera
 export MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator \
   MW_TEST_HELM="$HELM" MW_TEST_CLUSTER="$CLUSTER" MW_TEST_OPERATOR_BIN="$REPO/target/debug/mw-operator"
 
-step "integration tests"
+step "integration tests, with the real containers' suite beside them"
+cargo test --locked --no-run --test '*' 2>&1 | tail -1
+# The real-container suite (#[ignore]d without a real node) runs at the same time as the kwok
+# suites: its namespaces send every Pod to the real node, theirs never go there, and the shared
+# operator serves both. Its binary is run directly: two cargo commands would wait on each
+# other's lock on target/.
+REALNODE_TESTS=$(cargo test --locked --no-run --test realnode --message-format=json 2>/dev/null |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "realnode":
+        print(m["executable"])')
+[ -x "$REALNODE_TESTS" ] || { echo "cargo named no test binary for tests/realnode.rs" >&2; exit 1; }
+"$REALNODE_TESTS" --ignored --test-threads="${MW_TEST_THREADS:-4}" --nocapture >"$LOGS/realnode-tests.log" 2>&1 &
+REALNODE_TESTS_PID=$!
 # --no-fail-fast: one failing suite does not hide the others' results.
-cargo test --locked --no-fail-fast --test '*' -- --test-threads="${MW_TEST_THREADS:-4}"
+KWOK_SUITES=0
+cargo test --locked --no-fail-fast --test '*' -- --test-threads="${MW_TEST_THREADS:-4}" || KWOK_SUITES=$?
+REAL_SUITE=0
+wait "$REALNODE_TESTS_PID" || REAL_SUITE=$?
+step "real containers (ran beside the above): lifecycle, HTTP from the host, crash loop, pull failure, OOM kill, graceful stop, a disk that survives, readiness"
+cat "$LOGS/realnode-tests.log"
+[ "$KWOK_SUITES" = 0 ] && [ "$REAL_SUITE" = 0 ] || exit 1
 
 step "Manager's backend examples (@kubernetes/client-node, node --test)"
 (cd examples/manager-node && npm ci --no-audit --no-fund --loglevel=error && node --test)
 
-step "real containers: lifecycle, HTTP from the host, crash loop, pull failure, OOM kill, graceful stop"
-# Own step (the tests are #[ignore]d without a real node): the shared operator serves them,
-# and nothing else runs on the real node meanwhile.
-cargo test --locked --test realnode -- --ignored --test-threads="${MW_TEST_THREADS:-4}" --nocapture
 kill -0 "$OPERATOR_PID" 2>/dev/null || { echo "the operator exited during the tests; see $LOGS/operator.log" >&2; exit 1; }
 # The real node goes before the fault tests stop and start the API server under it, and so
 # that the teardown test below can start a real node of its own (one per machine).
@@ -109,3 +126,5 @@ cargo test --locked --test faults -- --ignored --test-threads=1
 
 step "teardown keeps what it will not stop"
 bash "$HERE/teardown-test.sh"
+
+printf '\n==> all green (%s)\n' "$(date +%T)"
