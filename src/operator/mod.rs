@@ -14,6 +14,7 @@
 //! This file runs it all: caches first, then (as leader, when election is on) one controller
 //! per watched scope.
 
+pub mod apply;
 pub mod claims;
 pub mod deployment;
 pub mod drift;

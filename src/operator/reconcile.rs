@@ -18,6 +18,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::apply::apply;
 use super::memory::PerObject;
 use super::ownership::FIELD_MANAGER;
 use super::plan::{self, Decision, Mode, Refusal};
@@ -139,7 +140,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     let acted = match plan::decide(mw, &desired, live.as_ref()) {
         Decision::Conflict => Acted { deployment: None, blocked: Some(conflict(name)) },
         Decision::UpToDate => Acted { deployment: live, blocked: None },
-        Decision::Apply(mode) => match apply(ctx, &api, name, &desired, mode).await {
+        Decision::Apply(mode) => match apply(&ctx.metrics, "deployments", &api, name, &desired, mode).await {
             Ok(applied) => {
                 ctx.objects.applied(mw, applied.clone());
                 info!(verb = if mode.force() { "updated" } else { "created" }, "applied Deployment");
@@ -257,29 +258,6 @@ fn conflict(name: &str) -> Blocked {
              delete or rename it, or rename the ManagedWorkload"
         ),
     }
-}
-
-/// Server-side apply of the desired Deployment under the operator's field manager, as `mode`
-/// says. Creating, it is neither forced nor able to touch an existing object: the
-/// resourceVersion precondition "1" matches no stored object (etcd's first write is revision
-/// 2) and is ignored when the object is created, so a Deployment that appeared since the GET
-/// answers 409 instead of being merged into.
-async fn apply(
-    ctx: &Context,
-    api: &Api<Deployment>,
-    name: &str,
-    desired: &Deployment,
-    mode: Mode,
-) -> Result<Deployment, kube::Error> {
-    ctx.metrics.wrote("deployments", "apply");
-    let mut params = PatchParams::apply(FIELD_MANAGER);
-    params.force = mode.force();
-    if mode.force() {
-        return api.patch(name, &params, &Patch::Apply(desired)).await;
-    }
-    let mut create_only = desired.clone();
-    create_only.metadata.resource_version = Some("1".into());
-    api.patch(name, &params, &Patch::Apply(&create_only)).await
 }
 
 /// Writes the status; returns the resourceVersion the write produced.

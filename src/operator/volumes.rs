@@ -7,14 +7,13 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::info;
 
+use super::apply::apply;
 use super::claims;
-use super::ownership::FIELD_MANAGER;
-use super::plan::{self, Decision, Mode, Refusal};
+use super::plan::{self, Decision, Refusal};
 use super::reconcile::Context;
 use super::status::Blocked;
 use crate::error::Error;
@@ -66,28 +65,30 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
                 out.blocked.get_or_insert_with(|| conflict(&name));
             }
             Decision::UpToDate => out.own.extend(live),
-            Decision::Apply(mode) => match apply(ctx, &api, &name, &desired, mode).await {
-                Ok(applied) => {
-                    info!(claim = %name, verb = if mode.force() { "updated" } else { "created" }, "applied PersistentVolumeClaim");
-                    out.own.push(applied);
+            Decision::Apply(mode) => {
+                match apply(&ctx.metrics, "persistentvolumeclaims", &api, &name, &desired, mode).await {
+                    Ok(applied) => {
+                        info!(claim = %name, verb = if mode.force() { "updated" } else { "created" }, "applied PersistentVolumeClaim");
+                        out.own.push(applied);
+                    }
+                    Err(source) => match plan::judge(mode, &source) {
+                        Refusal::Appeared => {
+                            info!(claim = %name, "a PersistentVolumeClaim appeared while creating it; rechecking");
+                            return Ok(Step::Requeue(plan::APPEARED_RECHECK));
+                        }
+                        Refusal::Rejected(message) => {
+                            out.blocked.get_or_insert_with(|| Blocked {
+                                reason: REJECTED,
+                                message: format!("the API server refused claim {name}: {message}"),
+                            });
+                            out.own.extend(live);
+                        }
+                        Refusal::Retry => {
+                            return Err(Error::ApplyClaim { namespace: namespace.into(), name, source });
+                        }
+                    },
                 }
-                Err(source) => match plan::judge(mode, &source) {
-                    Refusal::Appeared => {
-                        info!(claim = %name, "a PersistentVolumeClaim appeared while creating it; rechecking");
-                        return Ok(Step::Requeue(plan::APPEARED_RECHECK));
-                    }
-                    Refusal::Rejected(message) => {
-                        out.blocked.get_or_insert_with(|| Blocked {
-                            reason: REJECTED,
-                            message: format!("the API server refused claim {name}: {message}"),
-                        });
-                        out.own.extend(live);
-                    }
-                    Refusal::Retry => {
-                        return Err(Error::ApplyClaim { namespace: namespace.into(), name, source });
-                    }
-                },
-            },
+            }
         }
     }
     Ok(Step::Done(out))
@@ -105,27 +106,6 @@ async fn observe(
         return Ok(Some((*cached).clone()));
     }
     api.get_opt(name).await.map_err(|source| Error::GetClaim { namespace: namespace.into(), name: name.into(), source })
-}
-
-/// As the Deployment's apply: forced once it is ours, else create-only (the resourceVersion
-/// precondition "1" matches no stored object), so a claim that appeared since it was looked
-/// for answers 409 instead of being merged into.
-async fn apply(
-    ctx: &Context,
-    api: &Api<PersistentVolumeClaim>,
-    name: &str,
-    desired: &PersistentVolumeClaim,
-    mode: Mode,
-) -> Result<PersistentVolumeClaim, kube::Error> {
-    ctx.metrics.wrote("persistentvolumeclaims", "apply");
-    let mut params = PatchParams::apply(FIELD_MANAGER);
-    params.force = mode.force();
-    if mode.force() {
-        return api.patch(name, &params, &Patch::Apply(desired)).await;
-    }
-    let mut create_only = desired.clone();
-    create_only.metadata.resource_version = Some("1".into());
-    api.patch(name, &params, &Patch::Apply(&create_only)).await
 }
 
 fn conflict(name: &str) -> Blocked {
