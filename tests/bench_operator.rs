@@ -6,7 +6,8 @@
 //!   (from the audit log, by resource), CPU seconds and memory.
 //!
 //! Then, on the last N: 60 s of steady state, 200 start/stop flips against the same flips on
-//! plain Deployments (p50/p99), and an operator restart. The operator is the one `make bench`
+//! plain Deployments (p50/p99), and an operator restart. Last, MW_BENCH_VOLUMES (default 100)
+//! more workloads with a volume each: their writes and the memory each adds. The operator is the one `make bench`
 //! started (its PID file in MW_BENCH_OPERATOR_PIDFILE). Figures go to
 //! target/bench/operator-$MW_BENCH_LABEL.json and are printed as Markdown.
 
@@ -26,6 +27,7 @@ use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, Phase};
 use serde_json::{Value, json};
 use support::TestNamespace;
 use support::procfs::{cpu_seconds, memory_kib, percentile};
+use support::storage::Storage;
 use support::workload::condition_current;
 
 const IN_FLIGHT: usize = 32;
@@ -174,9 +176,7 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace) {
     // The operator.
     let ns = TestNamespace::new(&format!("operator-{n}")).await;
     let workloads = ns.api::<ManagedWorkload>();
-    let watch = tokio::spawn(until_all(workloads.clone(), n, |mw: &ManagedWorkload| {
-        condition_current(mw, "Ready", "True") && mw.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
-    }));
+    let watch = tokio::spawn(until_all(workloads.clone(), n, ready_and_running));
     let cpu0 = cpu_seconds(pid);
     let t = Instant::now();
     each(n, |i| {
@@ -202,6 +202,47 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace) {
         rss_kib: memory_kib(pid).0,
     };
     (run, ns)
+}
+
+struct VolumeRun {
+    operator_s: f64,
+    writes: BTreeMap<String, usize>,
+    rss_before_kib: f64,
+    rss_kib: f64,
+}
+
+/// `n` workloads with one ReadWriteOnce volume each, applied at once beside those already
+/// there, until all are Ready (their claims bound to the volumes `Storage` provides).
+async fn converge_with_volumes(n: usize, pid: u32) -> (VolumeRun, Storage, TestNamespace) {
+    let ns = TestNamespace::new(&format!("operator-volumes-{n}")).await;
+    let storage = Storage::new(&ns, n, "1Gi").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let rss_before_kib = memory_kib(pid).0;
+    let watch = tokio::spawn(until_all(workloads.clone(), n, ready_and_running));
+    let t = Instant::now();
+    each(n, |i| {
+        let api = workloads.clone();
+        let mut spec = spec(i);
+        spec["volumes"] =
+            json!([{"name": "data", "mountPath": "/data", "size": "1Gi", "storageClassName": storage.class}]);
+        async move {
+            let body = json!({"apiVersion": "opensource-server.mieweb.org/v1alpha1", "kind": "ManagedWorkload",
+                              "metadata": {"name": format!("v{i}")}, "spec": spec});
+            api.patch(&format!("v{i}"), &PatchParams::apply("bench"), &Patch::Apply(&body))
+                .await
+                .expect("applying a CR");
+        }
+    })
+    .await;
+    let ready = watch.await.expect("the operator watch");
+    let operator_s = ready.values().max().map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let run = VolumeRun { operator_s, writes: writes(&ns.name), rss_before_kib, rss_kib: memory_kib(pid).0 };
+    (run, storage, ns)
+}
+
+fn ready_and_running(mw: &ManagedWorkload) -> bool {
+    condition_current(mw, "Ready", "True") && mw.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
 }
 
 /// Flip `FLIPS` objects one by one, 50 ms apart; latency from each flip to `done`.
@@ -364,6 +405,31 @@ async fn operator_against_the_floor() {
         let after = total(&writes(&ns.name)) - before;
         report["restart_30s_writes"] = json!(after);
         table.push_str(&format!("Operator restart, 30 s to resync {n}: {after} writes.\n"));
+    }
+
+    // Volumes: more workloads, each with a claim the control plane binds to a volume of its
+    // own; what each adds to memory and costs in writes. MW_BENCH_VOLUMES (default 100; 0 skips).
+    let with_volumes: usize = std::env::var("MW_BENCH_VOLUMES").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    if with_volumes > 0 {
+        let (run, storage, vns) = converge_with_volumes(with_volumes, pid).await;
+        let claims =
+            run.writes.iter().filter(|(k, _)| k.ends_with(" persistentvolumeclaims")).map(|(_, v)| v).sum::<usize>();
+        let per_workload_kib = (run.rss_kib - run.rss_before_kib) / with_volumes as f64;
+        report["volumes"] = json!({
+            "n": with_volumes, "operator_s": run.operator_s, "writes": run.writes,
+            "writes_per_workload": total(&run.writes) as f64 / with_volumes as f64,
+            "claim_writes_per_workload": claims as f64 / with_volumes as f64,
+            "kib_per_additional_workload": per_workload_kib,
+        });
+        table.push_str(&format!(
+            "With a volume each, {with_volumes} more workloads: all Ready (claims bound) in {:.1} s; {:.2} writes per workload, of which {:.2} claim applies; {:.1} KiB more memory per workload.\n",
+            run.operator_s,
+            total(&run.writes) as f64 / with_volumes as f64,
+            claims as f64 / with_volumes as f64,
+            per_workload_kib
+        ));
+        drop(vns);
+        drop(storage);
     }
 
     let dir = std::path::Path::new("target/bench");
