@@ -396,7 +396,10 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                 .iter()
                 .all(|&n| n == 1)
                 && others == 0
-                && current.len() == 1;
+                && current.len() == 1
+                // The Deployment's counts can be ahead of the Pod cache (two watches): Running
+                // only once the Pod itself is seen Ready, so it comes with the Pod's IP.
+                && pod_ready(current[0]);
             if complete {
                 return Verdict::new(Phase::Running, "Running", "Running: 1 of 1 Pod available");
             }

@@ -998,3 +998,20 @@ fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_
         assert_ne!(cond(&derive(mw, &observed, &at(1000)), RECONCILING).reason, "VolumeHeldElsewhere");
     }
 }
+
+#[test]
+fn running_waits_for_the_pod_cache_when_the_deployment_is_ahead_and_comes_with_the_pod_ip() {
+    // The Deployment controller has counted the Pod available, but the Pod cache still holds
+    // it as it was before it was ready (the two watches deliver independently).
+    let mw = workload(DesiredState::Running, 1);
+    let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let mut starting = pod(&d, true, false, "");
+    starting.status.as_mut().unwrap().phase = Some("Pending".into());
+    let s = derive_with(&mw, Some(&d), &[starting]);
+    assert_eq!(s.phase, Some(Phase::Creating), "not Running before the Pod is seen Ready");
+    assert_eq!(s.pod_ip, None);
+
+    let s = derive_with(&mw, Some(&d), &[pod(&d, true, true, "10.0.0.7")]);
+    assert_eq!(s.phase, Some(Phase::Running));
+    assert_eq!(s.pod_ip.as_deref(), Some("10.0.0.7"), "Running comes with the address");
+}
