@@ -42,6 +42,7 @@ async fn reads_and_writes(engine: Engine) {
         grants: &grants,
         requests_percent: 100,
         rootfs: &Default::default(),
+        service: &Default::default(),
     };
     let pg = mapping::desired(&rows[1], &cx).unwrap();
     assert_eq!(

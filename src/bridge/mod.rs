@@ -74,6 +74,25 @@ pub struct BridgeArgs {
     /// `delete` (the claim is deleted with the workload).
     #[arg(long, default_value = "retain", env = "MW_ROOTFS_ON_DELETE", value_parser = parse_retention)]
     pub rootfs_on_delete: crate::resource::RetentionPolicy,
+    /// What the bridge writes to `Containers.ipv4Address`, the address Manager's nginx routes
+    /// to: `service` (the workload's `status.address`: its load balancer's address, else its
+    /// Service's cluster IP, else, without a Service, the serving Pod's IP) or `pod` (always
+    /// the serving Pod's IP, for an nginx that reaches Pod IPs directly, e.g. over a routed
+    /// Pod network). See docs/networking.md for which Manager topology needs which.
+    #[arg(long = "ipv4-address", default_value = "service", env = "MW_IPV4_ADDRESS", value_parser = parse_address_source)]
+    pub ipv4_address: plan::AddressSource,
+    /// The Service each container with http or transport services gets: `ClusterIP`,
+    /// `NodePort`, `LoadBalancer`, or `none` (the ports are declared on the Pod only).
+    #[arg(long, default_value = "ClusterIP", env = "MW_SERVICE_TYPE", value_parser = parse_service_type)]
+    pub service_type: Option<crate::resource::ServiceType>,
+    /// With `--service-type LoadBalancer`: the load-balancer implementation to ask (empty: the
+    /// cluster's default).
+    #[arg(long, default_value = "", env = "MW_SERVICE_LOAD_BALANCER_CLASS")]
+    pub service_load_balancer_class: String,
+    /// An annotation on every Service the bridge asks for, as `KEY=VALUE` (e.g.
+    /// `metallb.io/address-pool=manager`). Repeat for several.
+    #[arg(long = "service-annotation", value_parser = parse_annotation)]
+    pub service_annotations: Vec<(String, String)>,
     /// Where to serve /healthz, /readyz (ready while sync passes succeed) and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
     pub metrics_address: std::net::SocketAddr,
@@ -99,6 +118,33 @@ pub struct BridgeArgs {
 
 /// The bridge's Lease unless --lease-name names another.
 pub const DEFAULT_LEASE: &str = "mw-bridge";
+
+fn parse_address_source(s: &str) -> Result<plan::AddressSource, String> {
+    match s {
+        "service" => Ok(plan::AddressSource::Service),
+        "pod" => Ok(plan::AddressSource::Pod),
+        other => Err(format!("{other:?}: expected service or pod")),
+    }
+}
+
+fn parse_service_type(s: &str) -> Result<Option<crate::resource::ServiceType>, String> {
+    use crate::resource::ServiceType;
+    match s {
+        "none" | "None" | "" => Ok(None),
+        "ClusterIP" => Ok(Some(ServiceType::ClusterIP)),
+        "NodePort" => Ok(Some(ServiceType::NodePort)),
+        "LoadBalancer" => Ok(Some(ServiceType::LoadBalancer)),
+        other => Err(format!("{other:?}: expected ClusterIP, NodePort, LoadBalancer or none")),
+    }
+}
+
+fn parse_annotation(s: &str) -> Result<(String, String), String> {
+    let (key, value) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))?;
+    if key.trim().is_empty() {
+        return Err(format!("{s:?}: the annotation key is empty"));
+    }
+    Ok((key.trim().to_string(), value.to_string()))
+}
 
 fn parse_retention(s: &str) -> Result<crate::resource::RetentionPolicy, String> {
     match s {
@@ -170,6 +216,12 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
             storage_class: Some(args.rootfs_storage_class.clone()).filter(|c| !c.is_empty()),
             on_delete: args.rootfs_on_delete,
         },
+        service: mapping::ServiceSettings {
+            type_: args.service_type,
+            load_balancer_class: Some(args.service_load_balancer_class.clone()).filter(|c| !c.is_empty()),
+            annotations: args.service_annotations.iter().cloned().collect(),
+        },
+        address: args.ipv4_address,
         concurrency: usize::from(args.concurrency),
         pass_timeout: args.pass_timeout,
         delete_guard: plan::DeleteGuard {

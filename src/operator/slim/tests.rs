@@ -156,6 +156,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                     pods: vec![&pod],
                     blocked: None,
                     claims: vec![],
+                    service: None,
                 };
                 let slim = Observed {
                     settings: &Default::default(),
@@ -163,6 +164,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                     pods: vec![&slim_pod],
                     blocked: None,
                     claims: vec![],
+                    service: None,
                 };
                 let case = format!("{w}, pod {p}, deployment {with_deployment}");
                 assert_eq!(status::derive(&mw, &full, &now), status::derive(&slim_mw, &slim, &now), "{case}");
@@ -185,6 +187,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                 pods: vec![pod],
                 blocked: None,
                 claims: vec![],
+                service: None,
             };
             status::derive(&workload_variants()[0].1, &observed, &now).phase.map(|p| p.as_str())
         })
@@ -334,8 +337,14 @@ fn a_trimmed_claim_tells_the_same() {
     assert!(claims::is_own(&full, &mw, &mw.spec.volumes[0]) && claims::is_own(&slim, &mw, &mw.spec.volumes[0]));
     assert!(drift::up_to_date(&desired, &full) && drift::up_to_date(&desired, &slim));
     let derive = |c: &PersistentVolumeClaim| {
-        let observed =
-            Observed { settings: &Default::default(), deployment: None, pods: vec![], blocked: None, claims: vec![c] };
+        let observed = Observed {
+            settings: &Default::default(),
+            deployment: None,
+            pods: vec![],
+            blocked: None,
+            claims: vec![c],
+            service: None,
+        };
         status::derive(&mw, &observed, &at(10)).volumes
     };
     assert_eq!(derive(&full), derive(&slim));
