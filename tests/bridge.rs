@@ -783,3 +783,94 @@ async fn mass_replacement_between_resyncs_is_refused() {
     bridge.stop().await;
     db.close().await;
 }
+
+/// Issue 15: a row's http and transport services become the workload's ports and Service; the
+/// row gets the Service's stable address, which no rollout or Pod deletion takes away or moves.
+async fn services_and_the_stable_address(engine: Engine) {
+    use k8s_openapi::api::core::v1::Service;
+    let ns = TestNamespace::new(&format!("bridge-svc-{engine:?}")).await;
+    let db = ManagerDb::new(engine).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let services = ns.api::<Service>();
+    let pods = ns.api::<Pod>();
+    db.insert_container("k8s-lab-1", "svc-web", Some("docker.io/library/nginx:1.27"), Some(r#"{"A":"1"}"#)).await;
+    let id = db.id_of("svc-web").await;
+    let now = now();
+    // As Manager's API stores them: an http service (its HTTPServices row names the public
+    // hostname, which the bridge does not need), a tcp and a udp transport service.
+    db.exec(&format!(
+        r#"INSERT INTO "Services" ("containerId", type, "internalPort", "createdAt", "updatedAt")
+             VALUES ({id}, 'http', 80, '{now}', '{now}'), ({id}, 'transport', 5432, '{now}', '{now}'),
+                    ({id}, 'transport', 5353, '{now}', '{now}');
+           INSERT INTO "TransportServices" ("serviceId", protocol, "externalPort", "createdAt", "updatedAt")
+             VALUES ((SELECT id FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5432), 'tcp', 2000, '{now}', '{now}'),
+                    ((SELECT id FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5353), 'udp', 2001, '{now}', '{now}');"#
+    ))
+    .await;
+    let bridge = Bridge::start(&ns, &db, &[]).await;
+
+    let mw = wait_ready(&workloads, "svc-web", Phase::Running).await;
+    let ports: Vec<_> = mw.spec.ports.iter().map(|p| (p.container_port, p.name.clone().unwrap())).collect();
+    assert_eq!(ports, [(80, "http-80".to_string()), (5353, "udp-5353".to_string()), (5432, "tcp-5432".to_string())]);
+    assert!(mw.spec.service.is_some(), "a Service, as the bridge's default asks");
+    let svc = services.get("svc-web").await.expect("the workload's Service");
+    let cluster_ip = svc.spec.unwrap().cluster_ip.expect("a cluster IP");
+    wait_written(&db, "svc-web", (Some(format!("{}/svc-web", ns.name)), Some(cluster_ip.clone()), None)).await;
+
+    // Watch the row from here on: the address must never go or change.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let watching = {
+        let (seen, db) = (seen.clone(), db.clone());
+        tokio::spawn(async move {
+            loop {
+                let ip = db.written("svc-web").await.and_then(|(_, ip, _)| ip);
+                seen.lock().unwrap().push(ip);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    // The row's env changes: a rollout (Updating) to a new Pod.
+    let before = mw.status.as_ref().and_then(|s| s.pod_ip.clone());
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "environmentVars" = '{{"A":"2"}}', "updatedAt" = '{}' WHERE hostname = 'svc-web'"#,
+        now()
+    ))
+    .await;
+    wait_until(&workloads, "svc-web", "a rollout to a new Pod", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| {
+            support::workload::condition_current(mw, "Ready", "True")
+                && mw.status.as_ref().is_some_and(|s| s.pod_ip.is_some() && s.pod_ip != before)
+        })
+    })
+    .await;
+    // kubectl delete pod: Creating again on a new Pod.
+    for pod in pods.list(&ListParams::default().labels("app.kubernetes.io/instance=svc-web")).await.unwrap().items {
+        pods.delete(&pod.name_any(), &Default::default()).await.unwrap();
+    }
+    wait_ready(&workloads, "svc-web", Phase::Running).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watching.abort();
+    let mut distinct = seen.lock().unwrap().clone();
+    distinct.dedup();
+    assert_eq!(distinct, [Some(cluster_ip)], "ipv4Address through a rollout and a Pod deletion");
+
+    // A service removed in Manager: the port goes from the workload and its Service.
+    db.exec(&format!(r#"DELETE FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5353"#)).await;
+    wait_until(&services, "svc-web", "the udp port gone from the Service", TIMEOUT, |s: Option<&Service>| {
+        let ports = s.and_then(|s| s.spec.as_ref()?.ports.clone()).unwrap_or_default();
+        ports.iter().map(|p| p.port).collect::<Vec<_>>() == [80, 5432]
+    })
+    .await;
+    bridge.stop().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_services_and_the_stable_address() {
+    services_and_the_stable_address(Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_services_and_the_stable_address() {
+    services_and_the_stable_address(Engine::Postgres).await;
+}

@@ -139,6 +139,15 @@ async fn apply(
     desired: &Service,
     mode: Mode,
 ) -> Result<Service, kube::Error> {
+    if mode == (Mode::Update { drift: true }) {
+        // The ports are exactly the workload's. A port someone else added or renamed by hand
+        // is theirs to server-side apply, so an apply would leave it (and fail outright when
+        // it reuses one of ours' names); the list is set whole first, then applied as usual.
+        let ports = desired.spec.as_ref().map(|s| s.ports.clone());
+        ctx.metrics.wrote("services", "patch");
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        api.patch(name, &params, &Patch::Merge(serde_json::json!({ "spec": { "ports": ports } }))).await?;
+    }
     ctx.metrics.wrote("services", "apply");
     let mut params = PatchParams::apply(FIELD_MANAGER);
     params.force = mode.force();
