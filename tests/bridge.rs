@@ -795,16 +795,16 @@ async fn services_and_the_stable_address(engine: Engine) {
     let pods = ns.api::<Pod>();
     db.insert_container("k8s-lab-1", "svc-web", Some("docker.io/library/nginx:1.27"), Some(r#"{"A":"1"}"#)).await;
     let id = db.id_of("svc-web").await;
-    let now = now();
+    let at = now();
     // As Manager's API stores them: an http service (its HTTPServices row names the public
     // hostname, which the bridge does not need), a tcp and a udp transport service.
     db.exec(&format!(
         r#"INSERT INTO "Services" ("containerId", type, "internalPort", "createdAt", "updatedAt")
-             VALUES ({id}, 'http', 80, '{now}', '{now}'), ({id}, 'transport', 5432, '{now}', '{now}'),
-                    ({id}, 'transport', 5353, '{now}', '{now}');
+             VALUES ({id}, 'http', 80, '{at}', '{at}'), ({id}, 'transport', 5432, '{at}', '{at}'),
+                    ({id}, 'transport', 5353, '{at}', '{at}');
            INSERT INTO "TransportServices" ("serviceId", protocol, "externalPort", "createdAt", "updatedAt")
-             VALUES ((SELECT id FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5432), 'tcp', 2000, '{now}', '{now}'),
-                    ((SELECT id FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5353), 'udp', 2001, '{now}', '{now}');"#
+             VALUES ((SELECT id FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5432), 'tcp', 2000, '{at}', '{at}'),
+                    ((SELECT id FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5353), 'udp', 2001, '{at}', '{at}');"#
     ))
     .await;
     let bridge = Bridge::start(&ns, &db, &[]).await;
