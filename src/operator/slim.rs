@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodStatus, PodTemplateSpec, Service, ServiceSpec,
-    ServiceStatus,
+    ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodStatus, PodTemplateSpec, Service, ServicePort,
+    ServiceSpec, ServiceStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ObjectMeta};
 use kube::ResourceExt;
@@ -86,26 +86,45 @@ impl CachedPod {
     }
 }
 
-/// What the Service cache holds of each Service (see `service` for what is kept).
+/// What the Service cache holds of each Service (see `service` for what is kept): the three
+/// spec fields it reads, without the room a whole `ServiceSpec` keeps for the other twenty.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "Service")]
 pub struct CachedService {
     pub metadata: ObjectMeta,
-    spec: Option<ServiceSpec>,
+    type_: Option<String>,
+    cluster_ip: Option<String>,
+    ports: Option<Vec<ServicePort>>,
     status: Option<ServiceStatus>,
 }
 
 impl From<Service> for CachedService {
     fn from(mut s: Service) -> Self {
         service(&mut s);
-        CachedService { metadata: s.metadata, spec: s.spec, status: s.status }
+        let spec = s.spec.unwrap_or_default();
+        CachedService {
+            metadata: s.metadata,
+            type_: spec.type_,
+            cluster_ip: spec.cluster_ip,
+            ports: spec.ports,
+            status: s.status,
+        }
     }
 }
 
 impl CachedService {
     /// The trimmed Service, as `status` and `drift` read it.
     pub fn to_service(&self) -> Service {
-        Service { metadata: self.metadata.clone(), spec: self.spec.clone(), status: self.status.clone() }
+        Service {
+            metadata: self.metadata.clone(),
+            spec: Some(ServiceSpec {
+                type_: self.type_.clone(),
+                cluster_ip: self.cluster_ip.clone(),
+                ports: self.ports.clone(),
+                ..Default::default()
+            }),
+            status: self.status.clone(),
+        }
     }
 }
 
