@@ -184,12 +184,12 @@ pub const DETAIL_DELAY_IN_TRANSITION: Duration = Duration::from_secs(60);
 const SUMMARY: [&str; 3] = [READY, RECONCILING, STALLED];
 
 /// Whether `next` (which differs from `previous`) must be written at once. Urgent: the first
-/// status; phase, observed generation, provider id or desired replicas; a Pod IP that changes
-/// or goes; any
+/// status; phase, observed generation, provider id or desired replicas; a Pod IP or address
+/// that changes or goes; any
 /// condition's status (what `kubectl wait --for=condition` reads); a summary condition's
 /// reason or observed generation (kstatus), or one appearing. Details: replica counts,
 /// messages, a mirrored condition's reason, message, generation or first appearance, a first
-/// Pod IP.
+/// Pod IP or address, `status.service` details (node ports).
 pub fn urgency(previous: Option<&ManagedWorkloadStatus>, next: &ManagedWorkloadStatus) -> Urgency {
     let Some(previous) = previous else { return Urgency::Now };
     let same_summary = previous.phase == next.phase
