@@ -149,9 +149,11 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         let acted = Acted { deployment, service, blocked: Some(blocked) };
         return report(ctx, mw, namespace, name, acted, &claims.own).await;
     }
-    let acted = match plan::decide(mw, &desired, live.as_ref()) {
-        Decision::Conflict => Acted { deployment: None, service: None, blocked: Some(conflict(name)) },
-        Decision::UpToDate => Acted { deployment: live, service: None, blocked: None },
+    // What acting on the Deployment left: the Deployment as it now is, and why it is not
+    // what it should be.
+    let (deployment, blocked) = match plan::decide(mw, &desired, live.as_ref()) {
+        Decision::Conflict => (None, Some(conflict(name))),
+        Decision::UpToDate => (live, None),
         Decision::Apply(mode) => match apply(ctx, &api, name, &desired, mode).await {
             Ok(applied) => {
                 ctx.objects.applied(mw, applied.clone());
@@ -162,23 +164,21 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
                     let note = format!("Deployment {name} was changed outside the operator; restored");
                     publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
                 }
-                Acted { deployment: Some(applied), service: None, blocked: None }
+                (Some(applied), None)
             }
             Err(source) => match plan::judge(mode, &source) {
                 Refusal::Appeared => {
                     info!("a Deployment appeared while creating it; rechecking");
                     return Ok(Action::requeue(plan::APPEARED_RECHECK));
                 }
-                Refusal::Rejected(message) => {
-                    Acted { deployment: live, service: None, blocked: Some(Blocked { reason: REJECTED, message }) }
-                }
+                Refusal::Rejected(message) => (live, Some(Blocked { reason: REJECTED, message })),
                 Refusal::Retry => {
                     return Err(Error::ApplyDeployment { namespace: namespace.into(), name: name.into(), source });
                 }
             },
         },
     };
-    let acted = Acted { service, blocked: acted.blocked.or(hold).or(exposed.blocked), ..acted };
+    let acted = Acted { deployment, service, blocked: blocked.or(hold).or(exposed.blocked) };
     report(ctx, mw, namespace, name, acted, &claims.own).await
 }
 
