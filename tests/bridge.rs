@@ -874,3 +874,50 @@ async fn sqlite_services_and_the_stable_address() {
 async fn postgres_services_and_the_stable_address() {
     services_and_the_stable_address(Engine::Postgres).await;
 }
+
+/// Issue 15: with `--service-type LoadBalancer` a row gets its load balancer's address, and
+/// only once the load balancer has given one (never the cluster IP, which an nginx outside the
+/// cluster cannot reach); a bridge run with `--ipv4-address pod` writes the Pod IP instead.
+#[tokio::test]
+async fn sqlite_load_balancer_address_and_the_pod_address_setting() {
+    use k8s_openapi::api::core::v1::Service;
+    let ns = TestNamespace::new("bridge-lb").await;
+    let db = ManagerDb::new(Engine::Sqlite).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let services = ns.api::<Service>();
+    db.insert_container("k8s-lab-1", "lb-web", Some("docker.io/library/nginx:1.27"), None).await;
+    let id = db.id_of("lb-web").await;
+    let at = now();
+    db.exec(&format!(
+        r#"INSERT INTO "Services" ("containerId", type, "internalPort", "createdAt", "updatedAt")
+             VALUES ({id}, 'http', 80, '{at}', '{at}')"#
+    ))
+    .await;
+    let bridge = Bridge::start(&ns, &db, &["--service-type", "LoadBalancer"]).await;
+    let provider_id = Some(format!("{}/lb-web", ns.name));
+    wait_until(&workloads, "lb-web", "waiting for the load balancer", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| {
+            mw.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| c.type_ == "Reconciling" && c.reason == "WaitingForLoadBalancer")
+            })
+        })
+    })
+    .await;
+    wait_written(&db, "lb-web", (provider_id.clone(), None, None)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(db.written("lb-web").await.unwrap().1, None, "not the cluster IP meanwhile");
+
+    // The test as the cloud controller.
+    let ingress = json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.50"}]}}});
+    services.patch_status("lb-web", &PatchParams::default(), &Patch::Merge(&ingress)).await.unwrap();
+    wait_ready(&workloads, "lb-web", Phase::Running).await;
+    wait_written(&db, "lb-web", (provider_id.clone(), Some("192.0.2.50".into()), None)).await;
+    bridge.stop().await;
+
+    // The same rows under a bridge that writes Pod IPs.
+    let bridge = Bridge::start(&ns, &db, &["--service-type", "LoadBalancer", "--ipv4-address", "pod"]).await;
+    let pod_ip = workloads.get("lb-web").await.unwrap().status.and_then(|s| s.pod_ip).expect("a Pod IP");
+    wait_written(&db, "lb-web", (provider_id, Some(pod_ip), None)).await;
+    bridge.stop().await;
+    db.close().await;
+}
