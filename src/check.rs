@@ -465,6 +465,12 @@ mod tests {
             "watch persistentvolumeclaims",
             "create persistentvolumeclaims",
             "patch persistentvolumeclaims",
+            "get services",
+            "list services",
+            "watch services",
+            "create services",
+            "patch services",
+            "delete services",
             "create events.events.k8s.io",
             "patch events.events.k8s.io",
         ];
@@ -475,8 +481,9 @@ mod tests {
         assert!(!operator.iter().any(|p| p.resource == "secrets"));
         assert!(!operator.iter().any(|p| p.resource == "leases"), "Leases are granted in one namespace only");
         assert!(
-            !operator.iter().any(|p| p.verb == "delete"),
-            "the operator never deletes: a retained claim outlives its workload"
+            operator.iter().filter(|p| p.verb == "delete").all(|p| p.resource == "services"),
+            "the operator deletes nothing but a Service whose spec.service was removed: a retained claim outlives \
+             its workload, and the rest goes by garbage collection"
         );
     }
 
@@ -515,7 +522,7 @@ mod tests {
             assert!(here.iter().filter(|a| a.permission.resource == "leases").all(|a| !a.required), "{here:#?}");
         }
         assert!(!all.iter().any(|a| a.namespace.as_deref() == Some("mw-system") && !a.required));
-        assert_eq!(all.len(), 2 * (22 + 3) + 3);
+        assert_eq!(all.len(), 2 * (28 + 3) + 3);
 
         // Cluster-wide: the Role in all namespaces, the Lease still in its own namespace.
         let all = asks(Component::Operator, &[], Some(&lease())).unwrap();
@@ -524,7 +531,7 @@ mod tests {
                 .filter(|a| a.permission.resource == "leases" && a.required)
                 .all(|a| a.namespace.as_deref() == Some("mw-system"))
         );
-        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 22);
+        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 28);
 
         // Without leader election: no Lease asked anywhere.
         let none = asks(Component::Operator, &namespaces, None).unwrap();

@@ -39,6 +39,30 @@ pub enum Error {
         source: kube::Error,
     },
 
+    #[error("reading Service {namespace}/{name}: {source}")]
+    GetService {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("applying Service {namespace}/{name}: {source}")]
+    ApplyService {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("deleting Service {namespace}/{name} (spec.service was removed): {source}")]
+    DeleteService {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
     #[error("writing status of ManagedWorkload {namespace}/{name}: {source}")]
     WriteStatus {
         namespace: String,
@@ -78,6 +102,9 @@ impl Error {
             | Error::ApplyDeployment { source, .. }
             | Error::GetClaim { source, .. }
             | Error::ApplyClaim { source, .. }
+            | Error::GetService { source, .. }
+            | Error::ApplyService { source, .. }
+            | Error::DeleteService { source, .. }
             | Error::WriteStatus { source, .. } => source,
             _ => return None,
         };
@@ -95,6 +122,9 @@ impl Error {
             Error::ApplyDeployment { .. } => "apply_deployment",
             Error::GetClaim { .. } => "get_claim",
             Error::ApplyClaim { .. } => "apply_claim",
+            Error::GetService { .. } => "get_service",
+            Error::ApplyService { .. } => "apply_service",
+            Error::DeleteService { .. } => "delete_service",
             Error::WriteStatus { .. } => "write_status",
             Error::CacheClosed => "cache_closed",
             Error::Config(_) => "config",
@@ -117,6 +147,9 @@ impl Error {
             | Error::ApplyDeployment { source, .. }
             | Error::GetClaim { source, .. }
             | Error::ApplyClaim { source, .. }
+            | Error::GetService { source, .. }
+            | Error::ApplyService { source, .. }
+            | Error::DeleteService { source, .. }
             | Error::WriteStatus { source, .. } => permanent_api_error(source),
             Error::CacheClosed
             | Error::Config(_)

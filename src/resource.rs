@@ -55,6 +55,13 @@ pub const CONTAINER_ID_LABEL: &str = "opensource-server.mieweb.org/container-id"
         description = "Current Pod IP (ephemeral)"
     ),
     printcolumn(
+        name = "Address",
+        type_ = "string",
+        json_path = ".status.address",
+        priority = 1,
+        description = "Stable address: load balancer, else cluster IP, else Pod IP"
+    ),
+    printcolumn(
         name = "Image",
         type_ = "string",
         json_path = ".spec.image",
@@ -66,6 +73,9 @@ pub const CONTAINER_ID_LABEL: &str = "opensource-server.mieweb.org/container-id"
     // reject a longer one at admission instead of failing later as DeploymentRejected.
     validation = Rule::new("self.metadata.name.size() <= 63")
         .message("metadata.name must be at most 63 characters: it is used as a label value"),
+    validation = Rule::new("!has(self.spec.service) || (has(self.spec.ports) && self.spec.ports.size() > 0)")
+        .message("spec.service needs at least one port in spec.ports: the Service's ports are the workload's")
+        .field_path(".spec.service"),
     validation = Rule::new(ROLLING_UPDATE_NEEDS_SHARED_VOLUMES)
         .message(ROLLING_UPDATE_NEEDS_SHARED_VOLUMES_MESSAGE)
         .field_path(".spec.updateStrategy")
@@ -119,7 +129,8 @@ pub struct ManagedWorkloadSpec {
     #[x_kube(validation = Rule::new("self.all(k, k.size() <= 253 && self[k].size() <= 4096)").message("annotation keys are at most 253 characters and values at most 4096"))]
     pub pod_annotations: BTreeMap<String, String>,
 
-    /// Container ports. Informational (no Service is created), but they appear on the Pod.
+    /// Container ports. They appear on the Pod and, with `service`, are the Service's ports
+    /// (same numbers and protocols, targeting the container port by name when it has one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[x_kube(validation = Rule::new(
@@ -169,6 +180,13 @@ pub struct ManagedWorkloadSpec {
          change of its own first"
     ))]
     pub volumes: Vec<Volume>,
+
+    /// A Service with the workload's ports: a stable address that does not move when the Pod
+    /// is replaced (`status.address`). Named as the workload, or `mw-<name>` when the
+    /// workload's name starts with a digit (a Service name must start with a letter; see
+    /// docs/networking.md). Unset: no Service, and `status.address` is the serving Pod's IP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceSpec>,
     // --- Where and as what the Pod runs: registry, identity, placement, security, health. ---
     // (types in the block "Pod options" below; each maps to the pod template field of the
     // same name, see src/operator/deployment.rs)
@@ -359,6 +377,139 @@ pub struct VolumeStatus {
 }
 
 // --- end of volumes ---------------------------------------------------------------------------
+
+// --- Service (issue 15) ----------------------------------------------------------------------
+
+/// The workload's Service. Its ports are always the workload's `spec.ports`; what is set here
+/// is how it is exposed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.loadBalancerClass) || (has(self.type) && self.type == 'LoadBalancer')")
+    .message("loadBalancerClass is only allowed with type LoadBalancer").field_path(".loadBalancerClass"))]
+#[x_kube(validation = Rule::new("!has(self.loadBalancerSourceRanges) || (has(self.type) && self.type == 'LoadBalancer')")
+    .message("loadBalancerSourceRanges is only allowed with type LoadBalancer").field_path(".loadBalancerSourceRanges"))]
+#[x_kube(validation = Rule::new("!has(self.externalTrafficPolicy) || (has(self.type) && self.type != 'ClusterIP')")
+    .message("externalTrafficPolicy is only allowed with type NodePort or LoadBalancer").field_path(".externalTrafficPolicy"))]
+pub struct ServiceSpec {
+    /// `ClusterIP` (the default: an address inside the cluster), `NodePort` (also a port on
+    /// every node) or `LoadBalancer` (also an address from a load balancer: a cloud's, or
+    /// MetalLB's). Changing it is applied in place; the cluster IP stays.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<ServiceType>,
+
+    /// Which load-balancer implementation serves the Service (e.g. `service.k8s.aws/nlb`),
+    /// when the cluster has several. Only with `LoadBalancer`; fixed once the Service exists
+    /// (Kubernetes refuses changing it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 316))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("loadBalancerClass cannot be changed once set"))]
+    pub load_balancer_class: Option<String>,
+
+    /// Client address ranges (CIDRs) allowed to reach a `LoadBalancer`, e.g. `["203.0.113.0/24"]`.
+    /// Unset: any client.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 43)))]
+    #[x_kube(validation = Rule::new("self.all(r, isCIDR(r))").message("each entry must be a CIDR such as 203.0.113.0/24"))]
+    pub load_balancer_source_ranges: Vec<String>,
+
+    /// `Cluster` (the default) or `Local`: with `Local`, a node forwards only to a Pod on
+    /// itself and the client's source address is preserved (what Manager's nginx logs and
+    /// access rules see). Only with `NodePort` or `LoadBalancer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_traffic_policy: Option<TrafficPolicy>,
+
+    /// Annotations on the Service: what a load balancer is driven by, e.g.
+    /// `metallb.io/address-pool: public` or `metallb.io/loadBalancerIPs: 192.0.2.10` for
+    /// MetalLB, `service.beta.kubernetes.io/aws-load-balancer-scheme: internet-facing` on AWS.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    #[x_kube(validation = Rule::new("self.all(k, k.size() <= 253 && self[k].size() <= 4096)").message("annotation keys are at most 253 characters and values at most 4096"))]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl ServiceSpec {
+    /// The type with its default applied.
+    pub fn service_type(&self) -> ServiceType {
+        self.type_.unwrap_or_default()
+    }
+}
+
+// How the Service is exposed. (a `//` comment: a doc comment here would replace the field's
+// own description in the CRD).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+}
+
+impl ServiceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceType::ClusterIP => "ClusterIP",
+            ServiceType::NodePort => "NodePort",
+            ServiceType::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+// Where external traffic may be sent. (a `//` comment, as above).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TrafficPolicy {
+    Cluster,
+    Local,
+}
+
+impl TrafficPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrafficPolicy::Cluster => "Cluster",
+            TrafficPolicy::Local => "Local",
+        }
+    }
+}
+
+/// What the operator observed of the workload's Service.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceStatus {
+    /// The Service's name (the workload's, or `mw-<name>` for a name that starts with a digit).
+    pub name: String,
+    /// ClusterIP, NodePort or LoadBalancer, as the live Service has it.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The Service's address inside the cluster; stable for the Service's life.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "clusterIP")]
+    pub cluster_ip: Option<String>,
+    /// The Service's ports, with the node port each was given (NodePort, LoadBalancer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ServicePortStatus>,
+    /// Addresses (IPs or host names) the load balancer serves the Service on (LoadBalancer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub load_balancer_ingress: Vec<String>,
+    /// The name the Service answers to inside the cluster: `<service>.<namespace>.svc`
+    /// (resolvable from any Pod; the fully qualified form adds the cluster domain,
+    /// `cluster.local` unless the cluster says otherwise).
+    pub dns_name: String,
+}
+
+/// One port of the workload's Service.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePortStatus {
+    /// The port's name: the container port's, or `<protocol>-<number>` for an unnamed one.
+    pub name: String,
+    /// The Service's port: the container port's number.
+    pub port: i32,
+    /// TCP, UDP or SCTP.
+    pub protocol: String,
+    /// The port on every node (NodePort and LoadBalancer Services).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<i32>,
+}
+
+// --- end of Service ---------------------------------------------------------------------------
 
 // Start/stop: the desired state of the workload. (a `//` comment: a doc comment here would replace the
 // field's own description in the CRD).
@@ -856,6 +1007,15 @@ pub struct ManagedWorkloadStatus {
     /// IP of the current Pod while it has one. Ephemeral: it changes when the Pod is replaced.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "podIP")]
     pub pod_ip: Option<String>,
+    /// The address clients should use: the load balancer's (LoadBalancer), else the
+    /// Service's cluster IP, else, without a Service, the IP of the Pod that serves (kept
+    /// through a rollout until the new Pod serves). With a Service it does not change when the
+    /// Pod is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The workload's Service (spec.service), as observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceStatus>,
     /// Replicas wanted: 1 when Running, 0 when Stopped.
     #[serde(default)]
     pub desired_replicas: i32,

@@ -2,8 +2,10 @@
 //! `make test`). For each N in MW_BENCH_SIZES (default "100,1000"):
 //! - floor: N plain Deployments with the pod templates the operator would build, created at
 //!   once by a plain client; time until all are Available;
-//! - operator: N ManagedWorkloads applied at once; time until all are Ready; its API writes
-//!   (from the audit log, by resource), CPU seconds and memory.
+//! - operator: N ManagedWorkloads applied at once, each with a port and a ClusterIP Service
+//!   (MW_BENCH_SERVICE=0: without); time until all are Ready; its API writes (from the audit
+//!   log, by resource), CPU seconds and memory. The floor has no Services: a Service's cost is
+//!   the operator's extra apply and cache entry, which the writes and memory figures show.
 //!
 //! Then, on the last N: 60 s of steady state, 200 start/stop flips against the same flips on
 //! plain Deployments (p50/p99), and an operator restart. Last, MW_BENCH_VOLUMES (default 100)
@@ -56,9 +58,21 @@ fn total(counts: &BTreeMap<String, usize>) -> usize {
     counts.values().sum()
 }
 
+/// Workload `i`: a port and a ClusterIP Service, as a Manager container with an http service
+/// has (unless MW_BENCH_SERVICE=0), so the figures include what a Service costs (the goal: its
+/// one apply per workload, nothing more, and still under 16 KiB per additional workload).
 fn spec(i: usize) -> Value {
-    json!({"image": "nginx:latest", "env": [{"name": "ID", "value": i.to_string()}],
-           "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}})
+    let mut spec = json!({"image": "nginx:latest", "env": [{"name": "ID", "value": i.to_string()}],
+           "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}});
+    if with_service() {
+        spec["ports"] = json!([{"containerPort": 80, "name": "http"}]);
+        spec["service"] = json!({"type": "ClusterIP"});
+    }
+    spec
+}
+
+fn with_service() -> bool {
+    std::env::var("MW_BENCH_SERVICE").map(|v| v != "0").unwrap_or(true)
 }
 
 /// The Deployment the operator would build for workload `i`, as a plain client would create
@@ -300,7 +314,8 @@ async fn operator_against_the_floor() {
     let pid = operator_pid();
     let mut report = json!({"label": label, "sizes": {}});
     let mut table = format!(
-        "\n## Operator ({label})\n\n| N | floor: all Available | operator: all Ready | ratio | writes per workload | of which Deployment / status / Events | operator CPU per 1000 | RSS after |\n|---|---|---|---|---|---|---|---|\n"
+        "\n## Operator ({label}{})\n\n| N | floor: all Available | operator: all Ready | ratio | writes per workload | of which Deployment / Service / status / Events | operator CPU per 1000 | RSS after |\n|---|---|---|---|---|---|---|---|\n",
+        if with_service() { ", each workload with a ClusterIP Service" } else { "" }
     );
     let mut kept = Vec::new();
     let mut last_rss = None;
@@ -310,11 +325,12 @@ async fn operator_against_the_floor() {
             run.writes.iter().filter(|(k, _)| pred(k)).map(|(_, v)| *v).sum::<usize>() as f64 / n as f64
         };
         let deploy = per(&|k| k.ends_with(" deployments"));
+        let service = per(&|k| k.ends_with(" services"));
         let status = per(&|k| k.ends_with("managedworkloads/status"));
         let events = per(&|k| k.ends_with(" events"));
         let ratio = if run.floor_s > 0.0 { run.operator_s / run.floor_s } else { 0.0 };
         table.push_str(&format!(
-            "| {n} | {:.1} s | {:.1} s | {ratio:.2} | {:.2} | {deploy:.2} / {status:.2} / {events:.2} | {:.1} s | {:.1} MiB |\n",
+            "| {n} | {:.1} s | {:.1} s | {ratio:.2} | {:.2} | {deploy:.2} / {service:.2} / {status:.2} / {events:.2} | {:.1} s | {:.1} MiB |\n",
             run.floor_s,
             run.operator_s,
             total(&run.writes) as f64 / n as f64,

@@ -795,3 +795,141 @@ async fn mass_replacement_between_resyncs_is_refused() {
     bridge.stop().await;
     db.close().await;
 }
+
+/// Issue 15: a row's http and transport services become the workload's ports and Service; the
+/// row gets the Service's stable address, which no rollout or Pod deletion takes away or moves.
+async fn services_and_the_stable_address(engine: Engine) {
+    use k8s_openapi::api::core::v1::Service;
+    let ns = TestNamespace::new(&format!("bridge-svc-{engine:?}")).await;
+    let db = ManagerDb::new(engine).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let services = ns.api::<Service>();
+    let pods = ns.api::<Pod>();
+    db.insert_container("k8s-lab-1", "svc-web", Some("docker.io/library/nginx:1.27"), Some(r#"{"A":"1"}"#)).await;
+    let id = db.id_of("svc-web").await;
+    let at = now();
+    // As Manager's API stores them: an http service (its HTTPServices row names the public
+    // hostname, which the bridge does not need), a tcp and a udp transport service.
+    db.exec(&format!(
+        r#"INSERT INTO "Services" ("containerId", type, "internalPort", "createdAt", "updatedAt")
+             VALUES ({id}, 'http', 80, '{at}', '{at}'), ({id}, 'transport', 5432, '{at}', '{at}'),
+                    ({id}, 'transport', 5353, '{at}', '{at}');
+           INSERT INTO "TransportServices" ("serviceId", protocol, "externalPort", "createdAt", "updatedAt")
+             VALUES ((SELECT id FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5432), 'tcp', 2000, '{at}', '{at}'),
+                    ((SELECT id FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5353), 'udp', 2001, '{at}', '{at}');"#
+    ))
+    .await;
+    let bridge = Bridge::start(&ns, &db, &[]).await;
+
+    let mw = wait_ready(&workloads, "svc-web", Phase::Running).await;
+    let ports: Vec<_> = mw.spec.ports.iter().map(|p| (p.container_port, p.name.clone().unwrap())).collect();
+    assert_eq!(ports, [(80, "http-80".to_string()), (5353, "udp-5353".to_string()), (5432, "tcp-5432".to_string())]);
+    assert!(mw.spec.service.is_some(), "a Service, as the bridge's default asks");
+    let svc = services.get("svc-web").await.expect("the workload's Service");
+    let cluster_ip = svc.spec.unwrap().cluster_ip.expect("a cluster IP");
+    wait_written(&db, "svc-web", (Some(format!("{}/svc-web", ns.name)), Some(cluster_ip.clone()), None)).await;
+
+    // Watch the row from here on: the address must never go or change.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let watching = {
+        let (seen, db) = (seen.clone(), db.clone());
+        tokio::spawn(async move {
+            loop {
+                let ip = db.written("svc-web").await.and_then(|(_, ip, _)| ip);
+                seen.lock().unwrap().push(ip);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    // The row's env changes: a rollout (Updating) to a new Pod.
+    let before = mw.status.as_ref().and_then(|s| s.pod_ip.clone());
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "environmentVars" = '{{"A":"2"}}', "updatedAt" = '{}' WHERE hostname = 'svc-web'"#,
+        now()
+    ))
+    .await;
+    wait_until(&workloads, "svc-web", "a rollout to a new Pod", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| {
+            support::workload::condition_current(mw, "Ready", "True")
+                && mw.status.as_ref().is_some_and(|s| s.pod_ip.is_some() && s.pod_ip != before)
+        })
+    })
+    .await;
+    // kubectl delete pod: Creating again on a new Pod.
+    for pod in pods.list(&ListParams::default().labels("app.kubernetes.io/instance=svc-web")).await.unwrap().items {
+        pods.delete(&pod.name_any(), &Default::default()).await.unwrap();
+    }
+    wait_ready(&workloads, "svc-web", Phase::Running).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watching.abort();
+    let mut distinct = seen.lock().unwrap().clone();
+    distinct.dedup();
+    assert_eq!(distinct, [Some(cluster_ip)], "ipv4Address through a rollout and a Pod deletion");
+
+    // A service removed in Manager: the port goes from the workload and its Service.
+    db.exec(&format!(r#"DELETE FROM "Services" WHERE "containerId" = {id} AND "internalPort" = 5353"#)).await;
+    wait_until(&services, "svc-web", "the udp port gone from the Service", TIMEOUT, |s: Option<&Service>| {
+        let ports = s.and_then(|s| s.spec.as_ref()?.ports.clone()).unwrap_or_default();
+        ports.iter().map(|p| p.port).collect::<Vec<_>>() == [80, 5432]
+    })
+    .await;
+    bridge.stop().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_services_and_the_stable_address() {
+    services_and_the_stable_address(Engine::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_services_and_the_stable_address() {
+    services_and_the_stable_address(Engine::Postgres).await;
+}
+
+/// Issue 15: with `--service-type LoadBalancer` a row gets its load balancer's address, and
+/// only once the load balancer has given one (never the cluster IP, which an nginx outside the
+/// cluster cannot reach); a bridge run with `--ipv4-address pod` writes the Pod IP instead.
+#[tokio::test]
+async fn sqlite_load_balancer_address_and_the_pod_address_setting() {
+    use k8s_openapi::api::core::v1::Service;
+    let ns = TestNamespace::new("bridge-lb").await;
+    let db = ManagerDb::new(Engine::Sqlite).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let services = ns.api::<Service>();
+    db.insert_container("k8s-lab-1", "lb-web", Some("docker.io/library/nginx:1.27"), None).await;
+    let id = db.id_of("lb-web").await;
+    let at = now();
+    db.exec(&format!(
+        r#"INSERT INTO "Services" ("containerId", type, "internalPort", "createdAt", "updatedAt")
+             VALUES ({id}, 'http', 80, '{at}', '{at}')"#
+    ))
+    .await;
+    let bridge = Bridge::start(&ns, &db, &["--service-type", "LoadBalancer"]).await;
+    let provider_id = Some(format!("{}/lb-web", ns.name));
+    wait_until(&workloads, "lb-web", "waiting for the load balancer", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| {
+            mw.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| c.type_ == "Reconciling" && c.reason == "WaitingForLoadBalancer")
+            })
+        })
+    })
+    .await;
+    wait_written(&db, "lb-web", (provider_id.clone(), None, None)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(db.written("lb-web").await.unwrap().1, None, "not the cluster IP meanwhile");
+
+    // The test as the cloud controller.
+    let ingress = json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.50"}]}}});
+    services.patch_status("lb-web", &PatchParams::default(), &Patch::Merge(&ingress)).await.unwrap();
+    wait_ready(&workloads, "lb-web", Phase::Running).await;
+    wait_written(&db, "lb-web", (provider_id.clone(), Some("192.0.2.50".into()), None)).await;
+    bridge.stop().await;
+
+    // The same rows under a bridge that writes Pod IPs.
+    let bridge = Bridge::start(&ns, &db, &["--service-type", "LoadBalancer", "--ipv4-address", "pod"]).await;
+    let pod_ip = workloads.get("lb-web").await.unwrap().status.and_then(|s| s.pod_ip).expect("a Pod IP");
+    wait_written(&db, "lb-web", (provider_id, Some(pod_ip), None)).await;
+    bridge.stop().await;
+    db.close().await;
+}

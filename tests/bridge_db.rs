@@ -42,6 +42,7 @@ async fn reads_and_writes(engine: Engine) {
         grants: &grants,
         requests_percent: 100,
         rootfs: &Default::default(),
+        service: &Default::default(),
     };
     let pg = mapping::desired(&rows[1], &cx).unwrap();
     assert_eq!(
@@ -71,6 +72,34 @@ async fn reads_and_writes(engine: Engine) {
     assert_eq!(changed.iter().map(|r| r.hostname.as_str()).collect::<Vec<_>>(), ["akumar-dev"]);
     let fingerprint = db.fingerprint(&[node]).await.unwrap();
     assert_eq!(fingerprint.containers, 3);
+
+    // Services: http and transport ones read with their protocol, dns ones not; a change to
+    // them shows in the fingerprint (Manager does not touch the container's row for it).
+    let wiki_id = manager.id_of("team-wiki").await;
+    let at = now();
+    manager
+        .exec(&format!(
+            r#"INSERT INTO "Services" ("containerId", type, "internalPort", "createdAt", "updatedAt")
+                 VALUES ({wiki_id}, 'http', 80, '{at}', '{at}'), ({wiki_id}, 'transport', 5353, '{at}', '{at}'),
+                        ({wiki_id}, 'dns', 53, '{at}', '{at}');
+               INSERT INTO "TransportServices" ("serviceId", protocol, "externalPort", "createdAt", "updatedAt")
+                 VALUES ((SELECT id FROM "Services" WHERE "containerId" = {wiki_id} AND "internalPort" = 5353),
+                         'udp', 2053, '{at}', '{at}');"#
+        ))
+        .await;
+    let with_services = db.containers_with_services(&[node], None).await.unwrap();
+    let wiki_services = &with_services.iter().find(|r| r.hostname == "team-wiki").unwrap().services;
+    let read: Vec<_> =
+        wiki_services.iter().map(|s| (s.kind.as_str(), s.internal_port, s.protocol.as_deref())).collect();
+    assert_eq!(read, [("http", 80, None), ("transport", 5353, Some("udp"))]);
+    assert!(with_services.iter().filter(|r| r.hostname != "team-wiki").all(|r| r.services.is_empty()));
+    let mapped = mapping::desired(with_services.iter().find(|r| r.hostname == "team-wiki").unwrap(), &cx).unwrap();
+    assert_eq!(mapped.workload.spec.ports.len(), 2);
+    assert!(mapped.workload.spec.service.is_some());
+    let after_services = db.fingerprint(&[node]).await.unwrap();
+    assert_ne!(after_services.services_updated, fingerprint.services_updated);
+    manager.exec(r#"DELETE FROM "TransportServices""#).await;
+    assert_ne!(db.fingerprint(&[node]).await.unwrap().services_updated, after_services.services_updated);
 
     // Write-back: written once, then nothing (the row already holds it).
     let wiki = &rows[0];

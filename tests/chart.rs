@@ -403,6 +403,9 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
             "--rootfs-mount-path=/data",
             "--rootfs-storage-class=",
             "--rootfs-on-delete=retain",
+            "--ipv4-address=service",
+            "--service-type=ClusterIP",
+            "--service-load-balancer-class=",
             "--metrics-address=0.0.0.0:8080",
             "--lease-name=mw-bridge",
             "--database-password-file=/etc/mw/password",
@@ -490,6 +493,10 @@ fn the_bridge_values_are_checked_and_optional_parts_left_out() {
         "bridge.nodes[1].namespace=shared",
         "bridge.pollInterval=500ms",
         "bridge.requestsPercent=50",
+        "bridge.ipv4Address=pod",
+        "bridge.service.type=LoadBalancer",
+        "bridge.service.loadBalancerClass=metallb.io/metallb",
+        "bridge.service.annotations.metallb\\.io/address-pool=manager",
     ]
     .into_iter()
     .flat_map(|s| ["--set".to_string(), s.to_string()])
@@ -500,7 +507,16 @@ fn the_bridge_values_are_checked_and_optional_parts_left_out() {
     assert_eq!(named(&docs, "RoleBinding", name).len(), 1);
     let pod = &named(&docs, "Deployment", name)[0]["spec"]["template"]["spec"];
     let args = pod["containers"][0]["args"].as_array().unwrap();
-    for want in ["--node=n1=shared", "--node=n2=shared", "--poll-interval=500ms", "--requests-percent=50"] {
+    for want in [
+        "--node=n1=shared",
+        "--node=n2=shared",
+        "--poll-interval=500ms",
+        "--requests-percent=50",
+        "--ipv4-address=pod",
+        "--service-type=LoadBalancer",
+        "--service-load-balancer-class=metallb.io/metallb",
+        "--service-annotation=metallb.io/address-pool=manager",
+    ] {
         assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
     }
     assert!(!args.iter().any(|a| a.as_str().unwrap().starts_with("--database-password-file")));

@@ -497,3 +497,41 @@ async fn a_failing_readiness_probe_keeps_a_running_container_from_ready() {
     let mw = wait_real(&workloads, "gated", Phase::Running).await;
     answers(&mw, "mw-test httpd v1").await;
 }
+
+/// Issue 15: the workload's Service, through the real node's kube-proxy: an HTTP request from
+/// this host to the Service's cluster IP (`status.address`) reaches the workload, and still
+/// does, at the same address, after a rollout to a new Pod.
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn the_service_address_answers_http_through_kube_proxy_across_a_rollout() {
+    let ns = real_node_namespace("real-service").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let spec = |image: &str| json!({"image": image, "ports": [{"containerPort": 8080, "name": "http"}], "service": {"type": "ClusterIP"}});
+    apply(&workloads, "web", spec(HTTPD_1)).await.unwrap();
+    let mw = wait_real(&workloads, "web", Phase::Running).await;
+    let status = mw.status.clone().unwrap();
+    let address = status.address.clone().expect("status.address");
+    assert_eq!(status.service.as_ref().and_then(|s| s.cluster_ip.clone()).as_ref(), Some(&address));
+    assert_ne!(Some(&address), status.pod_ip.as_ref(), "the Service's address, not the Pod's");
+    let reaches = |body: &'static str| {
+        let address = address.clone();
+        async move {
+            eventually(&format!("http://{address}:8080/ to answer {body:?}"), Duration::from_secs(30), || {
+                let address = address.clone();
+                async move {
+                    let got = http_get(&address, 8080).await?;
+                    if got.trim() == body { Ok(()) } else { Err(format!("answered {got:?}")) }
+                }
+            })
+            .await;
+        }
+    };
+    reaches("mw-test httpd v1").await;
+
+    apply(&workloads, "web", spec(HTTPD_2)).await.unwrap();
+    let mw = wait_real(&workloads, "web", Phase::Running).await;
+    let after = mw.status.unwrap();
+    assert_eq!(after.address.as_ref(), Some(&address), "the address did not move with the Pod");
+    assert_ne!(after.pod_ip, status.pod_ip, "a new Pod");
+    reaches("mw-test httpd v2").await;
+}

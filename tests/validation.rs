@@ -357,6 +357,40 @@ fn cases() -> Vec<(&'static str, Value, Vec<&'static str>)> {
             with(json!({"startupProbe": {"tcpSocket": {"port": 80}, "successThreshold": 3}})),
             vec!["spec.startupProbe", "successThreshold must be 1 for a startup probe"],
         ),
+        (
+            "a Service without ports",
+            with(json!({"service": {"type": "ClusterIP"}})),
+            vec!["spec.service", "needs at least one port in spec.ports"],
+        ),
+        (
+            "an unknown Service type",
+            with(json!({"ports": [{"containerPort": 80}], "service": {"type": "External"}})),
+            vec!["spec.service.type", "Unsupported value"],
+        ),
+        (
+            "a load-balancer class without a load balancer",
+            with(json!({"ports": [{"containerPort": 80}], "service": {"loadBalancerClass": "metallb.io/metallb"}})),
+            vec!["spec.service.loadBalancerClass", "only allowed with type LoadBalancer"],
+        ),
+        (
+            "source ranges on a NodePort Service",
+            with(
+                json!({"ports": [{"containerPort": 80}], "service": {"type": "NodePort", "loadBalancerSourceRanges": ["10.0.0.0/8"]}}),
+            ),
+            vec!["spec.service.loadBalancerSourceRanges", "only allowed with type LoadBalancer"],
+        ),
+        (
+            "a source range that is no CIDR",
+            with(
+                json!({"ports": [{"containerPort": 80}], "service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["somewhere"]}}),
+            ),
+            vec!["spec.service.loadBalancerSourceRanges", "must be a CIDR"],
+        ),
+        (
+            "an external traffic policy on a ClusterIP Service",
+            with(json!({"ports": [{"containerPort": 80}], "service": {"externalTrafficPolicy": "Local"}})),
+            vec!["spec.service.externalTrafficPolicy", "only allowed with type NodePort or LoadBalancer"],
+        ),
     ]
 }
 
@@ -435,7 +469,12 @@ async fn good_manifests_are_accepted() {
         "readinessProbe": {"httpGet": {"path": "/healthz?full=1", "port": 8080, "scheme": "HTTPS"}, "periodSeconds": 5,
                            "timeoutSeconds": 2, "successThreshold": 2, "failureThreshold": 3, "initialDelaySeconds": 0},
         "livenessProbe": {"tcpSocket": {"port": "dns-tcp"}, "successThreshold": 1},
-        "startupProbe": {"exec": {"command": ["pg_isready", "-q"]}, "failureThreshold": 60}
+        "startupProbe": {"exec": {"command": ["pg_isready", "-q"]}, "failureThreshold": 60},
+        "service": {
+            "type": "LoadBalancer", "loadBalancerClass": "metallb.io/metallb",
+            "loadBalancerSourceRanges": ["203.0.113.0/24", "2001:db8::/32"], "externalTrafficPolicy": "Local",
+            "annotations": {"metallb.io/address-pool": "public"}
+        }
     });
     let minimal = json!({"image": "nginx"});
     for (i, spec) in [full, minimal].into_iter().enumerate() {

@@ -84,7 +84,7 @@ export class KubernetesWorkloads {
    * provider id to store in Containers.containerId. Idempotent: a retried job finds the
    * workload it made before.
    */
-  async create({ name, image, command, args, env = {}, cpu, memory, nodeId, containerId, state = 'Running' }) {
+  async create({ name, image, command, args, env = {}, cpu, memory, nodeId, containerId, state = 'Running', ports, service }) {
     const resources = {};
     if (cpu || memory) {
       resources.requests = { ...(cpu && { cpu: String(cpu) }), ...(memory && { memory }) };
@@ -104,6 +104,10 @@ export class KubernetesWorkloads {
         ...(args && { args }),
         env: toEnv(env),
         ...(Object.keys(resources).length && { resources }),
+        // Manager's Services rows' internal ports, e.g. [{containerPort: 80, name: 'http'}],
+        // and a Service for a stable address ({type: 'ClusterIP'}; docs/networking.md).
+        ...(ports?.length && { ports }),
+        ...(service && { service }),
       },
     };
     const providerId = `${this.namespace}/${name}`;
@@ -178,7 +182,9 @@ export class KubernetesWorkloads {
    * for the current generation: running and available, or fully stopped), like
    * `kubectl wait --for=condition=Ready`. Rejects at once when it is Failed (Stalled=True),
    * with the operator's reason, and after `timeoutMs` (Manager's waitForTask default).
-   * Resolves to {status, podIP, mw}; podIP is the Pod's current address, or null when stopped.
+   * Resolves to {status, address, podIP, mw}: address is what to store in
+   * Containers.ipv4Address (with a Service its stable address, which no rollout moves; without
+   * one the serving Pod's IP), podIP the Pod's current address; both null when stopped.
    */
   async waitFor(providerId, { timeoutMs = 300_000, pollMs = 1_000 } = {}) {
     const deadline = Date.now() + timeoutMs;
@@ -192,7 +198,9 @@ export class KubernetesWorkloads {
         throw new Error(`${providerId} failed: ${stalled.reason}: ${stalled.message}`);
       }
       if (ready?.status === 'True') {
-        return { status: managerStatus(last), podIP: last.status.podIP ?? null, mw: last };
+        const stopped = last.spec?.state === 'Stopped';
+        const address = stopped ? null : (last.status.address ?? null);
+        return { status: managerStatus(last), address, podIP: last.status.podIP ?? null, mw: last };
       }
       if (Date.now() >= deadline) {
         throw new Error(`timed out waiting for ${providerId}: phase ${last.status?.phase ?? 'none yet'}`);

@@ -82,6 +82,7 @@ describe('against the local control plane', { skip: !kubeconfigPath && 'MW_TEST_
     let done = await node.waitFor(id);
     assert.equal(done.status, 'running');
     assert.match(done.podIP, /^\d+\.\d+\.\d+\.\d+$/);
+    assert.equal(done.address, done.podIP, 'without a Service, the address is the Pod IP');
     assert.equal(done.mw.status.providerId, id);
     assert.equal(await node.status(id), 'running');
 
@@ -113,6 +114,34 @@ describe('against the local control plane', { skip: !kubeconfigPath && 'MW_TEST_
     await node.delete(id);
     assert.equal(await node.status(id), 'missing');
     await node.delete(id); // deleting a deleted container is not an error
+  });
+
+  test('with a Service, the address to store does not move when the Pod does', async () => {
+    const id = await node.create({
+      name: 'svc-7',
+      image: 'nginx:latest',
+      nodeId: 7,
+      containerId: 45,
+      ports: [{ containerPort: 80, name: 'http' }],
+      service: { type: 'ClusterIP' },
+    });
+    let done = await node.waitFor(id);
+    assert.equal(done.status, 'running');
+    const service = await core.readNamespacedService({ name: 'svc-7', namespace });
+    assert.equal(done.address, service.spec.clusterIP, "the Service's cluster IP");
+    assert.notEqual(done.address, done.podIP);
+    const firstPod = done.podIP;
+
+    await node.reconfigure(id, { env: { GREETING: 'hallo' } });
+    done = await node.waitFor(id);
+    assert.equal(done.status, 'running');
+    assert.notEqual(done.podIP, firstPod, 'a new Pod');
+    assert.equal(done.address, service.spec.clusterIP, 'the same address');
+
+    await node.stop(id);
+    done = await node.waitFor(id);
+    assert.equal(done.address, null, 'nothing to route to while stopped');
+    await node.delete(id);
   });
 
   test('a container that cannot start rejects waitFor with the reason', async () => {

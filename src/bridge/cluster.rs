@@ -55,7 +55,7 @@ impl Cluster {
                 .default_backoff()
                 .modify(|mw| {
                     use kube::ResourceExt;
-                    // Only the phase, provider id and Pod IP of the status are read.
+                    // Only the phase, provider id, Pod IP, address and Service of the status are read.
                     mw.managed_fields_mut().clear();
                     if let Some(status) = mw.status.as_mut() {
                         status.conditions.clear();

@@ -12,7 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use super::error::{BridgeError, RowError};
-use super::rows::{ContainerRow, Fingerprint, GrantRow, NodeRow, RowState};
+use super::rows::{ContainerRow, Fingerprint, GrantRow, NodeRow, RowState, ServiceRow};
 
 /// A connection pool to Manager's database.
 #[derive(Clone, Debug)]
@@ -232,6 +232,46 @@ impl Database {
         .map_err(BridgeError::db("reading Containers"))
     }
 
+    /// The http and transport `"Services"` of these containers, with their transport
+    /// protocol, in id order. (`dns` services carry no port of the container's own: SRV
+    /// records for the site's DNS, nothing to route.)
+    pub async fn services(&self, containers: &[i64]) -> Result<Vec<ServiceRow>, BridgeError> {
+        let mut out = Vec::new();
+        // In chunks: a statement naming thousands of ids stays well within both engines' limits.
+        for chunk in containers.chunks(1000) {
+            let sql = format!(
+                r#"SELECT CAST(s."containerId" AS BIGINT) AS container_id, CAST(s.type AS TEXT) AS kind,
+                     CAST(s."internalPort" AS BIGINT) AS internal_port, CAST(t.protocol AS TEXT) AS protocol
+                   FROM "Services" s LEFT JOIN "TransportServices" t ON t."serviceId" = s.id
+                   WHERE s."containerId" IN ({}) AND CAST(s.type AS TEXT) IN ('http', 'transport')
+                   ORDER BY s.id"#,
+                id_list(chunk)
+            );
+            let rows: Vec<ServiceRow> = on_pool!(self, pool => sqlx::query_as(&sql).fetch_all(pool).await)
+                .map_err(BridgeError::db("reading Services"))?;
+            out.extend(rows);
+        }
+        Ok(out)
+    }
+
+    /// Containers with their http and transport services attached.
+    pub async fn containers_with_services(
+        &self,
+        nodes: &[i64],
+        since: Option<Timestamp>,
+    ) -> Result<Vec<ContainerRow>, BridgeError> {
+        let mut rows = self.containers(nodes, since).await?;
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let mut by_container: std::collections::HashMap<i64, Vec<ServiceRow>> = Default::default();
+        for service in self.services(&ids).await? {
+            by_container.entry(service.container_id).or_default().push(service);
+        }
+        for row in &mut rows {
+            row.services = by_container.remove(&row.id).unwrap_or_default();
+        }
+        Ok(rows)
+    }
+
     /// Containers on kubernetes nodes this bridge does not serve: (id, nodeId).
     pub async fn unmapped_containers(&self, served: &[i64]) -> Result<Vec<(i64, i64)>, BridgeError> {
         let mut sql = r#"SELECT CAST(c.id AS BIGINT), CAST(c."nodeId" AS BIGINT)
@@ -257,7 +297,12 @@ impl Database {
                  (SELECT {} || '/' || CAST(COUNT(*) AS TEXT) FROM "Nodes") AS nodes_updated,
                  (SELECT {} FROM "Settings" WHERE key = 'default_container_env_vars') AS settings_updated,
                  (SELECT {} || '/' || CAST(COUNT(*) AS TEXT) FROM "ResourceRequests") AS grants_updated,
+                 (SELECT COALESCE({}, '') || '/' || CAST(COUNT(*) AS TEXT) || '/' || CAST(COALESCE(SUM(id), 0) AS TEXT)
+                    FROM "Services") || ':' ||
+                 (SELECT COALESCE({}, '') || '/' || CAST(COUNT(*) AS TEXT) FROM "TransportServices") AS services_updated,
                  {} AS db_now"#,
+            e.ts(r#"MAX("updatedAt")"#),
+            e.ts(r#"MAX("updatedAt")"#),
             e.ts(r#"MAX("updatedAt")"#),
             e.ts(r#"MAX("updatedAt")"#),
             e.ts(r#"MAX("updatedAt")"#),

@@ -12,6 +12,8 @@ pub enum RowError {
     MissingImage,
     #[error("template {template:?} is not a container image reference: {why}")]
     BadImage { template: String, why: &'static str },
+    #[error("Services row ({kind}, internalPort {port}): {why}")]
+    BadService { kind: String, port: i64, why: &'static str },
     #[error("hostname {0:?} is not a valid Kubernetes name (RFC 1123 label, at most 63 characters)")]
     BadHostname(String),
     #[error("environmentVars is not a JSON object: {0}")]
@@ -47,6 +49,7 @@ impl RowError {
             RowError::MissingImage => "missing_image",
             RowError::BadImage { .. } => "bad_image",
             RowError::BadHostname(_) => "bad_hostname",
+            RowError::BadService { .. } => "bad_service",
             RowError::EnvNotJson(_) => "bad_env_json",
             RowError::EnvKey(_) => "bad_env_key",
             RowError::BadEntrypoint(_) => "bad_entrypoint",

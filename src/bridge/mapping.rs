@@ -13,11 +13,11 @@ use sha2::{Digest, Sha256};
 use super::env::{self, DefaultEnv};
 use super::error::RowError;
 use super::image;
-use super::rows::{ContainerRow, Grants, RowKey};
+use super::rows::{ContainerRow, Grants, RowKey, ServiceRow};
 use crate::operator::ownership as desired;
 use crate::resource::{
-    CONTAINER_ID_LABEL, EnvVar, EnvVarSource, KeyRef, ManagedWorkload, ManagedWorkloadSpec, NODE_ID_LABEL, Quantity,
-    ResourceList, Resources, RetentionPolicy, Volume,
+    CONTAINER_ID_LABEL, ContainerPort, EnvVar, EnvVarSource, KeyRef, ManagedWorkload, ManagedWorkloadSpec,
+    NODE_ID_LABEL, Protocol, Quantity, ResourceList, Resources, RetentionPolicy, ServiceSpec, ServiceType, Volume,
 };
 
 /// Says which bridge (by its field manager) made a CR or Secret. The bridge touches nothing
@@ -63,6 +63,62 @@ impl Default for RootfsVolume {
     }
 }
 
+/// How a row's http and transport services become the workload's Service (bridge flags
+/// `--service-type`, `--service-load-balancer-class`, `--service-annotation`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceSettings {
+    /// The Service's type; None: the ports are only declared on the Pod, and no Service is made
+    /// (Manager's nginx must then reach Pod IPs: `--ipv4-address pod`).
+    pub type_: Option<ServiceType>,
+    /// With `LoadBalancer`: which implementation serves it.
+    pub load_balancer_class: Option<String>,
+    /// Annotations on every Service (a MetalLB address pool, a cloud's load-balancer options).
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Default for ServiceSettings {
+    fn default() -> Self {
+        ServiceSettings { type_: Some(ServiceType::ClusterIP), load_balancer_class: None, annotations: BTreeMap::new() }
+    }
+}
+
+/// Most ports a workload may declare (the CRD's limit on `spec.ports`).
+const MAX_PORTS: usize = 64;
+
+/// The row's services as the workload's ports: one per distinct (internal port, protocol),
+/// in port order. An http service is TCP, named `http-<port>`; a transport service is its
+/// protocol's, named `tcp-<port>` or `udp-<port>`. Several services on one port (two http
+/// hostnames, or http and tcp transport) share the port and the first one's name.
+pub fn ports(services: &[ServiceRow]) -> Result<Vec<ContainerPort>, RowError> {
+    let mut ports: BTreeMap<(i32, &'static str), ContainerPort> = BTreeMap::new();
+    for s in services {
+        let bad = |why| RowError::BadService { kind: s.kind.clone(), port: s.internal_port, why };
+        let number = i32::try_from(s.internal_port)
+            .ok()
+            .filter(|p| (1..=65535).contains(p))
+            .ok_or(bad("not a port number (1 to 65535)"))?;
+        let (protocol, prefix) = match (s.kind.as_str(), s.protocol.as_deref()) {
+            ("http", _) => (Protocol::TCP, "http"),
+            ("transport", Some("tcp")) => (Protocol::TCP, "tcp"),
+            ("transport", Some("udp")) => (Protocol::UDP, "udp"),
+            ("transport", _) => {
+                return Err(bad("a transport service needs a TransportServices row with protocol tcp or udp"));
+            }
+            _ => continue,
+        };
+        ports.entry((number, protocol.as_str())).or_insert_with(|| ContainerPort {
+            container_port: number,
+            name: Some(format!("{prefix}-{number}")),
+            protocol: Some(protocol),
+        });
+    }
+    if ports.len() > MAX_PORTS {
+        let last = services.last().map_or(0, |s| s.internal_port);
+        return Err(RowError::BadService { kind: "all".into(), port: last, why: "more than 64 distinct ports" });
+    }
+    Ok(ports.into_values().collect())
+}
+
 /// Where and how a row is mapped.
 #[derive(Clone, Copy, Debug)]
 pub struct Context<'a> {
@@ -76,6 +132,8 @@ pub struct Context<'a> {
     pub requests_percent: u32,
     /// The rootfs volume's mount path, class and retention.
     pub rootfs: &'a RootfsVolume,
+    /// Whether and how the row's services become a Service.
+    pub service: &'a ServiceSettings,
 }
 
 /// What one row should look like in the cluster.
@@ -150,6 +208,14 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         gpus: (row.nvidia_requested != 0).then_some(1),
     };
 
+    let ports = ports(&row.services)?;
+    // No ports, no Service: Kubernetes refuses a Service without one (and the CRD too).
+    let service = cx.service.type_.filter(|_| !ports.is_empty()).map(|type_| ServiceSpec {
+        type_: Some(type_),
+        load_balancer_class: cx.service.load_balancer_class.clone().filter(|_| type_ == ServiceType::LoadBalancer),
+        annotations: cx.service.annotations.clone(),
+        ..Default::default()
+    });
     let env_refs = env
         .keys()
         .map(|key| EnvVar {
@@ -169,6 +235,8 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         hostname: Some(name.clone()),
         pod_annotations: BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), env_digest(&env))]),
         volumes,
+        ports,
+        service,
         ..Default::default()
     };
     let mut workload = ManagedWorkload::new(&name, spec);

@@ -74,6 +74,25 @@ pub struct BridgeArgs {
     /// `delete` (the claim is deleted with the workload).
     #[arg(long, default_value = "retain", env = "MW_ROOTFS_ON_DELETE", value_parser = parse_retention)]
     pub rootfs_on_delete: crate::resource::RetentionPolicy,
+    /// What the bridge writes to `Containers.ipv4Address`, the address Manager's nginx routes
+    /// to: `service` (the workload's `status.address`: its load balancer's address, else its
+    /// Service's cluster IP, else, without a Service, the serving Pod's IP) or `pod` (always
+    /// the serving Pod's IP, for an nginx that reaches Pod IPs directly, e.g. over a routed
+    /// Pod network). See docs/networking.md for which Manager topology needs which.
+    #[arg(long = "ipv4-address", default_value = "service", env = "MW_IPV4_ADDRESS", value_parser = parse_address_source)]
+    pub ipv4_address: plan::AddressSource,
+    /// The Service each container with http or transport services gets: `ClusterIP`,
+    /// `NodePort`, `LoadBalancer`, or `none` (the ports are declared on the Pod only).
+    #[arg(long, default_value = "ClusterIP", env = "MW_SERVICE_TYPE", value_parser = parse_service_type)]
+    pub service_type: ServiceTypeArg,
+    /// With `--service-type LoadBalancer`: the load-balancer implementation to ask (empty: the
+    /// cluster's default).
+    #[arg(long, default_value = "", env = "MW_SERVICE_LOAD_BALANCER_CLASS")]
+    pub service_load_balancer_class: String,
+    /// An annotation on every Service the bridge asks for, as `KEY=VALUE` (e.g.
+    /// `metallb.io/address-pool=manager`). Repeat for several.
+    #[arg(long = "service-annotation", value_parser = parse_annotation)]
+    pub service_annotations: Vec<(String, String)>,
     /// Where to serve /healthz, /readyz (ready while sync passes succeed) and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
     pub metrics_address: std::net::SocketAddr,
@@ -99,6 +118,39 @@ pub struct BridgeArgs {
 
 /// The bridge's Lease unless --lease-name names another.
 pub const DEFAULT_LEASE: &str = "mw-bridge";
+
+fn parse_address_source(s: &str) -> Result<plan::AddressSource, String> {
+    match s {
+        "service" => Ok(plan::AddressSource::Service),
+        "pod" => Ok(plan::AddressSource::Pod),
+        other => Err(format!("{other:?}: expected service or pod")),
+    }
+}
+
+/// `--service-type`: a Service type, or `none`. (A type of its own: clap reads an
+/// `Option<T>` field as "the flag may be absent", not as a value that may be none.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceTypeArg(pub Option<crate::resource::ServiceType>);
+
+fn parse_service_type(s: &str) -> Result<ServiceTypeArg, String> {
+    use crate::resource::ServiceType;
+    let type_ = match s {
+        "none" | "None" | "" => None,
+        "ClusterIP" => Some(ServiceType::ClusterIP),
+        "NodePort" => Some(ServiceType::NodePort),
+        "LoadBalancer" => Some(ServiceType::LoadBalancer),
+        other => return Err(format!("{other:?}: expected ClusterIP, NodePort, LoadBalancer or none")),
+    };
+    Ok(ServiceTypeArg(type_))
+}
+
+fn parse_annotation(s: &str) -> Result<(String, String), String> {
+    let (key, value) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))?;
+    if key.trim().is_empty() {
+        return Err(format!("{s:?}: the annotation key is empty"));
+    }
+    Ok((key.trim().to_string(), value.to_string()))
+}
 
 fn parse_retention(s: &str) -> Result<crate::resource::RetentionPolicy, String> {
     match s {
@@ -170,6 +222,12 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
             storage_class: Some(args.rootfs_storage_class.clone()).filter(|c| !c.is_empty()),
             on_delete: args.rootfs_on_delete,
         },
+        service: mapping::ServiceSettings {
+            type_: args.service_type.0,
+            load_balancer_class: Some(args.service_load_balancer_class.clone()).filter(|c| !c.is_empty()),
+            annotations: args.service_annotations.iter().cloned().collect(),
+        },
+        address: args.ipv4_address,
         concurrency: usize::from(args.concurrency),
         pass_timeout: args.pass_timeout,
         delete_guard: plan::DeleteGuard {
@@ -267,5 +325,48 @@ mod tests {
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("2d").is_err());
+    }
+
+    /// The flags as `mw-operator bridge` parses them (a flag's type and its parser must agree,
+    /// which only parsing shows).
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BridgeArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<BridgeArgs, clap::Error> {
+        use clap::Parser;
+        let base = ["bridge", "--database-url", "sqlite:///m.sqlite", "--node", "k8s=apps"];
+        Cli::try_parse_from(base.iter().chain(extra)).map(|c| c.args)
+    }
+
+    #[test]
+    fn service_and_address_flags() {
+        use crate::resource::ServiceType;
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.ipv4_address, plan::AddressSource::Service);
+        assert_eq!(defaults.service_type, ServiceTypeArg(Some(ServiceType::ClusterIP)));
+        assert!(defaults.service_load_balancer_class.is_empty() && defaults.service_annotations.is_empty());
+
+        let set = parse(&[
+            "--ipv4-address=pod",
+            "--service-type=LoadBalancer",
+            "--service-load-balancer-class=metallb.io/metallb",
+            "--service-annotation=metallb.io/address-pool=manager",
+            "--service-annotation=note=a=b",
+        ])
+        .unwrap();
+        assert_eq!(set.ipv4_address, plan::AddressSource::Pod);
+        assert_eq!(set.service_type, ServiceTypeArg(Some(ServiceType::LoadBalancer)));
+        assert_eq!(set.service_load_balancer_class, "metallb.io/metallb");
+        assert_eq!(
+            set.service_annotations,
+            [("metallb.io/address-pool".into(), "manager".into()), ("note".into(), "a=b".into())]
+        );
+        assert_eq!(parse(&["--service-type=none"]).unwrap().service_type, ServiceTypeArg(None));
+        assert!(parse(&["--service-type=External"]).is_err());
+        assert!(parse(&["--ipv4-address=mac"]).is_err());
+        assert!(parse(&["--service-annotation=novalue"]).is_err());
     }
 }

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use super::error::RowError;
 use super::mapping::{BRIDGE_HASH_ANNOTATION, Desired, ROW_CREATED_ANNOTATION, SECRET_SUFFIX, SYNCED_BY_LABEL, key_of};
 use super::rows::{RowKey, RowState};
-use crate::resource::{ManagedWorkload, Phase};
+use crate::resource::{DesiredState, ManagedWorkload, Phase, ServiceType};
 
 /// A ManagedWorkload as the bridge sees it: whose it is and what it was made from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,18 +115,50 @@ pub fn plan(
     }
 }
 
+/// Which address of a workload is written back as `ipv4Address` (bridge flag
+/// `--ipv4-address`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AddressSource {
+    /// `status.address`: the load balancer's, else the Service's cluster IP, else (no
+    /// Service) the serving Pod's IP. Stable with a Service.
+    #[default]
+    Service,
+    /// `status.podIP`: the serving Pod's IP (moves with every new Pod).
+    Pod,
+}
+
 /// What the row's written-back columns should hold for this CR (DESIGN §5): the permanent
-/// provider id, the Pod IP only while Running, and no MAC (a Pod has none worth routing to).
-pub fn row_state(mw: &ManagedWorkload) -> RowState {
+/// provider id, the address (as `source` says), and no MAC (a Pod has none worth routing to).
+/// `current` is the address the row holds now.
+///
+/// The address is written once the workload serves (`Running`), and from then on follows what
+/// the operator reports without gaps: a rollout (`Updating`: the old Pod serves until the new
+/// one is Ready) writes it; a replaced Pod (`Creating` again) or a one-off restart (`Failed`
+/// for the crash-loop window) keeps it when it is unchanged, which with a Service it always
+/// is, and clears it otherwise (a new Pod's IP is written once that Pod serves). A stopped
+/// workload serves nothing: no address. A `LoadBalancer` Service's address is its load
+/// balancer's only: its cluster IP is not what an nginx outside the cluster can reach.
+pub fn row_state(mw: &ManagedWorkload, source: AddressSource, current: Option<&str>) -> RowState {
     let status = mw.status.as_ref();
     let provider_id =
         status.and_then(|s| s.provider_id.clone()).or_else(|| Some(format!("{}/{}", mw.namespace()?, mw.name_any())));
-    let running = status.and_then(|s| s.phase) == Some(Phase::Running);
-    RowState {
-        container_id: provider_id,
-        ipv4_address: if running { status.and_then(|s| s.pod_ip.clone()) } else { None },
-        mac_address: None,
-    }
+    let candidate = status.and_then(|s| match source {
+        AddressSource::Pod => s.pod_ip.clone(),
+        AddressSource::Service => {
+            let load_balancer = s.service.as_ref().filter(|svc| svc.type_ == ServiceType::LoadBalancer.as_str());
+            match load_balancer {
+                Some(svc) => svc.load_balancer_ingress.first().cloned(),
+                None => s.address.clone(),
+            }
+        }
+    });
+    let phase = status.and_then(|s| s.phase).filter(|_| mw.spec.desired_state() == DesiredState::Running);
+    let address = match phase {
+        Some(Phase::Running | Phase::Updating) => candidate,
+        Some(Phase::Creating | Phase::Failed) => candidate.filter(|a| Some(a.as_str()) == current),
+        Some(Phase::Stopping | Phase::Stopped) | None => None,
+    };
+    RowState { container_id: provider_id, ipv4_address: address, mac_address: None }
 }
 
 /// What the row's written-back columns should hold, given the CR of ours that stands for it
@@ -134,9 +166,9 @@ pub fn row_state(mw: &ManagedWorkload) -> RowState {
 /// address; a row with no workload gets no address (Pod IPs are reused quickly: a stale one
 /// would send the container's traffic to whichever Pod gets the IP next). The provider id
 /// stays: it is the name the workload has or will have again.
-pub fn write_back_target(cr: Option<&ManagedWorkload>, written: &RowState) -> RowState {
+pub fn write_back_target(cr: Option<&ManagedWorkload>, written: &RowState, source: AddressSource) -> RowState {
     match cr {
-        Some(cr) => row_state(cr),
+        Some(cr) => row_state(cr, source, written.ipv4_address.as_deref()),
         None => RowState { container_id: written.container_id.clone(), ipv4_address: None, mac_address: None },
     }
 }
@@ -226,7 +258,7 @@ mod tests {
     use crate::bridge::env::DefaultEnv;
     use crate::bridge::mapping::{self, Context};
     use crate::bridge::rows::{ContainerRow, Grants};
-    use crate::resource::ManagedWorkloadStatus;
+    use crate::resource::{ManagedWorkloadStatus, ServiceStatus};
 
     fn row() -> ContainerRow {
         ContainerRow {
@@ -244,6 +276,7 @@ mod tests {
             mac_address: None,
             created_at: "2026-01-01 00:00:00.000 +00:00".into(),
             updated_at: "2026-01-01 00:00:00.000 +00:00".into(),
+            services: vec![],
         }
     }
 
@@ -257,6 +290,7 @@ mod tests {
             grants: &grants,
             requests_percent: 100,
             rootfs: &Default::default(),
+            service: &Default::default(),
         };
         mapping::desired(&row(), &cx).unwrap()
     }
@@ -340,20 +374,26 @@ mod tests {
         assert!(!is_orphan(&Existing { ours: false, ..e.clone() }, |_| true, |_| None));
     }
 
+    fn status(phase: Phase, pod_ip: Option<&str>) -> ManagedWorkloadStatus {
+        ManagedWorkloadStatus {
+            phase: Some(phase),
+            provider_id: Some("ns/app".into()),
+            pod_ip: pod_ip.map(Into::into),
+            address: pod_ip.map(Into::into),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn row_state_follows_status() {
         let mut mw = desired().workload;
-        assert_eq!(row_state(&mw).container_id.as_deref(), Some("ns/app"));
-        mw.status = Some(ManagedWorkloadStatus {
-            phase: Some(Phase::Creating),
-            provider_id: Some("ns/app".into()),
-            pod_ip: Some("10.244.0.9".into()),
-            ..Default::default()
-        });
-        assert_eq!(row_state(&mw).ipv4_address, None, "an IP is only written while Running");
+        let pod = AddressSource::Pod;
+        assert_eq!(row_state(&mw, pod, None).container_id.as_deref(), Some("ns/app"));
+        mw.status = Some(status(Phase::Creating, Some("10.244.0.9")));
+        assert_eq!(row_state(&mw, pod, None).ipv4_address, None, "not before the workload serves");
         mw.status.as_mut().unwrap().phase = Some(Phase::Running);
         assert_eq!(
-            row_state(&mw),
+            row_state(&mw, pod, None),
             RowState {
                 container_id: Some("ns/app".into()),
                 ipv4_address: Some("10.244.0.9".into()),
@@ -361,7 +401,54 @@ mod tests {
             }
         );
         mw.status.as_mut().unwrap().phase = Some(Phase::Stopped);
-        assert_eq!(row_state(&mw).ipv4_address, None);
+        assert_eq!(row_state(&mw, pod, Some("10.244.0.9")).ipv4_address, None);
+    }
+
+    #[test]
+    fn the_address_is_kept_through_a_rollout_a_restart_and_a_new_pod() {
+        let mut mw = desired().workload;
+        for source in [AddressSource::Pod, AddressSource::Service] {
+            // Updating: the old Pod's IP, then the new one's once it serves.
+            mw.status = Some(status(Phase::Updating, Some("10.244.0.9")));
+            assert_eq!(row_state(&mw, source, Some("10.244.0.9")).ipv4_address.as_deref(), Some("10.244.0.9"));
+            mw.status = Some(status(Phase::Updating, Some("10.244.0.10")));
+            assert_eq!(row_state(&mw, source, Some("10.244.0.9")).ipv4_address.as_deref(), Some("10.244.0.10"));
+            // A one-off restart reads Failed for a while; the Pod, and its IP, stay.
+            mw.status = Some(status(Phase::Failed, Some("10.244.0.10")));
+            assert_eq!(row_state(&mw, source, Some("10.244.0.10")).ipv4_address.as_deref(), Some("10.244.0.10"));
+            // A new Pod (Creating again) with a new IP: not before it serves.
+            mw.status = Some(status(Phase::Creating, Some("10.244.0.11")));
+            assert_eq!(row_state(&mw, source, Some("10.244.0.10")).ipv4_address, None, "{source:?}");
+        }
+        // With a Service the address does not move: a new Pod keeps it.
+        let mut with_service = status(Phase::Creating, Some("10.244.0.11"));
+        with_service.address = Some("10.96.0.20".into());
+        with_service.service = Some(ServiceStatus { type_: "ClusterIP".into(), ..Default::default() });
+        mw.status = Some(with_service.clone());
+        let kept = row_state(&mw, AddressSource::Service, Some("10.96.0.20"));
+        assert_eq!(kept.ipv4_address.as_deref(), Some("10.96.0.20"));
+        assert_eq!(row_state(&mw, AddressSource::Pod, Some("10.96.0.20")).ipv4_address, None, "pod: not the Service's");
+        mw.status = Some(ManagedWorkloadStatus { phase: Some(Phase::Running), ..with_service });
+        assert_eq!(row_state(&mw, AddressSource::Service, None).ipv4_address.as_deref(), Some("10.96.0.20"));
+        assert_eq!(row_state(&mw, AddressSource::Pod, None).ipv4_address.as_deref(), Some("10.244.0.11"));
+        // Stopped on purpose: nothing serves, whatever the row holds.
+        mw.spec.state = Some(DesiredState::Stopped);
+        assert_eq!(row_state(&mw, AddressSource::Service, Some("10.96.0.20")).ipv4_address, None);
+    }
+
+    #[test]
+    fn a_load_balancers_address_only_once_it_has_one() {
+        let mut mw = desired().workload;
+        let mut pending = status(Phase::Creating, Some("10.244.0.9"));
+        pending.address = Some("10.96.0.20".into());
+        pending.service = Some(ServiceStatus { type_: "LoadBalancer".into(), ..Default::default() });
+        mw.status = Some(pending.clone());
+        assert_eq!(row_state(&mw, AddressSource::Service, None).ipv4_address, None, "not its cluster IP");
+        let mut served = ManagedWorkloadStatus { phase: Some(Phase::Running), ..pending };
+        served.address = Some("192.0.2.10".into());
+        served.service.as_mut().unwrap().load_balancer_ingress = vec!["192.0.2.10".into()];
+        mw.status = Some(served);
+        assert_eq!(row_state(&mw, AddressSource::Service, None).ipv4_address.as_deref(), Some("192.0.2.10"));
     }
 
     #[test]
@@ -372,18 +459,16 @@ mod tests {
             mac_address: Some("aa:bb:cc:dd:ee:ff".into()),
         };
         assert_eq!(
-            write_back_target(None, &written),
+            write_back_target(None, &written, AddressSource::Service),
             RowState { container_id: Some("ns/app".into()), ipv4_address: None, mac_address: None },
             "no workload: the dead address goes, the provider id stays"
         );
         let mut mw = desired().workload;
-        mw.status = Some(ManagedWorkloadStatus {
-            phase: Some(Phase::Running),
-            provider_id: Some("ns/app".into()),
-            pod_ip: Some("10.244.0.10".into()),
-            ..Default::default()
-        });
-        assert_eq!(write_back_target(Some(&mw), &written).ipv4_address.as_deref(), Some("10.244.0.10"));
+        mw.status = Some(status(Phase::Running, Some("10.244.0.10")));
+        assert_eq!(
+            write_back_target(Some(&mw), &written, AddressSource::Service).ipv4_address.as_deref(),
+            Some("10.244.0.10")
+        );
     }
 
     #[test]

@@ -37,6 +37,21 @@ pub struct ContainerRow {
     /// re-used SQLite id (no AUTOINCREMENT) from the same container.
     pub created_at: String,
     pub updated_at: String,
+    /// The container's http and transport `"Services"` rows (read separately, see
+    /// `db::services`): what becomes the workload's ports and Service.
+    #[sqlx(skip)]
+    pub services: Vec<ServiceRow>,
+}
+
+/// One `"Services"` row of type `http` or `transport`, with its transport protocol.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct ServiceRow {
+    pub container_id: i64,
+    /// `http` or `transport`.
+    pub kind: String,
+    pub internal_port: i64,
+    /// `TransportServices.protocol` (tcp or udp); None for http.
+    pub protocol: Option<String>,
 }
 
 impl ContainerRow {
@@ -125,6 +140,9 @@ pub struct Fingerprint {
     pub nodes_updated: Option<String>,
     pub settings_updated: Option<String>,
     pub grants_updated: Option<String>,
+    /// `"Services"` and `"TransportServices"` (a container's ports): changed, every row is read
+    /// again.
+    pub services_updated: Option<String>,
     /// The database's clock when the fingerprint was read (`Engine::ts` form): the bound of
     /// the incremental poll that follows.
     pub db_now: String,

@@ -58,6 +58,10 @@ pub struct Settings {
     pub requests_percent: u32,
     /// How the approved rootfs becomes the workload's volume.
     pub rootfs: mapping::RootfsVolume,
+    /// Whether and how a row's services become a Service.
+    pub service: mapping::ServiceSettings,
+    /// What is written back as `ipv4Address`.
+    pub address: plan::AddressSource,
     /// API requests in flight at once during a pass.
     pub concurrency: usize,
     /// The longest one pass (or one write-back) may take before it is abandoned and retried.
@@ -259,18 +263,19 @@ impl Bridge {
         self.write_back().await
     }
 
-    /// Nodes, settings or resource requests changed: every row may map differently.
+    /// Nodes, settings, resource requests or services changed: every row may map differently.
     fn outside_containers_changed(&self, now: &Fingerprint) -> bool {
         self.fingerprint.as_ref().is_none_or(|before| {
             before.nodes_updated != now.nodes_updated
                 || before.settings_updated != now.settings_updated
                 || before.grants_updated != now.grants_updated
+                || before.services_updated != now.services_updated
         })
     }
 
     async fn incremental(&mut self) -> Result<(), BridgeError> {
         let since = self.watermark.map(|w| w.saturating_sub(OVERLAP).unwrap_or(w));
-        let rows = self.db.containers(&self.served_ids(), since).await?;
+        let rows = self.db.containers_with_services(&self.served_ids(), since).await?;
         debug!(rows = rows.len(), "incremental poll");
         for row in rows {
             self.track(row, false);
@@ -309,7 +314,7 @@ impl Bridge {
             },
         }
         self.grants = Grants::from_rows(self.db.approved_grants().await?);
-        let rows = self.db.containers(&self.served_ids(), None).await?;
+        let rows = self.db.containers_with_services(&self.served_ids(), None).await?;
         let seen: HashSet<RowKey> = rows.iter().map(ContainerRow::key).collect();
         self.rows.retain(|key, _| seen.contains(key));
         for row in rows {
@@ -458,6 +463,7 @@ impl Bridge {
                     grants: &self.grants,
                     requests_percent: self.settings.requests_percent,
                     rootfs: &self.settings.rootfs,
+                    service: &self.settings.service,
                 };
                 match mapping::desired(&t.row, &cx) {
                     Err(err) => outcomes.push((*key, Outcome::Row(err))),
@@ -627,7 +633,7 @@ impl Bridge {
                 info!(row = %key, hostname = %t.row.hostname, "ManagedWorkload is gone but its row is not; creating it again");
                 t.pending = true;
             }
-            let target = plan::write_back_target(cr.as_deref(), &t.row.written());
+            let target = plan::write_back_target(cr.as_deref(), &t.row.written(), self.settings.address);
             if target == t.row.written() {
                 continue;
             }
@@ -827,6 +833,8 @@ mod tests {
             resync_interval: Duration::from_secs(300),
             requests_percent: 100,
             rootfs: Default::default(),
+            service: Default::default(),
+            address: Default::default(),
             concurrency: 16,
             pass_timeout: Duration::from_secs(300),
             delete_guard: DeleteGuard { max_percent: 50, minimum: 3 },

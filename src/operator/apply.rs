@@ -1,5 +1,5 @@
 //! Server-side apply of an owned object, as the apply decision (`plan::decide`) says: the one
-//! write every owned kind (the Deployment, the claims) is made with.
+//! write every owned kind (the Deployment, the claims, the Service) is made with.
 
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource};

@@ -5,7 +5,8 @@
 //!   `slim` (what the caches keep), `memory` (what is remembered per workload);
 //! - `reconcile`: one reconcile as a pipeline, observe → decide → act → report;
 //! - `plan` (pure): the decision table for an owned object and what an apply's refusal means;
-//! - one room per owned kind, its desired state built purely from the CR: `deployment`;
+//! - one room per owned kind, its desired state built purely from the CR: `deployment`,
+//!   `claims` (with its step `volumes`), `service` (with its step `expose`);
 //! - shared by every owned kind: `ownership` (field manager, labels, owner, fingerprints) and
 //!   `drift` (is the live object what we would apply?);
 //! - `status` (pure): the status from what was observed; `events`: Events off the reconcile
@@ -19,6 +20,7 @@ pub mod claims;
 pub mod deployment;
 pub mod drift;
 pub mod events;
+pub mod expose;
 pub mod liveness;
 pub mod memory;
 pub mod ownership;
@@ -26,6 +28,7 @@ pub mod plan;
 pub mod pod_index;
 pub mod reconcile;
 pub mod replica_sets;
+pub mod service;
 pub mod slim;
 pub mod status;
 pub mod volumes;
@@ -228,6 +231,7 @@ async fn lead(shared: Shared, caches: Arc<Caches>, concurrency: u16, mut stop: w
         replica_sets: caches.replica_sets.clone(),
         pods: caches.pods.clone(),
         claims: caches.claims.clone(),
+        services: caches.services.clone(),
         pod_index: caches.pod_index.clone(),
         objects: caches.objects.clone(),
         pod_settings,

@@ -300,7 +300,7 @@ proptest! {
             deployment: deployment.as_ref(),
             pods: pods.iter().collect(),
             blocked,
-            claims: vec![],
+            claims: vec![], service: None,
         };
         let first = status::derive(&mw, &observed, &now);
 

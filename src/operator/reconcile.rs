@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -24,10 +24,10 @@ use super::ownership::FIELD_MANAGER;
 use super::plan::{self, Decision, Mode, Refusal};
 use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
-use super::slim::{CachedDeployment, CachedPod};
+use super::slim::{CachedDeployment, CachedPod, CachedService};
 use super::status::{self, Blocked, Observed};
 use super::watches::Workload;
-use super::{deployment, events, volumes};
+use super::{deployment, events, expose, volumes};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
@@ -60,6 +60,8 @@ pub struct Context {
     pub pods: Store<CachedPod>,
     /// The workloads' claims (label-selected, trimmed).
     pub claims: Store<PersistentVolumeClaim>,
+    /// The workloads' Services (label-selected, trimmed).
+    pub services: Store<CachedService>,
     /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.
     pub pod_index: Arc<PodIndex>,
     pub events: events::Events,
@@ -101,10 +103,12 @@ pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action
     result
 }
 
-/// What acting on the Deployment left to report.
+/// What acting on the Deployment (and the Service) left to report.
 struct Acted {
     /// The Deployment as it now is, when this workload controls one.
     deployment: Option<Deployment>,
+    /// The workload's Service as it now is, when it asks for one and controls it.
+    service: Option<Service>,
     /// Why it is not what it should be, when a human must act.
     blocked: Option<Blocked>,
 }
@@ -123,6 +127,17 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         volumes::Step::Done(claims) => claims,
         volumes::Step::Requeue(after) => return Ok(Action::requeue(after)),
     };
+    // The Service before the Deployment, so a new workload's address (the cluster IP) is in
+    // its first status.
+    let exposed = match expose::reconcile(ctx, mw, namespace).await? {
+        expose::Step::Done(exposed) => exposed,
+        expose::Step::Requeue(after) => return Ok(Action::requeue(after)),
+    };
+    if exposed.drift_corrected {
+        let note = format!("Service {} was changed outside the operator; restored", super::service::service_name(name));
+        publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
+    }
+    let service = exposed.service.map(|s| *s);
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
     let live = observe_deployment(ctx, &api, mw, namespace, name).await?;
     // A claim problem holds the workload where it is: it is neither started nor rolled out
@@ -135,11 +150,14 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     };
     if let Some(blocked) = hold.clone().filter(|_| running) {
         let deployment = live.filter(|d| super::ownership::is_controlled_by(d, mw));
-        return report(ctx, mw, namespace, name, Acted { deployment, blocked: Some(blocked) }, &claims.own).await;
+        let acted = Acted { deployment, service, blocked: Some(blocked) };
+        return report(ctx, mw, namespace, name, acted, &claims.own).await;
     }
-    let acted = match plan::decide(mw, &desired, live.as_ref()) {
-        Decision::Conflict => Acted { deployment: None, blocked: Some(conflict(name)) },
-        Decision::UpToDate => Acted { deployment: live, blocked: None },
+    // What acting on the Deployment left: the Deployment as it now is, and why it is not
+    // what it should be.
+    let (deployment, blocked) = match plan::decide(mw, &desired, live.as_ref()) {
+        Decision::Conflict => (None, Some(conflict(name))),
+        Decision::UpToDate => (live, None),
         Decision::Apply(mode) => match apply(&ctx.metrics, "deployments", &api, name, &desired, mode).await {
             Ok(applied) => {
                 ctx.objects.applied(mw, applied.clone());
@@ -150,23 +168,21 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
                     let note = format!("Deployment {name} was changed outside the operator; restored");
                     publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
                 }
-                Acted { deployment: Some(applied), blocked: None }
+                (Some(applied), None)
             }
             Err(source) => match plan::judge(mode, &source) {
                 Refusal::Appeared => {
                     info!("a Deployment appeared while creating it; rechecking");
                     return Ok(Action::requeue(plan::APPEARED_RECHECK));
                 }
-                Refusal::Rejected(message) => {
-                    Acted { deployment: live, blocked: Some(Blocked { reason: REJECTED, message }) }
-                }
+                Refusal::Rejected(message) => (live, Some(Blocked { reason: REJECTED, message })),
                 Refusal::Retry => {
                     return Err(Error::ApplyDeployment { namespace: namespace.into(), name: name.into(), source });
                 }
             },
         },
     };
-    let acted = Acted { blocked: acted.blocked.or(hold), ..acted };
+    let acted = Acted { deployment, service, blocked: blocked.or(hold).or(exposed.blocked) };
     report(ctx, mw, namespace, name, acted, &claims.own).await
 }
 
@@ -214,7 +230,7 @@ async fn report(
         .filter(|p| deployment_uid.is_some_and(|uid| ctx.replica_sets.owns(uid, p)))
         .collect();
     let recheck = match &acted.blocked {
-        Some(b) if b.reason == REJECTED || b.reason == volumes::REJECTED => Some(REJECTED_RECHECK),
+        Some(b) if [REJECTED, volumes::REJECTED, expose::REJECTED].contains(&b.reason) => Some(REJECTED_RECHECK),
         Some(_) => Some(CONFLICT_RECHECK),
         None => None,
     };
@@ -224,6 +240,7 @@ async fn report(
         pods: pods.iter().collect(),
         blocked: acted.blocked,
         claims: claims.iter().collect(),
+        service: acted.service.as_ref(),
     };
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
     // Compared with what the operator last wrote, not only with the cache, which may not

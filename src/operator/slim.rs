@@ -20,7 +20,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, PodStatus, PodTemplateSpec,
+    ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, PodStatus, PodTemplateSpec, Service,
+    ServicePort, ServiceSpec, ServiceStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ObjectMeta};
 use kube::ResourceExt;
@@ -93,6 +94,48 @@ fn placed_on(node_name: Option<String>) -> Option<PodSpec> {
     node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() })
 }
 
+/// What the Service cache holds of each Service (see `service` for what is kept): the three
+/// spec fields it reads, without the room a whole `ServiceSpec` keeps for the other twenty.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(from = "Service")]
+pub struct CachedService {
+    pub metadata: ObjectMeta,
+    type_: Option<String>,
+    cluster_ip: Option<String>,
+    ports: Option<Vec<ServicePort>>,
+    status: Option<ServiceStatus>,
+}
+
+impl From<Service> for CachedService {
+    fn from(mut s: Service) -> Self {
+        service(&mut s);
+        let spec = s.spec.unwrap_or_default();
+        CachedService {
+            metadata: s.metadata,
+            type_: spec.type_,
+            cluster_ip: spec.cluster_ip,
+            ports: spec.ports,
+            status: s.status,
+        }
+    }
+}
+
+impl CachedService {
+    /// The trimmed Service, as `status` and `drift` read it.
+    pub fn to_service(&self) -> Service {
+        Service {
+            metadata: self.metadata.clone(),
+            spec: Some(ServiceSpec {
+                type_: self.type_.clone(),
+                cluster_ip: self.cluster_ip.clone(),
+                ports: self.ports.clone(),
+                ..Default::default()
+            }),
+            status: self.status.clone(),
+        }
+    }
+}
+
 /// Cached types are watched, listed and keyed as the Kubernetes type they stand for.
 macro_rules! stands_for {
     ($cached:ty, $kind:ty) => {
@@ -122,6 +165,7 @@ macro_rules! stands_for {
 }
 stands_for!(CachedDeployment, Deployment);
 stands_for!(CachedPod, Pod);
+stands_for!(CachedService, Service);
 
 /// A Deployment spec holding only the pod template's hash annotation.
 fn template_only(template_hash: Option<String>) -> DeploymentSpec {
@@ -171,6 +215,39 @@ fn own_apply_only(meta: &mut ObjectMeta) {
             && !value.is_string()
         {
             *value = Value::String(value.to_string());
+        }
+    }
+}
+
+/// A Service as the operator needs it: identity and owner, the fingerprint it was applied
+/// from and the operator's own apply record (drift, as for a Deployment), and what
+/// `status.service` and `status.address` report: type, cluster IP, ports (with their node
+/// ports) and the load balancer's addresses. The selector, IP families, session affinity and
+/// the rest are the operator's own or the API server's defaults, never read back.
+pub fn service(s: &mut Service) {
+    keep(&mut s.metadata.annotations, &[APPLIED_HASH_ANNOTATION]);
+    s.metadata.labels = None;
+    own_apply_only(&mut s.metadata);
+    s.metadata.finalizers = None;
+    if let Some(spec) = s.spec.take() {
+        let mut ports = spec.ports;
+        if let Some(ports) = &mut ports {
+            for p in ports.iter_mut() {
+                p.app_protocol = None;
+                p.target_port = None;
+            }
+            ports.shrink_to_fit();
+        }
+        s.spec = Some(ServiceSpec { type_: spec.type_, cluster_ip: spec.cluster_ip, ports, ..Default::default() });
+    }
+    if let Some(status) = &mut s.status {
+        status.conditions = None;
+        if let Some(ingress) = status.load_balancer.as_mut().and_then(|lb| lb.ingress.as_mut()) {
+            for i in ingress.iter_mut() {
+                i.ports = None;
+                i.ip_mode = None;
+            }
+            ingress.shrink_to_fit();
         }
     }
 }

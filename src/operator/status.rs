@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
-use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use super::deployment::{self as desired, PodSettings, TEMPLATE_HASH_ANNOTATION};
 use super::ownership::applied_hash;
+use super::service;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 
 /// Container waiting reasons that mean the Pod will not start without a change: reported as
@@ -54,6 +55,8 @@ pub struct Observed<'a> {
     pub blocked: Option<Blocked>,
     /// The workload's own claims (see claims.rs), for `status.volumes` and the verdict.
     pub claims: Vec<&'a PersistentVolumeClaim>,
+    /// The workload's own Service, when it asks for one (`spec.service`) and it exists.
+    pub service: Option<&'a Service>,
 }
 
 /// A reason the desired Deployment cannot be applied, which only a human can fix.
@@ -145,6 +148,8 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
         phase: Some(phase),
         provider_id: Some(provider_id(mw)),
         pod_ip: pod_ip(mw, observed),
+        address: address(mw, observed),
+        service: observed.service.filter(|_| mw.spec.service.is_some()).map(service::status),
         desired_replicas: desired,
         replicas: replicas(|s| s.replicas),
         updated_replicas: replicas(|s| s.updated_replicas),
@@ -179,12 +184,12 @@ pub const DETAIL_DELAY_IN_TRANSITION: Duration = Duration::from_secs(60);
 const SUMMARY: [&str; 3] = [READY, RECONCILING, STALLED];
 
 /// Whether `next` (which differs from `previous`) must be written at once. Urgent: the first
-/// status; phase, observed generation, provider id or desired replicas; a Pod IP that changes
-/// or goes; any
+/// status; phase, observed generation, provider id or desired replicas; a Pod IP or address
+/// that changes or goes; any
 /// condition's status (what `kubectl wait --for=condition` reads); a summary condition's
 /// reason or observed generation (kstatus), or one appearing. Details: replica counts,
 /// messages, a mirrored condition's reason, message, generation or first appearance, a first
-/// Pod IP.
+/// Pod IP or address, `status.service` details (node ports).
 pub fn urgency(previous: Option<&ManagedWorkloadStatus>, next: &ManagedWorkloadStatus) -> Urgency {
     let Some(previous) = previous else { return Urgency::Now };
     let same_summary = previous.phase == next.phase
@@ -193,6 +198,9 @@ pub fn urgency(previous: Option<&ManagedWorkloadStatus>, next: &ManagedWorkloadS
         // A Pod IP that appears before the Pod is ready reaches clients with the phase that
         // makes it usable (Running, written at once); one that changes or goes is stale now.
         && (previous.pod_ip == next.pod_ip || previous.pod_ip.is_none())
+        // The same for the address clients use; the Service's address, once there, changes
+        // only with the Service (a load balancer's address arriving, a type change).
+        && (previous.address == next.address || previous.address.is_none())
         && previous.desired_replicas == next.desired_replicas;
     let same_conditions =
         next.conditions.iter().all(|c| match previous.conditions.iter().find(|p| p.type_ == c.type_) {
@@ -400,11 +408,25 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                 // The Deployment's counts can be ahead of the Pod cache (two watches): Running
                 // only once the Pod itself is seen Ready, so it comes with the Pod's IP.
                 && pod_ready(current[0]);
-            if complete {
-                return Verdict::new(Phase::Running, "Running", "Running: 1 of 1 Pod available");
-            }
             let (phase, word) =
                 if updating(mw) { (Phase::Updating, "Updating") } else { (Phase::Creating, "Creating") };
+            if complete {
+                // Ready means clients can reach the workload at its address: with a load
+                // balancer, once it has given the Service one.
+                return match (mw.spec.service.is_some(), observed.service) {
+                    (true, None) => Verdict::new(phase, word, format!("{word}: waiting for the Service")),
+                    (true, Some(s)) if service::waiting_for_load_balancer(s) => Verdict::new(
+                        phase,
+                        WAITING_FOR_LOAD_BALANCER,
+                        format!(
+                            "{word}: {WAITING_FOR_LOAD_BALANCER}: the Pod is available; Service {} has no load-balancer \
+                             address yet",
+                            s.name_any()
+                        ),
+                    ),
+                    _ => Verdict::new(Phase::Running, "Running", "Running: 1 of 1 Pod available"),
+                };
+            }
             if let Some(claim) = unbound {
                 return volumes::waiting_for(phase, word, &claim);
             }
@@ -429,6 +451,11 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
         }
     }
 }
+
+/// Reason of a workload whose Pod is available but whose `LoadBalancer` Service has no
+/// address from its load balancer yet (no load-balancer controller in the cluster, an
+/// exhausted MetalLB pool, a cloud still provisioning). A wait, not a failure: Reconciling.
+pub const WAITING_FOR_LOAD_BALANCER: &str = "WaitingForLoadBalancer";
 
 /// Reason of a workload whose current Pod no node can host (yet).
 pub const UNSCHEDULABLE: &str = "Unschedulable";
@@ -627,6 +654,16 @@ fn pod_ip(mw: &ManagedWorkload, observed: &Observed<'_>) -> Option<String> {
         Some(((ready, current), ip))
     });
     candidates.max_by_key(|(rank, _)| *rank).map(|(_, ip)| ip.clone())
+}
+
+/// The address clients should use: the Service's (its load balancer's, else its cluster IP)
+/// when the workload has one, which does not move when the Pod is replaced; else the serving
+/// Pod's IP (`pod_ip`: during a rollout, the old Pod's until the new one is Ready).
+fn address(mw: &ManagedWorkload, observed: &Observed<'_>) -> Option<String> {
+    if mw.spec.service.is_some() {
+        return observed.service.and_then(service::address);
+    }
+    pod_ip(mw, observed)
 }
 
 mod volumes;

@@ -19,7 +19,7 @@ use super::memory::PerObject;
 use super::ownership::{INSTANCE_LABEL, MANAGED_LABEL};
 use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
-use super::slim::{CachedDeployment, CachedPod};
+use super::slim::{CachedDeployment, CachedPod, CachedService};
 use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
 
@@ -36,10 +36,12 @@ pub struct Caches {
     pub pods: Store<CachedPod>,
     /// The workloads' claims, retained ones included (they carry the managed label too).
     pub claims: Store<PersistentVolumeClaim>,
+    /// The workloads' Services (label-selected, trimmed).
+    pub services: Store<CachedService>,
     pub workloads: Store<Workload>,
     pub pod_index: Arc<PodIndex>,
     pub objects: Arc<PerObject>,
-    /// Workloads to reconcile, mapped from all three watches. Only a leader subscribes; a
+    /// Workloads to reconcile, mapped from every watch. Only a leader subscribes; a
     /// standby's sends go nowhere.
     pub triggers: broadcast::Sender<ObjectRef<Workload>>,
 }
@@ -111,6 +113,17 @@ impl Caches {
             Some(ObjectRef::new(name).within(&claim.namespace()?))
         });
 
+        // Services: by their controller, as Deployments. A load balancer's address arriving
+        // (the cloud controller writes the Service's status), a deletion or an edit reconciles
+        // the workload. kube-controller-manager's endpoint updates go to EndpointSlices, not
+        // to the Service, so a serving workload's Service is quiet.
+        let (services, writer) = reflector::store();
+        let service_events = watcher(api::<CachedService>(client, ns), managed.clone())
+            .default_backoff()
+            .reflect(writer)
+            .touched_objects();
+        let service_targets = targets(service_events, "services", owner_of);
+
         // Our own status writes change neither generation nor labels, so they do not echo back
         // as reconciles. DeserializeGuard: one object the operator cannot parse (say, stored under
         // an older schema) is reported on its own instead of failing the whole watch.
@@ -130,18 +143,19 @@ impl Caches {
             .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
         let workload_targets =
             targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
-        // One task drives all five watches, so their events (and cache updates) are handled
+        // One task drives all six watches, so their events (and cache updates) are handled
         // one at a time in the order they arrive, as when the Controller itself polled them.
         let all = futures::stream::select_all([
             deployment_targets,
             replica_set_targets,
             pod_targets,
             claim_targets,
+            service_targets,
             workload_targets,
         ]);
         tokio::spawn(fan_out(all, triggers.clone(), metrics));
 
-        Caches { namespace, deployments, replica_sets, pods, claims, workloads, pod_index, objects, triggers }
+        Caches { namespace, deployments, replica_sets, pods, claims, services, workloads, pod_index, objects, triggers }
     }
 
     pub async fn ready(&self) -> bool {
@@ -149,6 +163,7 @@ impl Caches {
             && self.replica_sets.ready().await
             && self.pods.wait_until_ready().await.is_ok()
             && self.claims.wait_until_ready().await.is_ok()
+            && self.services.wait_until_ready().await.is_ok()
             && self.workloads.wait_until_ready().await.is_ok()
     }
 }

@@ -19,12 +19,15 @@ pub enum Engine {
     Postgres,
 }
 
+/// Cloned, a handle to the same pool (a test may read the database from a task of its own).
+#[derive(Clone)]
 enum Pool {
     Sqlite(SqlitePool),
     Postgres(PgPool),
 }
 
 /// One test's own Manager database.
+#[derive(Clone)]
 pub struct ManagerDb {
     pub engine: Engine,
     /// What the bridge is given (`--database-url`): never a password.

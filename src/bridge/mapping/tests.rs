@@ -25,6 +25,7 @@ fn team_wiki() -> ContainerRow {
         mac_address: None,
         created_at: "2026-07-21 09:12:40.208 +00:00".into(),
         updated_at: "2026-07-21 09:13:55.671 +00:00".into(),
+        services: vec![],
     }
 }
 
@@ -62,6 +63,7 @@ fn map(row: &ContainerRow, grants: &Grants) -> Result<Desired, RowError> {
         grants,
         requests_percent: 100,
         rootfs: &Default::default(),
+        service: &Default::default(),
     };
     desired(row, &cx)
 }
@@ -167,6 +169,7 @@ fn approved_resources_latest_wins() {
         grants: &Grants::default(),
         requests_percent: 25,
         rootfs: &Default::default(),
+        service: &Default::default(),
     };
     let r = desired(&team_wiki(), &cx).unwrap().workload.spec.resources.unwrap().requests.unwrap();
     assert_eq!((r.cpu.unwrap().0, r.memory.unwrap().0), ("1000m".to_string(), "1024Mi".to_string()));
@@ -304,6 +307,7 @@ fn the_approved_rootfs_becomes_the_workloads_volume() {
         grants: &grants,
         requests_percent: 100,
         rootfs: &settings,
+        service: &Default::default(),
     };
     let v = desired(&pg_analytics_from_postgres(), &cx).unwrap().workload.spec.volumes[0].clone();
     assert_eq!((v.mount_path.as_str(), v.storage_class_name.as_deref()), ("/srv", Some("fast")));
@@ -314,4 +318,98 @@ fn the_approved_rootfs_becomes_the_workloads_volume() {
 
     let bad = Grants::from_rows([grant(0)]);
     assert!(matches!(map(&pg_analytics_from_postgres(), &bad), Err(RowError::BadResource { resource: "rootfs", .. })));
+}
+
+fn service_row(kind: &str, port: i64, protocol: Option<&str>) -> crate::bridge::rows::ServiceRow {
+    crate::bridge::rows::ServiceRow {
+        container_id: 1,
+        kind: kind.into(),
+        internal_port: port,
+        protocol: protocol.map(Into::into),
+    }
+}
+
+#[test]
+fn http_and_transport_services_become_the_ports_and_the_service() {
+    use crate::resource::{Protocol, ServiceType};
+    let mut row = team_wiki();
+    row.services = vec![
+        service_row("http", 8080, None),
+        // A second hostname on the same port: the same port.
+        service_row("http", 8080, None),
+        service_row("transport", 5432, Some("tcp")),
+        service_row("transport", 5353, Some("udp")),
+        // tcp on an http port: still one port.
+        service_row("transport", 8080, Some("tcp")),
+    ];
+    let d = map(&row, &Grants::default()).unwrap();
+    let ports: Vec<_> = d
+        .workload
+        .spec
+        .ports
+        .iter()
+        .map(|p| (p.container_port, p.name.clone().unwrap(), p.protocol.unwrap()))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (5353, "udp-5353".to_string(), Protocol::UDP),
+            (5432, "tcp-5432".to_string(), Protocol::TCP),
+            (8080, "http-8080".to_string(), Protocol::TCP),
+        ]
+    );
+    let service = d.workload.spec.service.as_ref().unwrap();
+    assert_eq!(service.type_, Some(ServiceType::ClusterIP), "the bridge's default");
+
+    // A row without services: no ports, and no Service (Kubernetes refuses one without ports).
+    let plain = map(&team_wiki(), &Grants::default()).unwrap();
+    assert!(plain.workload.spec.ports.is_empty() && plain.workload.spec.service.is_none());
+
+    // The bridge's settings: a load balancer with its class and annotations, or no Service.
+    let defaults = defaults();
+    let settings = ServiceSettings {
+        type_: Some(ServiceType::LoadBalancer),
+        load_balancer_class: Some("metallb.io/metallb".into()),
+        annotations: [("metallb.io/address-pool".to_string(), "manager".to_string())].into(),
+    };
+    let grants = Grants::default();
+    let cx = Context {
+        namespace: "workloads",
+        field_manager: "mw-bridge",
+        defaults: &defaults,
+        grants: &grants,
+        requests_percent: 100,
+        rootfs: &Default::default(),
+        service: &settings,
+    };
+    let lb = desired(&row, &cx).unwrap().workload.spec.service.unwrap();
+    assert_eq!(lb.type_, Some(ServiceType::LoadBalancer));
+    assert_eq!(lb.load_balancer_class.as_deref(), Some("metallb.io/metallb"));
+    assert_eq!(lb.annotations["metallb.io/address-pool"], "manager");
+    let none = ServiceSettings { type_: None, ..settings.clone() };
+    let cx = Context { service: &none, ..cx };
+    let d = desired(&row, &cx).unwrap();
+    assert_eq!(d.workload.spec.ports.len(), 3, "ports are declared either way");
+    assert!(d.workload.spec.service.is_none());
+}
+
+#[test]
+fn bad_services_are_row_errors_naming_the_service() {
+    for (service, why) in [
+        (service_row("http", 0, None), "not a port number"),
+        (service_row("http", 70000, None), "not a port number"),
+        (service_row("transport", 2000, None), "TransportServices row"),
+        (service_row("transport", 2000, Some("sctp")), "TransportServices row"),
+    ] {
+        let mut row = team_wiki();
+        row.services = vec![service.clone()];
+        let err = map(&row, &Grants::default()).unwrap_err();
+        assert_eq!(err.reason(), "bad_service");
+        let text = err.to_string();
+        assert!(text.contains(why) && text.contains(&service.internal_port.to_string()), "{text}");
+    }
+    // dns services have no port of the container's own: ignored (the query reads none).
+    let mut row = team_wiki();
+    row.services = vec![service_row("dns", 53, None)];
+    assert!(map(&row, &Grants::default()).unwrap().workload.spec.ports.is_empty());
 }

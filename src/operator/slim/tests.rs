@@ -156,6 +156,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                     pods: vec![&pod],
                     blocked: None,
                     claims: vec![],
+                    service: None,
                 };
                 let slim = Observed {
                     settings: &Default::default(),
@@ -163,6 +164,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                     pods: vec![&slim_pod],
                     blocked: None,
                     claims: vec![],
+                    service: None,
                 };
                 let case = format!("{w}, pod {p}, deployment {with_deployment}");
                 assert_eq!(status::derive(&mw, &full, &now), status::derive(&slim_mw, &slim, &now), "{case}");
@@ -185,6 +187,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                 pods: vec![pod],
                 blocked: None,
                 claims: vec![],
+                service: None,
             };
             status::derive(&workload_variants()[0].1, &observed, &now).phase.map(|p| p.as_str())
         })
@@ -337,11 +340,61 @@ fn a_trimmed_claim_tells_the_same() {
     assert!(claims::is_own(&full, &mw, &mw.spec.volumes[0]) && claims::is_own(&slim, &mw, &mw.spec.volumes[0]));
     assert!(drift::up_to_date(&desired, &full) && drift::up_to_date(&desired, &slim));
     let derive = |c: &PersistentVolumeClaim| {
-        let observed =
-            Observed { settings: &Default::default(), deployment: None, pods: vec![], blocked: None, claims: vec![c] };
+        let observed = Observed {
+            settings: &Default::default(),
+            deployment: None,
+            pods: vec![],
+            blocked: None,
+            claims: vec![c],
+            service: None,
+        };
         status::derive(&mw, &observed, &at(10)).volumes
     };
     assert_eq!(derive(&full), derive(&slim));
     assert_eq!(slim.metadata.managed_fields.as_ref().unwrap().len(), 1, "only the operator's own record");
     assert!(!slim.labels().contains_key("team") && slim.metadata.finalizers.is_none());
+}
+
+/// A LoadBalancer Service as the control plane served it (tests/fixtures/cluster/service.json:
+/// applied by the operator for service-workload.json, its load-balancer address written as a
+/// cloud controller would, a label added by hand), trimmed: the same drift verdict, the same
+/// `status.service` and address.
+#[test]
+fn a_trimmed_service_tells_the_same() {
+    use crate::operator::{drift, service};
+    use k8s_openapi::api::core::v1::Service;
+    use kube::Resource;
+    let mw: ManagedWorkload =
+        serde_json::from_str(include_str!("../../../tests/fixtures/cluster/service-workload.json")).unwrap();
+    let full: Service = serde_json::from_str(include_str!("../../../tests/fixtures/cluster/service.json")).unwrap();
+    let cached: CachedService =
+        serde_json::from_str(include_str!("../../../tests/fixtures/cluster/service.json")).unwrap();
+    let slim = cached.to_service();
+    assert_eq!(slim, trimmed(&full, super::service));
+    assert_eq!(CachedService::plural(&()), Service::plural(&()));
+
+    let desired = service::service(&mw).unwrap();
+    assert!(drift::up_to_date(&desired, &full), "the fixture is the Service applied from the fixture CR");
+    assert!(drift::up_to_date(&desired, &slim));
+    assert_eq!(service::status(&slim), service::status(&full));
+    assert_eq!(service::address(&slim).as_deref(), Some("192.0.2.10"));
+    assert_eq!(service::address(&full), service::address(&slim));
+    assert!(service::status(&slim).ports.iter().all(|p| p.node_port.is_some()));
+
+    // Someone else took the selector over: drift, in either form.
+    let mut taken = full.clone();
+    let own = taken.managed_fields_mut().iter_mut().find(|m| m.manager.as_deref() == Some(FIELD_MANAGER)).unwrap();
+    let FieldsV1(Value::Object(fields)) = own.fields_v1.as_mut().unwrap() else { panic!("a field set") };
+    let Some(Value::Object(spec)) = fields.get_mut("f:spec") else { panic!("spec fields") };
+    assert!(spec.remove("f:selector").is_some());
+    assert!(!drift::up_to_date(&desired, &taken));
+    assert!(!drift::up_to_date(&desired, &trimmed(&taken, super::service)));
+
+    // What the trimmed Service drops: other managers' records, labels, the selector and the
+    // API server's defaults.
+    assert!(slim.metadata.labels.is_none());
+    assert_eq!(slim.metadata.managed_fields.as_ref().map(Vec::len), Some(1));
+    let spec = slim.spec.as_ref().unwrap();
+    assert!(spec.selector.is_none() && spec.cluster_ips.is_none() && spec.ip_families.is_none());
+    assert!(std::mem::size_of::<CachedService>() < std::mem::size_of::<Service>());
 }

@@ -115,6 +115,7 @@ fn derive_with(mw: &ManagedWorkload, d: Option<&Deployment>, pods: &[Pod]) -> Ma
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![],
+        service: None,
     };
     derive(mw, &observed, &at(1000))
 }
@@ -214,6 +215,7 @@ fn a_pod_stuck_terminating_on_a_lost_node_does_not_hold_back_its_replacement() {
             pods: pods.iter().collect(),
             blocked: None,
             claims: vec![],
+            service: None,
         };
         (derive(&mw, &o, &at(now)), revisit_after(&mw, &o, &at(now)))
     };
@@ -355,6 +357,7 @@ fn blocked_reports_stalled_with_its_reason() {
         pods: vec![],
         blocked: Some(Blocked { reason: "DeploymentConflict", message: "not ours".into() }),
         claims: vec![],
+        service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
@@ -376,6 +379,7 @@ fn an_unchanged_world_derives_an_identical_status() {
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![],
+        service: None,
     };
     let second = derive(&again, &observed, &at(5000));
     assert_eq!(first, second, "a later clock alone must not change the status");
@@ -398,6 +402,7 @@ fn transition_time_moves_only_when_a_condition_flips() {
         pods: vec![&pods[0]],
         blocked: None,
         claims: vec![],
+        service: None,
     };
     let s = derive(&stopping, &observed, &at(2000));
     assert_eq!(cond(&s, READY).last_transition_time, at(2000));
@@ -516,6 +521,7 @@ fn a_crash_loop_stays_failed_through_its_whole_cycle_with_one_status() {
             pods: vec![&p],
             blocked: None,
             claims: vec![],
+            service: None,
         };
         let s = derive(&mw, &observed, &at(1000));
         assert_eq!(s, first, "{step} #{restarts}: the status must not change within the cycle");
@@ -566,6 +572,7 @@ fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle
             pods: vec![&p],
             blocked: None,
             claims: vec![],
+            service: None,
         };
         let s = derive(&mw, &observed, &at(1000));
         assert_eq!(s, first, "{step} #{restarts}: the Deployment's flip must not change the status");
@@ -579,6 +586,7 @@ fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle
         pods: vec![&p],
         blocked: None,
         claims: vec![],
+        service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Running, "True", "False", "False");
@@ -591,8 +599,14 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
     let mut mw = workload(DesiredState::Running, 1);
     let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
     let p = crash_cycle(&d, "running", 1, 1000);
-    let observed =
-        Observed { settings: &Default::default(), deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d),
+        pods: vec![&p],
+        blocked: None,
+        claims: vec![],
+        service: None,
+    };
     let window = CRASH_LOOP_RECOVERY.as_secs() as i64;
     let s = derive(&mw, &observed, &at(1000 + window - 1));
     assert_eq!(s.phase, Some(Phase::Failed));
@@ -609,6 +623,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
         pods: vec![&healthy],
         blocked: None,
         claims: vec![],
+        service: None,
     };
     assert_eq!(revisit_after(&mw, &observed, &at(5000)), None);
 }
@@ -775,6 +790,7 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
         pods: vec![],
         blocked: None,
         claims: vec![&pending],
+        service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Creating, "False", "True", "False");
@@ -796,6 +812,7 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
         pods: vec![],
         blocked: None,
         claims: vec![&pending],
+        service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
@@ -815,6 +832,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![&lost],
+        service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
@@ -827,6 +845,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![&bound],
+        service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running));
@@ -842,6 +861,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![&grown],
+        service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running), "an expansion in progress fails nothing");
@@ -946,7 +966,8 @@ fn gpu_workloads_are_judged_against_the_resource_name_they_were_built_with() {
     d.metadata.generation = Some(1);
     d.status = deployment(&mw, 1, 1, [1, 1, 1, 1]).status;
     let p = pod(&d, true, true, "10.0.0.9");
-    let observed = Observed { settings: &amd, deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![] };
+    let observed =
+        Observed { settings: &amd, deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![], service: None };
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running));
     assert_eq!(cond(&s, "Available").observed_generation, Some(1), "mirrored conditions are current");
@@ -974,6 +995,7 @@ fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![&bound],
+        service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Creating, "False", "True", "False");
@@ -994,6 +1016,7 @@ fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_
             pods: pods.iter().collect(),
             blocked: None,
             claims: vec![&bound],
+            service: None,
         };
         assert_ne!(cond(&derive(mw, &observed, &at(1000)), RECONCILING).reason, "VolumeHeldElsewhere");
     }
@@ -1014,4 +1037,141 @@ fn running_waits_for_the_pod_cache_when_the_deployment_is_ahead_and_comes_with_t
     let s = derive_with(&mw, Some(&d), &[pod(&d, true, true, "10.0.0.7")]);
     assert_eq!(s.phase, Some(Phase::Running));
     assert_eq!(s.pod_ip.as_deref(), Some("10.0.0.7"), "Running comes with the address");
+}
+
+// --- Service and address (issue 15) -----------------------------------------------------------
+
+fn with_service(mut mw: ManagedWorkload, type_: crate::resource::ServiceType) -> ManagedWorkload {
+    mw.spec.ports =
+        vec![crate::resource::ContainerPort { container_port: 80, name: Some("http".into()), protocol: None }];
+    mw.spec.service = Some(crate::resource::ServiceSpec { type_: Some(type_), ..Default::default() });
+    mw
+}
+
+/// The Service the operator would apply for `mw`, as the cluster reports it: a cluster IP,
+/// and the load balancer's address when one is given.
+fn live_service(mw: &ManagedWorkload, ingress: Option<&str>) -> Service {
+    use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, ServiceStatus};
+    let mut s = service::service(mw).unwrap();
+    s.spec.as_mut().unwrap().cluster_ip = Some("10.96.0.20".into());
+    s.status = Some(ServiceStatus {
+        load_balancer: Some(LoadBalancerStatus {
+            ingress: ingress.map(|ip| vec![LoadBalancerIngress { ip: Some(ip.into()), ..Default::default() }]),
+        }),
+        conditions: None,
+    });
+    s
+}
+
+fn derive_exposed(mw: &ManagedWorkload, d: &Deployment, pods: &[Pod], svc: Option<&Service>) -> ManagedWorkloadStatus {
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(d),
+        pods: pods.iter().collect(),
+        blocked: None,
+        claims: vec![],
+        service: svc,
+    };
+    derive(mw, &observed, &at(1000))
+}
+
+#[test]
+fn without_a_service_the_address_is_the_serving_pods_ip_kept_through_a_rollout() {
+    let running = with_phase(workload(DesiredState::Running, 1), Phase::Running);
+    let d = deployment(&running, 1, 1, [1, 1, 1, 1]);
+    let s = derive_with(&running, Some(&d), &[pod(&d, true, true, "10.0.0.5")]);
+    assert_eq!((s.address.as_deref(), s.service.as_ref()), (Some("10.0.0.5"), None));
+
+    // Updating: the old Pod serves until the new one is Ready, and stays the address.
+    let mw = with_phase(workload(DesiredState::Running, 2), Phase::Running);
+    let d = deployment(&mw, 2, 2, [2, 1, 1, 1]);
+    let s = derive_with(&mw, Some(&d), &[pod(&d, true, false, "10.0.0.7"), pod(&d, false, true, "10.0.0.5")]);
+    assert_eq!(s.phase, Some(Phase::Updating));
+    assert_eq!(s.address.as_deref(), Some("10.0.0.5"), "the old, serving Pod");
+    let s = derive_with(&mw, Some(&d), &[pod(&d, true, true, "10.0.0.7"), pod(&d, false, true, "10.0.0.5")]);
+    assert_eq!(s.address.as_deref(), Some("10.0.0.7"), "the new Pod, once Ready");
+
+    let stopped = workload(DesiredState::Stopped, 1);
+    let d = deployment(&stopped, 1, 1, [0, 0, 0, 0]);
+    assert_eq!(derive_with(&stopped, Some(&d), &[]).address, None, "nothing serves");
+}
+
+#[test]
+fn with_a_service_the_address_is_its_cluster_ip_whichever_pod_serves() {
+    use crate::resource::ServiceType;
+    let mut mw = with_phase(with_service(workload(DesiredState::Running, 1), ServiceType::ClusterIP), Phase::Running);
+    mw.status.as_mut().unwrap().observed_generation = Some(1);
+    let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let svc = live_service(&mw, None);
+    let first = derive_exposed(&mw, &d, &[pod(&d, true, true, "10.0.0.5")], Some(&svc));
+    assert_summary(&first, Phase::Running, "True", "False", "False");
+    assert_eq!(first.address.as_deref(), Some("10.96.0.20"));
+    assert_eq!(first.pod_ip.as_deref(), Some("10.0.0.5"), "the Pod IP is still reported, for information");
+    let service = first.service.as_ref().unwrap();
+    assert_eq!((service.name.as_str(), service.type_.as_str()), ("web", "ClusterIP"));
+    assert_eq!(service.dns_name, "web.apps.svc");
+    assert_eq!(service.ports[0].port, 80);
+
+    // The Pod is replaced (deleted, evicted, a rollout): the address stays.
+    let unavailable = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let replaced = derive_exposed(&mw, &unavailable, &[pod(&unavailable, true, false, "10.0.0.9")], Some(&svc));
+    assert_eq!(replaced.phase, Some(Phase::Creating));
+    assert_eq!(replaced.address, first.address);
+    let stopped = with_service(workload(DesiredState::Stopped, 1), ServiceType::ClusterIP);
+    let d0 = deployment(&stopped, 1, 1, [0, 0, 0, 0]);
+    assert_eq!(derive_exposed(&stopped, &d0, &[], Some(&svc)).address, first.address, "the Service stays");
+
+    // Asked for, but not there (yet): not Ready, and no address.
+    let missing = derive_exposed(&mw, &d, &[pod(&d, true, true, "10.0.0.5")], None);
+    assert_summary(&missing, Phase::Creating, "False", "True", "False");
+    assert_eq!(cond(&missing, RECONCILING).message, "Creating: waiting for the Service");
+    assert_eq!(missing.address, None);
+}
+
+#[test]
+fn a_load_balancer_is_ready_once_it_has_an_address() {
+    use crate::resource::ServiceType;
+    let mw = with_service(workload(DesiredState::Running, 1), ServiceType::LoadBalancer);
+    let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let pods = [pod(&d, true, true, "10.0.0.5")];
+    let pending = derive_exposed(&mw, &d, &pods, Some(&live_service(&mw, None)));
+    // Reconciling (kstatus: InProgress; Argo CD: Progressing), not Stalled: a wait.
+    assert_summary(&pending, Phase::Creating, "False", "True", "False");
+    assert_eq!(cond(&pending, READY).reason, WAITING_FOR_LOAD_BALANCER);
+    assert_eq!(cond(&pending, RECONCILING).reason, WAITING_FOR_LOAD_BALANCER);
+    assert_eq!(
+        cond(&pending, RECONCILING).message,
+        "Creating: WaitingForLoadBalancer: the Pod is available; Service web has no load-balancer address yet"
+    );
+    assert_eq!(pending.address.as_deref(), Some("10.96.0.20"), "the cluster IP meanwhile");
+
+    let mut known = mw.clone();
+    known.status = Some(pending.clone());
+    let served = derive_exposed(&known, &d, &pods, Some(&live_service(&mw, Some("192.0.2.10"))));
+    assert_summary(&served, Phase::Running, "True", "False", "False");
+    assert_eq!(served.address.as_deref(), Some("192.0.2.10"));
+    assert_eq!(served.service.as_ref().unwrap().load_balancer_ingress, ["192.0.2.10"]);
+    assert_eq!(urgency(Some(&pending), &served), Urgency::Now);
+
+    // The same world again: the same status, so no write.
+    known.status = Some(served.clone());
+    let again = derive_exposed(&known, &d, &pods, Some(&live_service(&mw, Some("192.0.2.10"))));
+    assert_eq!(again, served);
+}
+
+#[test]
+fn an_address_that_changes_is_written_at_once() {
+    let mw = with_phase(workload(DesiredState::Running, 1), Phase::Running);
+    let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let running = derive_with(&mw, Some(&d), &[pod(&d, true, true, "10.0.0.5")]);
+    for (what, address) in [("another address", Some("192.0.2.10")), ("no address", None)] {
+        let mut next = running.clone();
+        next.address = address.map(Into::into);
+        assert_eq!(urgency(Some(&running), &next), Urgency::Now, "{what}");
+    }
+    let mut first = running.clone();
+    first.address = None;
+    let mut next = first.clone();
+    next.address = Some("10.96.0.20".into());
+    assert_eq!(urgency(Some(&first), &next), Urgency::Within(DETAIL_DELAY), "a first address is a detail");
 }
