@@ -856,10 +856,27 @@ async fn services_and_the_stable_address(engine: Engine) {
     })
     .await;
     // kubectl delete pod: Creating again on a new Pod.
-    for pod in pods.list(&ListParams::default().labels("app.kubernetes.io/instance=svc-web")).await.unwrap().items {
+    let selector = ListParams::default().labels("app.kubernetes.io/instance=svc-web");
+    let mut deleted = Vec::new();
+    for pod in pods.list(&selector).await.unwrap().items {
         pods.delete(&pod.name_any(), &Default::default()).await.unwrap();
+        deleted.push(pod.name_any());
     }
-    wait_ready(&workloads, "svc-web", Phase::Running).await;
+    // The replacement is Ready, and the workload Running again. (Waiting on the workload
+    // alone could read the Running it had before the operator saw the deletion.)
+    eventually("a replacement Pod Ready", TIMEOUT, || async {
+        let ready = pods.list(&selector).await.unwrap().items.into_iter().any(|p| {
+            !deleted.contains(&p.name_any())
+                && p.status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        });
+        if ready { Ok(()) } else { Err("not yet".to_string()) }
+    })
+    .await;
+    support::workload::wait_phase(&workloads, "svc-web", Phase::Running).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     watching.abort();
     let mut distinct = seen.lock().unwrap().clone();
