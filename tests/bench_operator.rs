@@ -189,23 +189,8 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace) {
 
     // The operator.
     let ns = TestNamespace::new(&format!("operator-{n}")).await;
-    let workloads = ns.api::<ManagedWorkload>();
-    let watch = tokio::spawn(until_all(workloads.clone(), n, ready_and_running));
     let cpu0 = cpu_seconds(pid);
-    let t = Instant::now();
-    each(n, |i| {
-        let api = workloads.clone();
-        async move {
-            let body = json!({"apiVersion": "opensource-server.mieweb.org/v1alpha1", "kind": "ManagedWorkload",
-                              "metadata": {"name": format!("w{i}")}, "spec": spec(i)});
-            api.patch(&format!("w{i}"), &PatchParams::apply("bench"), &Patch::Apply(&body))
-                .await
-                .expect("applying a CR");
-        }
-    })
-    .await;
-    let ready = watch.await.expect("the operator watch");
-    let operator_s = ready.values().max().map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0);
+    let operator_s = apply_until_ready(&ns.api(), n, "w", spec).await;
     // Let trailing writes (the last status, Events) land before counting.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let run = Run {
@@ -230,29 +215,41 @@ struct VolumeRun {
 async fn converge_with_volumes(n: usize, pid: u32) -> (VolumeRun, Storage, TestNamespace) {
     let ns = TestNamespace::new(&format!("operator-volumes-{n}")).await;
     let storage = Storage::new(&ns, n, "1Gi").await;
-    let workloads = ns.api::<ManagedWorkload>();
     let rss_before_kib = memory_kib(pid).0;
+    let with_volume = |i| {
+        let mut spec = spec(i);
+        spec["volumes"] =
+            json!([{"name": "data", "mountPath": "/data", "size": "1Gi", "storageClassName": storage.class}]);
+        spec
+    };
+    let operator_s = apply_until_ready(&ns.api(), n, "v", with_volume).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let run = VolumeRun { operator_s, writes: writes(&ns.name), rss_before_kib, rss_kib: memory_kib(pid).0 };
+    (run, storage, ns)
+}
+
+/// Apply `n` ManagedWorkloads `{prefix}{i}` with `spec(i)`, IN_FLIGHT at once, and wait until
+/// each is Ready and Running; the seconds from the first apply until the last was.
+async fn apply_until_ready(
+    workloads: &Api<ManagedWorkload>,
+    n: usize,
+    prefix: &str,
+    spec: impl Fn(usize) -> Value,
+) -> f64 {
     let watch = tokio::spawn(until_all(workloads.clone(), n, ready_and_running));
     let t = Instant::now();
     each(n, |i| {
         let api = workloads.clone();
-        let mut spec = spec(i);
-        spec["volumes"] =
-            json!([{"name": "data", "mountPath": "/data", "size": "1Gi", "storageClassName": storage.class}]);
+        let name = format!("{prefix}{i}");
+        let body = json!({"apiVersion": "opensource-server.mieweb.org/v1alpha1", "kind": "ManagedWorkload",
+                          "metadata": {"name": name}, "spec": spec(i)});
         async move {
-            let body = json!({"apiVersion": "opensource-server.mieweb.org/v1alpha1", "kind": "ManagedWorkload",
-                              "metadata": {"name": format!("v{i}")}, "spec": spec});
-            api.patch(&format!("v{i}"), &PatchParams::apply("bench"), &Patch::Apply(&body))
-                .await
-                .expect("applying a CR");
+            api.patch(&name, &PatchParams::apply("bench"), &Patch::Apply(&body)).await.expect("applying a CR");
         }
     })
     .await;
     let ready = watch.await.expect("the operator watch");
-    let operator_s = ready.values().max().map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0);
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let run = VolumeRun { operator_s, writes: writes(&ns.name), rss_before_kib, rss_kib: memory_kib(pid).0 };
-    (run, storage, ns)
+    ready.values().max().map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0)
 }
 
 fn ready_and_running(mw: &ManagedWorkload) -> bool {
