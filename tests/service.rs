@@ -7,19 +7,16 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::json;
-use support::workload::{TIMEOUT, apply, condition, wait_condition, wait_ready};
+use support::workload::{TIMEOUT, WatchLog, apply, condition, wait_condition, wait_ready};
 use support::{TestNamespace, audit, wait_until};
 
 /// A workload with a named TCP port and an unnamed UDP one, and a Service of `type_`.
@@ -239,52 +236,6 @@ async fn a_load_balancer_is_ready_once_the_cloud_gives_it_an_address() {
     assert_eq!(mw.status.as_ref().unwrap().service.as_ref().unwrap().load_balancer_ingress, ["192.0.2.10"]);
 }
 
-/// Every `status.address` the workload reports from now on, through its own watch.
-struct AddressLog {
-    seen: Arc<Mutex<Vec<Option<String>>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl AddressLog {
-    async fn start(api: &Api<ManagedWorkload>, name: &str) -> Self {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let sink = seen.clone();
-        let stream = watcher(api.clone(), watcher::Config::default().fields(&format!("metadata.name={name}")));
-        let (synced, is_synced) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            let mut synced = Some(synced);
-            while let Some(Ok(event)) = stream.next().await {
-                match event {
-                    watcher::Event::Apply(mw) | watcher::Event::InitApply(mw) => {
-                        sink.lock().unwrap().push(address(&mw))
-                    }
-                    watcher::Event::InitDone => {
-                        if let Some(tx) = synced.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        });
-        tokio::time::timeout(TIMEOUT, is_synced).await.expect("the watch to list the CR").expect("the watch task");
-        AddressLog { seen, task }
-    }
-
-    fn distinct(&self) -> Vec<Option<String>> {
-        let mut out = self.seen.lock().unwrap().clone();
-        out.dedup();
-        out
-    }
-}
-
-impl Drop for AddressLog {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 #[tokio::test]
 async fn the_address_does_not_move_through_a_rollout_or_a_pod_deletion() {
     let ns = TestNamespace::new("svc-stable").await;
@@ -294,7 +245,7 @@ async fn the_address_does_not_move_through_a_rollout_or_a_pod_deletion() {
     let mw = wait_ready(&workloads, "web", Phase::Running).await;
     let stable = address(&mw).expect("an address");
     let first_pod_ip = mw.status.as_ref().unwrap().pod_ip.clone();
-    let log = AddressLog::start(&workloads, "web").await;
+    let log = WatchLog::start(&workloads, "web", |mw| Some(address(mw))).await;
 
     // A rollout: a new Pod (a new Pod IP), the same address throughout.
     let phases = support::workload::PhaseLog::start(&workloads, "web").await;
@@ -317,7 +268,7 @@ async fn the_address_does_not_move_through_a_rollout_or_a_pod_deletion() {
         })
     })
     .await;
-    assert_eq!(log.distinct(), [Some(stable)], "status.address through a rollout and a Pod deletion");
+    assert_eq!(log.seen(), [Some(stable)], "status.address through a rollout and a Pod deletion");
 }
 
 #[tokio::test]

@@ -116,19 +116,20 @@ pub fn phase_of(mw: &ManagedWorkload) -> Option<Phase> {
     mw.status.as_ref().and_then(|s| s.phase)
 }
 
-/// Records every phase one CR passes through, from a watch, so transient phases
-/// (`Updating`, `Stopping`) are seen even when they last only moments.
-pub struct PhaseLog {
-    phases: Arc<Mutex<Vec<Phase>>>,
+/// Records one value of a CR (its phase, its address, …) at every change its own watch
+/// delivers, from the CR's state at `start` on, consecutive duplicates folded: transient
+/// values (an `Updating` that lasts moments) are seen too.
+pub struct WatchLog<T> {
+    seen: Arc<Mutex<Vec<T>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl PhaseLog {
+impl<T: PartialEq + Clone + Send + 'static> WatchLog<T> {
     /// Starts watching and returns once the watch has delivered the CR's current state, so
-    /// every phase after this call is recorded.
-    pub async fn start(api: &Api<ManagedWorkload>, name: &str) -> Self {
-        let phases = Arc::new(Mutex::new(Vec::new()));
-        let sink = phases.clone();
+    /// every value after this call is recorded. `read` gives the value, or None to skip.
+    pub async fn start(api: &Api<ManagedWorkload>, name: &str, read: fn(&ManagedWorkload) -> Option<T>) -> Self {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let stream = watcher(api.clone(), config);
         let (synced, is_synced) = tokio::sync::oneshot::channel();
@@ -138,10 +139,10 @@ impl PhaseLog {
             while let Some(Ok(event)) = stream.next().await {
                 match event {
                     watcher::Event::Apply(mw) | watcher::Event::InitApply(mw) => {
-                        if let Some(p) = phase_of(&mw) {
+                        if let Some(value) = read(&mw) {
                             let mut log = sink.lock().unwrap();
-                            if log.last() != Some(&p) {
-                                log.push(p);
+                            if log.last() != Some(&value) {
+                                log.push(value);
                             }
                         }
                     }
@@ -155,12 +156,32 @@ impl PhaseLog {
             }
         });
         tokio::time::timeout(TIMEOUT, is_synced).await.expect("the watch to list the CR").expect("the watch task");
-        PhaseLog { phases, task }
+        WatchLog { seen, task }
+    }
+
+    /// Values seen since `start`, consecutive duplicates folded.
+    pub fn seen(&self) -> Vec<T> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl<T> Drop for WatchLog<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Every phase one CR passes through.
+pub struct PhaseLog(WatchLog<Phase>);
+
+impl PhaseLog {
+    pub async fn start(api: &Api<ManagedWorkload>, name: &str) -> Self {
+        PhaseLog(WatchLog::start(api, name, phase_of).await)
     }
 
     /// Phases seen since `start`, consecutive duplicates folded.
     pub fn seen(&self) -> Vec<Phase> {
-        self.phases.lock().unwrap().clone()
+        self.0.seen()
     }
 
     /// Phases seen once this log's own watch has delivered a change ending in `last` (the
@@ -173,12 +194,6 @@ impl PhaseLog {
         })
         .await;
         self.seen()
-    }
-}
-
-impl Drop for PhaseLog {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
