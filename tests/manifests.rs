@@ -16,14 +16,20 @@ fn namespaced_role_grants_exactly_what_the_cluster_role_grants() {
     assert_eq!(cluster["rules"], namespaced["rules"]);
 }
 
+/// Each sample is one ManagedWorkload, plus what it needs of core kinds (the Secret its env
+/// names, say), and no other kind (`make demo` applies them all).
 #[test]
 fn samples_are_managed_workloads() {
     for entry in std::fs::read_dir("config/samples").unwrap() {
         let path = entry.unwrap().path();
-        let sample = load(path.to_str().unwrap());
-        assert_eq!(sample["kind"], "ManagedWorkload", "{}", path.display());
-        let _: mw_operator::resource::ManagedWorkload = serde_json::from_value(sample)
+        let docs = documents(path.to_str().unwrap());
+        let workloads: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "ManagedWorkload").collect();
+        assert_eq!(workloads.len(), 1, "{}: one ManagedWorkload per sample", path.display());
+        let _: mw_operator::resource::ManagedWorkload = serde_json::from_value(workloads[0].clone())
             .unwrap_or_else(|e| panic!("{} does not parse as a ManagedWorkload: {e}", path.display()));
+        for other in docs.iter().filter(|d| d["kind"] != "ManagedWorkload") {
+            assert!(["Secret", "ConfigMap"].contains(&other["kind"].as_str().unwrap_or("")), "{}: {other}", path.display());
+        }
     }
 }
 
