@@ -20,6 +20,10 @@ pub const GROUP: &str = "opensource-server.mieweb.org";
 /// Identity labels Manager puts on a CR; copied to the Deployment and its Pods.
 pub const NODE_ID_LABEL: &str = "opensource-server.mieweb.org/node-id";
 pub const CONTAINER_ID_LABEL: &str = "opensource-server.mieweb.org/container-id";
+/// The Manager user owning the container (`Containers.username`), set by whoever makes the CR
+/// for Manager (the bridge, Manager's provider). With the node id it says whose data a
+/// retained claim holds: a claim goes back only to a workload of the same owner.
+pub const OWNER_ANNOTATION: &str = "opensource-server.mieweb.org/owner";
 
 /// A Manager container, run on Kubernetes as a Deployment of one replica (or zero when
 /// stopped). The operator writes only `status`; `spec` belongs to whoever applies it.
@@ -142,9 +146,12 @@ pub struct ManagedWorkloadSpec {
     ).message("port names must be unique"))]
     pub ports: Vec<ContainerPort>,
 
-    /// How a pod-template change is rolled out: `RollingUpdate` (the default: the new Pod
-    /// is started before the old one stops) or `Recreate` (the old Pod stops first; use it
-    /// when two copies must never run at once).
+    /// How a pod-template change is rolled out: `RollingUpdate` (the new Pod is started
+    /// before the old one stops) or `Recreate` (the old Pod stops first). The default is
+    /// `Recreate` when the workload has any volume (a disk is mounted by one Pod at a time)
+    /// or asks for GPUs (a surge Pod would wait for the GPU the old one holds), otherwise
+    /// `RollingUpdate`. `RollingUpdate` with a volume is allowed only when every volume is
+    /// `ReadWriteMany`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_strategy: Option<UpdateStrategy>,
 
@@ -166,7 +173,8 @@ pub struct ManagedWorkloadSpec {
     /// Persistent volumes: each is one PersistentVolumeClaim named `<workload>-<volume>`,
     /// mounted into the container, kept through stop, start and every rollout, and kept
     /// after the workload's deletion unless its `retentionPolicy` is `Delete`. At most 8.
-    /// With a ReadWriteOnce or ReadWriteOncePod volume the workload rolls out with `Recreate`.
+    /// With any volume the workload rolls out with `Recreate` unless `updateStrategy` says
+    /// otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
@@ -266,18 +274,14 @@ const ROLLING_UPDATE_NEEDS_SHARED_VOLUMES: &str = "!has(self.spec.updateStrategy
      || self.spec.volumes.all(v, has(v.accessMode) && v.accessMode == 'ReadWriteMany')";
 const ROLLING_UPDATE_NEEDS_SHARED_VOLUMES_MESSAGE: &str = "updateStrategy RollingUpdate cannot be used with a \
      ReadWriteOnce or ReadWriteOncePod volume: the new Pod would wait forever for the volume the old Pod holds; \
-     use Recreate (the default with such volumes)";
+     use Recreate (the default with volumes)";
 
 // --- Volumes (issue 14) -------------------------------------------------------------------
 
 /// One persistent volume of a workload: a PersistentVolumeClaim the operator creates and
-/// mounts. Its size may grow, never shrink; its class and access mode are fixed once made.
+/// mounts. Its claim may grow, never shrink; its class and access mode are fixed once made.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new(
-    "!isQuantity(self.size) || !isQuantity(oldSelf.size) \
-     || quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0"
-).message("size may grow but never shrink: a claim cannot be made smaller").field_path(".size"))]
 #[x_kube(validation = Rule::new(
     "(has(self.storageClassName) ? self.storageClassName : '') \
      == (has(oldSelf.storageClassName) ? oldSelf.storageClassName : '')"
@@ -294,8 +298,10 @@ pub struct Volume {
     /// Absolute path in the container where the volume is mounted; unique in the workload.
     #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/[^:]*$"))]
     pub mount_path: String,
-    /// Requested size, a quantity such as `10Gi`. May grow (the claim is expanded when its
-    /// StorageClass allows it), never shrink.
+    /// Requested size, a quantity such as `10Gi`. Growing it expands the claim when its
+    /// StorageClass allows it (a refused expansion is reported on `status.volumes`, and the
+    /// workload goes on with the claim as it is). The claim never shrinks: a smaller size,
+    /// such as putting a refused expansion back, is accepted and leaves the claim as it is.
     #[schemars(length(min = 1, max = 64))]
     #[x_kube(validation = Rule::new("isQuantity(self)").message("must be a quantity such as 512Mi, 10Gi or 1Ti"))]
     #[x_kube(validation = Rule::new("!isQuantity(self) || quantity(self).isGreaterThan(quantity('0'))").message("size must be greater than zero"))]

@@ -37,13 +37,7 @@ async fn hand_edits_and_deletion_are_undone() {
     .await;
 
     // The correction is announced on the CR.
-    let events: Api<k8s_openapi::api::events::v1::Event> = ns.api();
-    support::eventually("a DriftCorrected event", TIMEOUT, || async {
-        let list = events.list(&Default::default()).await.map_err(|e| e.to_string())?;
-        let reasons: Vec<_> = list.items.iter().filter_map(|e| e.reason.clone()).collect();
-        if reasons.iter().any(|r| r == "DriftCorrected") { Ok(()) } else { Err(format!("events: {reasons:?}")) }
-    })
-    .await;
+    support::wait_for_event(&ns, "DriftCorrected", TIMEOUT).await;
 
     // kubectl set image deployment/web workload=evil:1
     hand_patch(

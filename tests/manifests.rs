@@ -28,7 +28,11 @@ fn samples_are_managed_workloads() {
         let _: mw_operator::resource::ManagedWorkload = serde_json::from_value(workloads[0].clone())
             .unwrap_or_else(|e| panic!("{} does not parse as a ManagedWorkload: {e}", path.display()));
         for other in docs.iter().filter(|d| d["kind"] != "ManagedWorkload") {
-            assert!(["Secret", "ConfigMap"].contains(&other["kind"].as_str().unwrap_or("")), "{}: {other}", path.display());
+            assert!(
+                ["Secret", "ConfigMap"].contains(&other["kind"].as_str().unwrap_or("")),
+                "{}: {other}",
+                path.display()
+            );
         }
     }
 }

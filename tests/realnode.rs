@@ -167,6 +167,7 @@ async fn lifecycle_on_real_containers_answers_http_stops_starts_rolls_out_and_de
     let updated = apply(&workloads, "web", spec(HTTPD_2, "Running")).await.unwrap();
     let mw = wait_real(&workloads, "web", Phase::Running).await;
     assert_eq!(mw.status.as_ref().unwrap().observed_generation, updated.metadata.generation);
+    phases.alive().await;
     let seen = phases.seen();
     assert!(seen.contains(&Phase::Updating), "an image change is an update: {seen:?}");
     assert!(!seen.contains(&Phase::Failed), "never Failed during a rollout on real containers: {seen:?}");
@@ -260,6 +261,7 @@ async fn a_real_crash_loop_is_failed_and_stays_still_through_restart_cycles() {
         "real crash loop: {cycles} restarts, container states seen {states:?}, operator writes in that window: {} {window:?}",
         window.len()
     );
+    phases.alive().await;
     assert_eq!(phases.seen(), [Phase::Failed], "the phase moved during the crash loop");
     assert_eq!(condition(&mw, "Stalled").reason, "CrashLoopBackOff");
     assert!(

@@ -111,6 +111,7 @@ async fn an_evicted_pod_is_history_and_a_stopped_workload_with_only_finished_pod
     // at all (status::tests pins the verdicts). What must hold whatever the
     // timing: never Updating (a replacement without a spec change is no update), never Failed
     // (the evicted Pod is history), and Running at the end (wait_ready above).
+    phases.alive().await;
     let seen = phases.seen();
     assert_eq!(seen.first(), Some(&Phase::Running), "{seen:?}");
     assert!(seen.iter().all(|p| matches!(p, Phase::Running | Phase::Creating)), "a replacement is no update: {seen:?}");

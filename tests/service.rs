@@ -268,6 +268,7 @@ async fn the_address_does_not_move_through_a_rollout_or_a_pod_deletion() {
         })
     })
     .await;
+    log.alive().await;
     assert_eq!(log.seen(), [Some(stable)], "status.address through a rollout and a Pod deletion");
 }
 

@@ -211,11 +211,6 @@ async fn refused_volume_changes_name_their_field() {
     apply(&workloads, "web", json!({"image": "nginx:1", "state": "Stopped", "volumes": base})).await.unwrap();
     let cases = [
         (
-            "smaller size",
-            json!([{"name": "data", "mountPath": "/data", "size": "1Gi", "storageClassName": "a"}]),
-            vec!["spec.volumes[0].size", "never shrink"],
-        ),
-        (
             "another class",
             json!([{"name": "data", "mountPath": "/data", "size": "2Gi", "storageClassName": "b"}]),
             vec!["spec.volumes[0].storageClassName", "cannot be changed"],
@@ -241,9 +236,12 @@ async fn refused_volume_changes_name_their_field() {
             assert!(message.contains(w), "{case}: {message:?} should contain {w:?}");
         }
     }
-    // Growth is fine.
+    // Growth is fine, and so is a smaller size (a refused expansion put back): the claim never
+    // shrinks, but the spec must be able to go back (tests below).
     let grown = json!([{"name": "data", "mountPath": "/data", "size": "3Gi", "storageClassName": "a"}]);
     apply(&workloads, "web", json!({"image": "nginx:1", "state": "Stopped", "volumes": grown})).await.unwrap();
+    let smaller = json!([{"name": "data", "mountPath": "/data", "size": "1Gi", "storageClassName": "a"}]);
+    apply(&workloads, "web", json!({"image": "nginx:1", "state": "Stopped", "volumes": smaller})).await.unwrap();
 
     // New objects: RollingUpdate with a ReadWriteOnce volume; duplicate mount paths; a relative path.
     let creates = [
@@ -349,19 +347,176 @@ async fn a_claim_being_deleted_is_never_started_against() {
     let stalled = support::workload::condition(&failed, "Stalled");
     assert_eq!(stalled.reason, "ClaimDeleting");
     assert!(stalled.message.contains("claim web-data is being deleted"), "{}", stalled.message);
+    // The advice keeps the data: make the volume Retain first (naming it), before anything
+    // that lets the deletion complete.
+    let pv = claims.get("web-data").await.unwrap().spec.unwrap().volume_name.unwrap();
+    assert!(stalled.message.contains(&format!("kubectl patch pv {pv}")), "{}", stalled.message);
+    assert!(stalled.message.contains("persistentVolumeReclaimPolicy") && stalled.message.contains("Retain"));
     assert_eq!(deployments.get("web").await.unwrap().spec.unwrap().replicas, Some(0), "not started");
 
-    // The deletion completes: a new claim, and the workload runs.
+    // The deletion completes: a new claim, said so in status and an Event, and the workload runs.
     let release = json!({"metadata": {"finalizers": null}});
     claims.patch("web-data", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
     wait_ready(&workloads, "web", Phase::Running).await;
     let new = claims.get("web-data").await.unwrap();
     assert_ne!(new.uid(), old, "a new claim");
+    assert_eq!(
+        new.annotations().get("opensource-server.mieweb.org/replaced-deleted-claim").map(String::as_str),
+        Some("true")
+    );
+    let said = wait_until(&workloads, "web", "status.volumes to say the claim is new", TIMEOUT, |mw| {
+        mw.and_then(|mw| mw.status.as_ref()?.volumes.first()?.message.clone())
+            .is_some_and(|m| m.contains("new and empty"))
+    })
+    .await;
+    assert!(said.is_some());
+    support::wait_for_event(&ns, "ClaimReplaced", TIMEOUT).await;
+}
+
+/// Deleted by mistake and re-created by its Manager user: the data comes back. Another user
+/// taking the freed hostname never gets it: the workload is held, naming the claim and whose
+/// data it holds, and no Pod of it is made.
+#[tokio::test]
+async fn a_retained_disk_goes_back_only_to_its_owner() {
+    let ns = TestNamespace::new("volumes-owner").await;
+    let storage = Storage::new(&ns, 2, "1Gi").await;
+    let (workloads, claims, deployments) =
+        (ns.api::<ManagedWorkload>(), ns.api::<PersistentVolumeClaim>(), ns.api::<Deployment>());
+    let volumes = data(&storage.class, "1Gi", "Retain");
+    let of = |user: &str| {
+        let mut mw = json!({"metadata": {"labels": {"opensource-server.mieweb.org/node-id": "3"},
+                                         "annotations": {"opensource-server.mieweb.org/owner": user}}});
+        mw["spec"] = spec("nginx:1", "Running", volumes.clone());
+        mw
+    };
+    let create = |user: &str| {
+        let body: ManagedWorkload = serde_json::from_value({
+            let mut mw = of(user);
+            mw["apiVersion"] = json!("opensource-server.mieweb.org/v1alpha1");
+            mw["kind"] = json!("ManagedWorkload");
+            mw["metadata"]["name"] = json!("app");
+            mw
+        })
+        .unwrap();
+        let workloads = workloads.clone();
+        async move { workloads.create(&PostParams::default(), &body).await.unwrap() }
+    };
+    let gone = || async {
+        workloads.delete("app", &DeleteParams::background()).await.unwrap();
+        wait_until(&workloads, "app", "the workload to go", TIMEOUT, |mw| mw.is_none()).await;
+        wait_until(&deployments, "app", "its Deployment to go", TIMEOUT, |d| d.is_none()).await;
+    };
+
+    create("alice").await;
+    wait_ready(&workloads, "app", Phase::Running).await;
+    let alices = claim(&claims, "app-data").await;
+    gone().await;
+
+    // Bob takes the hostname: held, told whose the disk is, never started.
+    create("bob").await;
+    let failed = wait_condition(&workloads, "app", "Stalled", "True").await;
+    let stalled = support::workload::condition(&failed, "Stalled");
+    assert_eq!(stalled.reason, "ClaimConflict");
+    assert!(
+        stalled.message.contains("app-data") && stalled.message.contains("Manager user alice on node 3"),
+        "{}",
+        stalled.message
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(deployments.get_opt("app").await.unwrap().is_none(), "no Pod of bob's workload mounts alice's disk");
+    let untouched = claims.get("app-data").await.unwrap();
+    assert_eq!(untouched.metadata.resource_version, alices.metadata.resource_version, "untouched");
+    gone().await;
+
+    // Alice re-creates her container: her disk again.
+    create("alice").await;
+    wait_ready(&workloads, "app", Phase::Running).await;
+    let again = claims.get("app-data").await.unwrap();
+    assert_eq!(again.uid(), alices.uid(), "re-attached");
+    let mounted = deployments.get("app").await.unwrap().spec.unwrap().template.spec.unwrap().volumes.unwrap();
+    assert_eq!(mounted[0].persistent_volume_claim.as_ref().unwrap().claim_name, "app-data");
+}
+
+/// Growing a volume on a class that refuses expansion: reported on status.volumes, the
+/// workload keeps running and rolling out, and the size can be put back.
+#[tokio::test]
+async fn a_refused_expansion_never_wedges_the_workload() {
+    let ns = TestNamespace::new("volumes-no-expansion").await;
+    let storage = Storage::with_expansion(&ns, 1, "5Gi", false).await;
+    let (workloads, claims, deployments) =
+        (ns.api::<ManagedWorkload>(), ns.api::<PersistentVolumeClaim>(), ns.api::<Deployment>());
+    apply(&workloads, "web", spec("nginx:1", "Running", data(&storage.class, "1Gi", "Retain"))).await.unwrap();
+    wait_ready(&workloads, "web", Phase::Running).await;
+    let uid = claim(&claims, "web-data").await.uid();
+
+    apply(&workloads, "web", spec("nginx:1", "Running", data(&storage.class, "2Gi", "Retain"))).await.unwrap();
+    let refused = wait_until(&workloads, "web", "status.volumes to report the refusal", TIMEOUT, |mw| {
+        mw.and_then(|mw| mw.status.as_ref()?.volumes.first()?.message.clone()).is_some_and(|m| m.contains("refused"))
+    })
+    .await
+    .unwrap();
+    let message = volume_status(&refused).message.clone().unwrap();
+    assert!(message.contains("stays at 1Gi") && message.contains("set the size back to 1Gi"), "{message}");
+    let running = wait_ready(&workloads, "web", Phase::Running).await;
+    assert_eq!(support::workload::condition(&running, "Stalled").status, "False", "a refused expansion stalls nothing");
+
+    // An image change still rolls out.
+    apply(&workloads, "web", spec("nginx:2", "Running", data(&storage.class, "2Gi", "Retain"))).await.unwrap();
+    wait_until(&deployments, "web", "the new image in the Deployment", TIMEOUT, |d: Option<&Deployment>| {
+        d.and_then(|d| d.spec.as_ref()?.template.spec.as_ref()?.containers[0].image.clone()).as_deref()
+            == Some("nginx:2")
+    })
+    .await;
+    let rolled = wait_ready(&workloads, "web", Phase::Running).await;
+    assert_eq!(rolled.status.as_ref().unwrap().observed_generation, rolled.metadata.generation);
+
+    // Put back: accepted, the refusal cleared, the same claim.
+    apply(&workloads, "web", spec("nginx:2", "Running", data(&storage.class, "1Gi", "Retain"))).await.unwrap();
+    wait_until(&workloads, "web", "the refusal to clear", TIMEOUT, |mw| {
+        mw.and_then(|mw| mw.status.as_ref()).is_some_and(|s| {
+            s.observed_generation == mw.and_then(|m| m.metadata.generation)
+                && s.volumes.first().is_some_and(|v| !v.message.as_deref().unwrap_or("").contains("refused"))
+        })
+    })
+    .await;
+    assert_eq!(claims.get("web-data").await.unwrap().uid(), uid);
+}
+
+/// Deleted and at once re-created under its name: while garbage collection removes the
+/// predecessor's Deployment, Service and claim, the new workload waits (Creating,
+/// Reconciling), never Failed or Stalled, which would make Argo CD or Flux abort a sync.
+#[tokio::test]
+async fn delete_and_recreate_is_a_wait_not_a_failure() {
+    let ns = TestNamespace::new("volumes-recreate").await;
+    let storage = Storage::new(&ns, 2, "1Gi").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let mut s = spec("nginx:1", "Running", data(&storage.class, "1Gi", "Delete"));
+    s["ports"] = json!([{"containerPort": 80, "name": "http"}]);
+    s["service"] = json!({"type": "ClusterIP"});
+    apply(&workloads, "web", s.clone()).await.unwrap();
+    let first = wait_ready(&workloads, "web", Phase::Running).await;
+
+    // Foreground deletion keeps the owned objects' deletion visible for longest; the CR goes
+    // first with background propagation, which is what kubectl does by default.
+    workloads.delete("web", &DeleteParams::background()).await.unwrap();
+    wait_until(&workloads, "web", "the workload to go", TIMEOUT, |mw| mw.is_none()).await;
+    apply(&workloads, "web", s).await.unwrap();
+    let log = support::workload::WatchLog::start(&workloads, "web", |mw| {
+        let status = mw.status.as_ref()?;
+        let stalled = status.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "True");
+        Some((status.phase, stalled))
+    })
+    .await;
+    let again = wait_ready(&workloads, "web", Phase::Running).await;
+    assert_ne!(again.uid(), first.uid());
+    log.alive().await;
+    let seen = log.seen();
+    assert!(seen.iter().all(|(phase, stalled)| *phase != Some(Phase::Failed) && !stalled), "{seen:?}");
 }
 
 /// The bridge maps Manager's approved rootfs (GB; Manager's 50 when none is approved) to the
-/// workload's volume, at the mount path and class its flags say; a rootfs request that shrinks
-/// is a row error, counted, and the workload keeps its size.
+/// workload's volume, at the mount path and class its flags say; a smaller rootfs approval
+/// reaches the workload's spec, and its claim keeps its size (a claim never shrinks).
 async fn bridge_maps_rootfs(engine: support::manager::Engine) {
     use support::bridge::Bridge;
     use support::manager::{ManagerDb, now};
@@ -391,12 +546,22 @@ async fn bridge_maps_rootfs(engine: support::manager::Engine) {
         let claim = claim(&claims, &format!("{name}-rootfs")).await;
         assert_eq!(mw_operator::operator::claims::requested(&claim).as_deref(), Some(size));
     }
-    // A smaller approval: the row's error, and the disk stays as it is.
+    // A smaller approval: synced, and the disk stays as it is.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     db.exec(&grant(10)).await;
-    bridge.wait_for_line(&["row not synced", "never shrink"], TIMEOUT).await;
-    assert_eq!(bridge.metric("mw_bridge_row_errors_total{reason=\"rejected\"}").await, Some(1.0));
-    assert_eq!(workloads.get("pg-analytics").await.unwrap().spec.volumes[0].size, "20Gi");
+    wait_until(
+        &workloads,
+        "pg-analytics",
+        "the smaller approval in the spec",
+        TIMEOUT,
+        |mw: Option<&ManagedWorkload>| mw.is_some_and(|mw| mw.spec.volumes[0].size == "10Gi"),
+    )
+    .await;
+    let mw = wait_ready(&workloads, "pg-analytics", Phase::Running).await;
+    assert_eq!(mw.status.as_ref().unwrap().observed_generation, mw.metadata.generation);
+    let kept = claims.get("pg-analytics-rootfs").await.unwrap();
+    assert_eq!(mw_operator::operator::claims::requested(&kept).as_deref(), Some("20Gi"), "never shrunk");
+    assert_eq!(bridge.metric("mw_bridge_row_errors_total{reason=\"rejected\"}").await.unwrap_or(0.0), 0.0);
     // The other rows keep syncing.
     db.exec(&format!(
         r#"UPDATE "Containers" SET "environmentVars" = '{{"TZ":"UTC"}}', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,

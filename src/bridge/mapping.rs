@@ -28,8 +28,9 @@ pub const SYNCED_BY_LABEL: &str = "opensource-server.mieweb.org/synced-by";
 pub const ROW_CREATED_ANNOTATION: &str = "opensource-server.mieweb.org/row-created-at";
 /// Fingerprint of what the bridge last applied, so an unchanged row costs no API write.
 pub const BRIDGE_HASH_ANNOTATION: &str = "opensource-server.mieweb.org/bridge-hash";
-/// The Manager user owning the container (`Containers.username`), for people reading the CR.
-pub const OWNER_ANNOTATION: &str = "opensource-server.mieweb.org/owner";
+/// The Manager user owning the container (`Containers.username`): for people reading the CR,
+/// and for the operator, which gives a retained claim back only to the same owner.
+pub use crate::resource::OWNER_ANNOTATION;
 /// SHA-256 of the env Secret's data, on the pod template: a changed value rolls out a new
 /// Pod although the CR only references the Secret (the Helm `checksum/secret` pattern).
 pub const ENV_DIGEST_ANNOTATION: &str = "opensource-server.mieweb.org/env-sha256";
@@ -181,8 +182,8 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
     if rootfs_gb < 1 {
         return Err(RowError::BadResource { resource: "rootfs", value: rootfs_gb });
     }
-    // A smaller rootfs than the workload has is refused by the API server (volumes never
-    // shrink): a row error (`rejected`, naming spec.volumes[0].size), the other rows go on.
+    // A smaller rootfs than the workload's claim has is synced as it is: the operator never
+    // shrinks a claim, so the workload keeps its disk.
     let volumes = match &cx.rootfs.mount_path {
         None => Vec::new(),
         Some(mount_path) => vec![Volume {

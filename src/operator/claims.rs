@@ -6,23 +6,32 @@
 //! collection removes it with the workload. A `Retain` volume's claim (the default) carries
 //! no owner reference at all: nothing removes it, and the operator never deletes a claim.
 //!
-//! Whose claim is it, without an owner reference? A claim is this workload's when either
+//! Whose claim is it, without an owner reference? A claim is this workload's when
 //! - its controller reference is this workload (by UID), or
-//! - it has no controller reference, and it carries every mark the operator puts on the claims
-//!   it makes: `app.kubernetes.io/managed-by: mw-operator`, `app.kubernetes.io/instance:
+//! - it has no controller reference, it carries every mark the operator puts on the claims it
+//!   makes (`app.kubernetes.io/managed-by: mw-operator`, `app.kubernetes.io/instance:
 //!   <workload>`, the annotation `opensource-server.mieweb.org/volume-of: <workload>/<volume>`,
-//!   and a server-side apply record of the operator's field manager.
+//!   and a server-side apply record of the operator's field manager), and it is this very
+//!   workload's or its owner's:
+//!   - it is attached to this workload: `opensource-server.mieweb.org/workload-uid` is its UID
+//!     (or, on a claim made before that mark existed, the claim is younger than the workload);
+//!   - or it was retained by a predecessor of the same owner. A Manager workload's owner is
+//!     the Manager user and node (`opensource-server.mieweb.org/owner`, `.../node-id`, which
+//!     the bridge and Manager's provider set): Manager lets anyone reuse a hostname once its
+//!     container is deleted, so user B's new `app` must never mount user A's old `app` disk,
+//!     while A re-creating `app` on that node gets the data back (a mistaken deletion can be
+//!     undone). A workload written by hand has no Manager owner: its owner is the namespace,
+//!     and a workload re-created under the same name re-attaches the claims its predecessor
+//!     retained, as a StatefulSet's Pod does.
 //!
-//! So a workload re-created under the same name in the same namespace re-attaches the claims
-//! its predecessor retained, and a claim made by hand, by another tool, or for another
-//! workload whose name happens to produce the same claim name is never touched: it blocks
-//! the workload (as a foreign Deployment does) until it is removed or renamed.
+//! A claim made by hand, by another tool, for another workload whose name produces the same
+//! claim name, or retained by another owner is never touched and never mounted: it blocks the
+//! workload (`ClaimConflict`, naming the claim, whose it is and what to do).
 //!
-//! Trust model: these marks guard against accidents, not against a namespace member acting in
-//! bad faith. Whoever may create claims in the namespace can forge all of them (labels,
-//! annotation, even the field manager's name); but such a person can also mount that claim,
-//! or the workload's own, in a Pod of their own. The namespace is the trust boundary, as it is
-//! for a StatefulSet, which re-attaches any claim of the right name with no check at all.
+//! Trust model: these marks guard against accidents and against Manager's users, not against a
+//! namespace member acting in bad faith. Whoever may create claims in the namespace can forge
+//! them all; but such a person can also mount that claim, or the workload's own, in a Pod of
+//! their own. The namespace is the trust boundary.
 
 use std::collections::BTreeMap;
 
@@ -32,10 +41,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use super::ownership::{FIELD_MANAGER, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER_NAME, labels, stamp_applied_hash};
-use crate::resource::{ManagedWorkload, RetentionPolicy, Volume};
+use crate::resource::{ManagedWorkload, NODE_ID_LABEL, OWNER_ANNOTATION, RetentionPolicy, Volume};
 
 /// The operator's mark on every claim it makes: `<workload>/<volume>`.
 pub const VOLUME_OF_ANNOTATION: &str = "opensource-server.mieweb.org/volume-of";
+/// The UID of the workload a claim is attached to now.
+pub const WORKLOAD_UID_ANNOTATION: &str = "opensource-server.mieweb.org/workload-uid";
+/// On a claim made where a claim of that name had just been deleted: it started empty. Kept
+/// for as long as the claim lives, so `status.volumes` keeps saying so.
+pub const REPLACED_ANNOTATION: &str = "opensource-server.mieweb.org/replaced-deleted-claim";
 
 /// The claim of volume `volume` of workload `workload`: `<workload>-<volume>`. Two names that
 /// produce the same claim name (`a-b` + `c`, `a` + `b-c`) cannot both have it: the second
@@ -49,15 +63,30 @@ fn volume_of(mw: &ManagedWorkload, volume: &Volume) -> String {
 }
 
 /// The desired claim of `volume`, ready for server-side apply. `live` is the claim as it is,
-/// if it exists: its requested size is kept when larger than the spec's (a re-created
-/// workload asking for less than its predecessor's claim has re-attaches it as it is; the
-/// CRD itself refuses shrinking a volume). `None` when the CR has no UID yet.
+/// if it exists: its requested size is kept when larger than the spec's (a claim never
+/// shrinks: a spec size put back down after a refused expansion, or a re-created workload
+/// asking for less than its predecessor's claim has, leaves it as it is). `replacing`: it is
+/// made where a claim of that name was just deleted, so it starts empty (`REPLACED_ANNOTATION`,
+/// kept from `live` afterwards). `None` when the CR has no UID yet.
 pub fn claim(
     mw: &ManagedWorkload,
     volume: &Volume,
     live: Option<&PersistentVolumeClaim>,
+    replacing: bool,
 ) -> Option<PersistentVolumeClaim> {
     let owner = mw.controller_owner_ref(&())?;
+    let mut annotations = BTreeMap::from([
+        (VOLUME_OF_ANNOTATION.to_string(), volume_of(mw, volume)),
+        (WORKLOAD_UID_ANNOTATION.to_string(), owner.uid.clone()),
+    ]);
+    if let Some(user) = mw.annotations().get(OWNER_ANNOTATION) {
+        annotations.insert(OWNER_ANNOTATION.to_string(), user.clone());
+    }
+    if let Some(since) = live.and_then(|c| c.annotations().get(REPLACED_ANNOTATION)) {
+        annotations.insert(REPLACED_ANNOTATION.to_string(), since.clone());
+    } else if replacing {
+        annotations.insert(REPLACED_ANNOTATION.to_string(), "true".to_string());
+    }
     let mut size = volume.size.clone();
     if let Some(current) = live.and_then(requested)
         && let (Some(c), Some(s)) = (bytes(&current), bytes(&size))
@@ -70,7 +99,7 @@ pub fn claim(
             name: Some(claim_name(&mw.name_any(), &volume.name)),
             namespace: mw.namespace(),
             labels: Some(labels(mw)),
-            annotations: Some(BTreeMap::from([(VOLUME_OF_ANNOTATION.to_string(), volume_of(mw, volume))])),
+            annotations: Some(annotations),
             owner_references: (volume.retention_policy() == RetentionPolicy::Delete).then(|| vec![owner]),
             ..Default::default()
         },
@@ -104,6 +133,22 @@ pub fn is_own(claim: &PersistentVolumeClaim, mw: &ManagedWorkload, volume: &Volu
     if let Some(controller) = claim.owner_references().iter().find(|o| o.controller == Some(true)) {
         return mw.uid().is_some_and(|uid| controller.uid == uid);
     }
+    made_by_operator(claim, mw, volume) && (attached_to(claim, mw) || owner(claim) == owner(mw))
+}
+
+/// Whose data a claim the operator made for `mw`'s name holds, when it is not `mw`'s (its
+/// owner differs): said in the conflict. None for a claim the operator did not make that way.
+pub fn retained_for_another(claim: &PersistentVolumeClaim, mw: &ManagedWorkload, volume: &Volume) -> Option<String> {
+    if !claim.owner_references().is_empty() || !made_by_operator(claim, mw, volume) || is_own(claim, mw, volume) {
+        return None;
+    }
+    Some(match owner(claim) {
+        Owner::Manager { node, user } => format!("Manager user {user} on node {node}"),
+        Owner::Namespace => "a workload of this name that was not made by Manager".to_string(),
+    })
+}
+
+fn made_by_operator(claim: &PersistentVolumeClaim, mw: &ManagedWorkload, volume: &Volume) -> bool {
     let labels = claim.labels();
     labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER_NAME)
         && labels.get(INSTANCE_LABEL) == Some(&mw.name_any())
@@ -114,6 +159,37 @@ pub fn is_own(claim: &PersistentVolumeClaim, mw: &ManagedWorkload, volume: &Volu
             .iter()
             .flatten()
             .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply"))
+}
+
+/// The claim is attached to `mw` itself: it carries its UID, or (made before that mark
+/// existed) it was made after `mw` was, so no predecessor made it.
+fn attached_to(claim: &PersistentVolumeClaim, mw: &ManagedWorkload) -> bool {
+    match claim.annotations().get(WORKLOAD_UID_ANNOTATION) {
+        Some(uid) => mw.uid().as_ref() == Some(uid),
+        None => match (&claim.metadata.creation_timestamp, &mw.metadata.creation_timestamp) {
+            (Some(made), Some(workload)) => made.0 >= workload.0,
+            _ => false,
+        },
+    }
+}
+
+/// Who a workload's data belongs to, from its Manager identity, on the workload or on a claim
+/// made for it.
+#[derive(Debug, PartialEq, Eq)]
+enum Owner {
+    /// A Manager user on a Manager node.
+    Manager { node: String, user: String },
+    /// Not made for Manager (or the identity is incomplete): whoever may write in the namespace.
+    Namespace,
+}
+
+fn owner<K: Resource>(object: &K) -> Owner {
+    let node = object.meta().labels.as_ref().and_then(|l| l.get(NODE_ID_LABEL));
+    let user = object.meta().annotations.as_ref().and_then(|a| a.get(OWNER_ANNOTATION));
+    match (node, user) {
+        (Some(node), Some(user)) => Owner::Manager { node: node.clone(), user: user.clone() },
+        _ => Owner::Namespace,
+    }
 }
 
 /// A quantity in bytes, for comparing sizes (`1Gi` > `1000Mi`). Decimal and binary suffixes
@@ -181,7 +257,7 @@ mod tests {
     #[test]
     fn a_claim_per_volume_named_labelled_and_marked() {
         let mw = workload("u1");
-        let c = claim(&mw, &volume(None), None).unwrap();
+        let c = claim(&mw, &volume(None), None, false).unwrap();
         assert_eq!(c.metadata.name.as_deref(), Some("web-data"));
         assert_eq!(c.metadata.namespace.as_deref(), Some("apps"));
         assert_eq!(c.labels()[INSTANCE_LABEL], "web");
@@ -193,15 +269,27 @@ mod tests {
         assert_eq!(spec.storage_class_name.as_deref(), Some("local"));
         let mut rwop = volume(None);
         rwop.access_mode = Some(AccessMode::ReadWriteOncePod);
-        assert_eq!(claim(&mw, &rwop, None).unwrap().spec.unwrap().access_modes.unwrap(), vec!["ReadWriteOncePod"]);
+        assert_eq!(
+            claim(&mw, &rwop, None, false).unwrap().spec.unwrap().access_modes.unwrap(),
+            vec!["ReadWriteOncePod"]
+        );
     }
 
     #[test]
     fn retain_has_no_owner_and_delete_is_owned_by_the_workload() {
         let mw = workload("u1");
-        assert!(claim(&mw, &volume(None), None).unwrap().metadata.owner_references.is_none(), "Retain by default");
-        assert!(claim(&mw, &volume(Some(RetentionPolicy::Retain)), None).unwrap().metadata.owner_references.is_none());
-        let owned = claim(&mw, &volume(Some(RetentionPolicy::Delete)), None).unwrap();
+        assert!(
+            claim(&mw, &volume(None), None, false).unwrap().metadata.owner_references.is_none(),
+            "Retain by default"
+        );
+        assert!(
+            claim(&mw, &volume(Some(RetentionPolicy::Retain)), None, false)
+                .unwrap()
+                .metadata
+                .owner_references
+                .is_none()
+        );
+        let owned = claim(&mw, &volume(Some(RetentionPolicy::Delete)), None, false).unwrap();
         let owner = &owned.metadata.owner_references.unwrap()[0];
         assert_eq!((owner.uid.as_str(), owner.controller), ("u1", Some(true)));
     }
@@ -209,24 +297,103 @@ mod tests {
     #[test]
     fn a_claim_never_shrinks() {
         let mw = workload("u1");
-        let mut bigger = claim(&mw, &volume(None), None).unwrap();
+        let mut bigger = claim(&mw, &volume(None), None, false).unwrap();
         bigger.spec.as_mut().unwrap().resources.as_mut().unwrap().requests =
             Some(BTreeMap::from([("storage".into(), Quantity("2Gi".into()))]));
-        assert_eq!(requested(&claim(&mw, &volume(None), Some(&bigger)).unwrap()).as_deref(), Some("2Gi"));
+        assert_eq!(requested(&claim(&mw, &volume(None), Some(&bigger), false).unwrap()).as_deref(), Some("2Gi"));
         let mut grown = volume(None);
         grown.size = "3G".into();
-        assert_eq!(requested(&claim(&mw, &grown, Some(&bigger)).unwrap()).as_deref(), Some("3G"));
+        assert_eq!(requested(&claim(&mw, &grown, Some(&bigger), false).unwrap()).as_deref(), Some("3G"));
+    }
+
+    fn of_manager(mut mw: ManagedWorkload, node: &str, user: &str) -> ManagedWorkload {
+        mw.labels_mut().insert(NODE_ID_LABEL.into(), node.into());
+        mw.annotations_mut().insert(OWNER_ANNOTATION.into(), user.into());
+        mw
+    }
+
+    #[test]
+    fn a_retained_claim_goes_back_only_to_the_same_owner() {
+        let alice = of_manager(workload("u1"), "3", "alice");
+        let retained = stored(claim(&alice, &volume(None), None, false).unwrap());
+        assert_eq!(retained.annotations()[WORKLOAD_UID_ANNOTATION], "u1");
+        assert_eq!(retained.annotations()[OWNER_ANNOTATION], "alice");
+        assert_eq!(retained.labels()[NODE_ID_LABEL], "3");
+        assert!(is_own(&retained, &alice, &volume(None)));
+        assert_eq!(retained_for_another(&retained, &alice, &volume(None)), None);
+
+        // Manager lets user B take the hostname once A's container is deleted.
+        let bob = of_manager(workload("u2"), "3", "bob");
+        assert!(!is_own(&retained, &bob, &volume(None)), "another Manager user's data");
+        assert_eq!(
+            retained_for_another(&retained, &bob, &volume(None)).as_deref(),
+            Some("Manager user alice on node 3")
+        );
+        let elsewhere = of_manager(workload("u3"), "4", "alice");
+        assert!(!is_own(&retained, &elsewhere, &volume(None)), "the same user on another node");
+        let by_hand = workload("u4");
+        assert!(
+            !is_own(&retained, &by_hand, &volume(None)),
+            "a hand-written workload never gets a Manager user's disk"
+        );
+        let again = of_manager(workload("u5"), "3", "alice");
+        assert!(is_own(&retained, &again, &volume(None)), "A re-creating the container gets the data back");
+
+        // Once attached, it follows the workload even if Manager hands the container over.
+        let handed_over = of_manager(workload("u1"), "3", "carol");
+        assert!(is_own(&retained, &handed_over, &volume(None)));
+        assert_eq!(
+            claim(&handed_over, &volume(None), Some(&retained), false).unwrap().annotations()[OWNER_ANNOTATION],
+            "carol"
+        );
+
+        // A hand-written workload's claim, and Manager's, the other way round.
+        let hands = stored(claim(&by_hand, &volume(None), None, false).unwrap());
+        assert!(!is_own(&hands, &again, &volume(None)), "a Manager workload never gets a hand-written one's disk");
+        assert_eq!(
+            retained_for_another(&hands, &again, &volume(None)).as_deref(),
+            Some("a workload of this name that was not made by Manager")
+        );
+    }
+
+    #[test]
+    fn claims_made_before_the_uid_mark_are_judged_by_age() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = |s: i64| Some(Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap()));
+        let mut alice = of_manager(workload("u1"), "3", "alice");
+        alice.metadata.creation_timestamp = at(100);
+        let mut legacy = stored(claim(&alice, &volume(None), None, false).unwrap());
+        legacy.metadata.annotations.as_mut().unwrap().retain(|k, _| k == VOLUME_OF_ANNOTATION);
+        legacy.metadata.creation_timestamp = at(101);
+        assert!(is_own(&legacy, &alice, &volume(None)), "made after the workload: its own (an upgrade keeps it)");
+        legacy.metadata.creation_timestamp = at(50);
+        assert!(!is_own(&legacy, &alice, &volume(None)), "older than the workload, of no known owner");
+        let mut hands = workload("u9");
+        hands.metadata.creation_timestamp = at(100);
+        assert!(is_own(&legacy, &hands, &volume(None)), "a hand-written workload re-attaches by name, as before");
+    }
+
+    #[test]
+    fn a_claim_made_over_a_deleted_one_says_so_for_good() {
+        let mw = workload("u1");
+        let fresh = claim(&mw, &volume(None), None, true).unwrap();
+        assert_eq!(fresh.annotations()[REPLACED_ANNOTATION], "true");
+        assert_eq!(claim(&mw, &volume(None), Some(&fresh), false).unwrap().annotations()[REPLACED_ANNOTATION], "true");
+        assert!(!claim(&mw, &volume(None), None, false).unwrap().annotations().contains_key(REPLACED_ANNOTATION));
     }
 
     #[test]
     fn whose_claim_it_is() {
         let mw = workload("u1");
-        let retained = stored(claim(&mw, &volume(None), None).unwrap());
+        let retained = stored(claim(&mw, &volume(None), None, false).unwrap());
         assert!(is_own(&retained, &mw, &volume(None)), "made by this workload");
         let successor = workload("u2");
-        assert!(is_own(&retained, &successor, &volume(None)), "a re-created workload re-attaches a retained claim");
+        assert!(
+            is_own(&retained, &successor, &volume(None)),
+            "a re-created hand-written workload re-attaches a retained claim"
+        );
 
-        let owned = stored(claim(&mw, &volume(Some(RetentionPolicy::Delete)), None).unwrap());
+        let owned = stored(claim(&mw, &volume(Some(RetentionPolicy::Delete)), None, false).unwrap());
         assert!(is_own(&owned, &mw, &volume(None)));
         assert!(!is_own(&owned, &successor, &volume(None)), "another workload's controller reference");
 
@@ -241,10 +408,10 @@ mod tests {
         let mut x = volume(None);
         x.name = "data".into();
         // `web` + `x-data` and `web-x` + `data` both make `web-x-data`.
-        let theirs = stored(claim(&other, &x, None).unwrap());
+        let theirs = stored(claim(&other, &x, None, false).unwrap());
         let mut mine = volume(None);
         mine.name = "x-data".into();
-        assert_eq!(claim(&mw, &mine, None).unwrap().metadata.name, theirs.metadata.name);
+        assert_eq!(claim(&mw, &mine, None, false).unwrap().metadata.name, theirs.metadata.name);
         assert!(!is_own(&theirs, &mw, &mine), "a claim of another workload with the same name");
         let mut controlled_elsewhere = retained.clone();
         controlled_elsewhere.metadata.owner_references =

@@ -18,7 +18,7 @@ use kube::{Resource, ResourceExt};
 
 use super::ownership::{fingerprint, labels, selector_labels, stamp_applied_hash};
 use crate::resource::{
-    AccessMode, DesiredState, ManagedWorkload, ManagedWorkloadSpec, Protocol, ResourceList, Resources, UpdateStrategy,
+    DesiredState, ManagedWorkload, ManagedWorkloadSpec, Protocol, ResourceList, Resources, UpdateStrategy,
 };
 
 /// Name of the single container in every workload Pod.
@@ -125,11 +125,19 @@ pub fn deployment(mw: &ManagedWorkload, settings: &PodSettings) -> Option<Deploy
     Some(deployment)
 }
 
-/// The rollout strategy: the spec's, else `Recreate` when a volume can be mounted by one node
-/// or Pod at a time (a surge Pod could never mount it while the old one holds it), else
-/// `RollingUpdate`. An explicit `RollingUpdate` with such a volume is refused by the CRD.
+/// The rollout strategy: the spec's, else `Recreate` when a surge Pod could not or should not
+/// run beside the old one, else `RollingUpdate`:
+/// - any volume: a ReadWriteOnce or ReadWriteOncePod claim cannot be mounted by the surge Pod
+///   while the old one holds it, and a ReadWriteMany one would get two writers on one data
+///   directory (a Manager container is a pet: its software expects to be alone on its disk);
+/// - GPUs: on a full GPU pool the surge Pod is Unschedulable while the old one holds the GPU,
+///   so every rollout would deadlock and fail at its deadline.
+///
+/// An explicit `RollingUpdate` stays the user's choice where the CRD allows it (ReadWriteMany
+/// volumes only; with GPUs, for a pool with room to spare).
 pub fn update_strategy(spec: &ManagedWorkloadSpec) -> UpdateStrategy {
-    spec.update_strategy.unwrap_or(if spec.volumes.iter().any(|v| v.access_mode() != AccessMode::ReadWriteMany) {
+    let gpus = spec.resources.as_ref().and_then(|r| r.gpus).unwrap_or(0) > 0;
+    spec.update_strategy.unwrap_or(if gpus || !spec.volumes.is_empty() {
         UpdateStrategy::Recreate
     } else {
         UpdateStrategy::RollingUpdate
@@ -529,8 +537,28 @@ mod tests {
         assert_eq!(d.spec.as_ref().unwrap().progress_deadline_seconds, Some(30));
     }
 
+    /// On a full GPU pool a surge Pod is Unschedulable while the old Pod holds the GPU: every
+    /// rollout would deadlock until its deadline.
     #[test]
-    fn volumes_are_mounted_from_their_claims_and_one_node_volumes_recreate() {
+    fn gpu_workloads_recreate_unless_asked_otherwise() {
+        let gpu = ManagedWorkloadSpec {
+            resources: Some(crate::resource::Resources { gpus: Some(1), ..Default::default() }),
+            ..nginx()
+        };
+        let d = deployment(&workload(gpu.clone()), &PodSettings::default()).unwrap();
+        let s = d.spec.unwrap().strategy.unwrap();
+        assert_eq!((s.type_.as_deref(), s.rolling_update), (Some("Recreate"), None));
+        let zero = ManagedWorkloadSpec {
+            resources: Some(crate::resource::Resources { gpus: Some(0), ..Default::default() }),
+            ..nginx()
+        };
+        assert_eq!(update_strategy(&zero), UpdateStrategy::RollingUpdate);
+        let chosen = ManagedWorkloadSpec { update_strategy: Some(UpdateStrategy::RollingUpdate), ..gpu };
+        assert_eq!(update_strategy(&chosen), UpdateStrategy::RollingUpdate);
+    }
+
+    #[test]
+    fn volumes_are_mounted_from_their_claims_and_volumes_recreate() {
         let data = |mode| crate::resource::Volume {
             name: "data".into(),
             mount_path: "/var/lib/data".into(),
@@ -551,9 +579,17 @@ mod tests {
         let m = &container(&d).volume_mounts.as_ref().unwrap()[0];
         assert_eq!((m.name.as_str(), m.mount_path.as_str()), ("data", "/var/lib/data"));
         assert_eq!(d.spec.as_ref().unwrap().strategy.as_ref().unwrap().type_.as_deref(), Some("Recreate"));
-        let shared = ManagedWorkloadSpec { volumes: vec![data(Some(AccessMode::ReadWriteMany))], ..nginx() };
-        assert_eq!(update_strategy(&shared), UpdateStrategy::RollingUpdate);
-        let rwop = ManagedWorkloadSpec { volumes: vec![data(Some(AccessMode::ReadWriteOncePod))], ..nginx() };
+        let shared =
+            ManagedWorkloadSpec { volumes: vec![data(Some(crate::resource::AccessMode::ReadWriteMany))], ..nginx() };
+        assert_eq!(update_strategy(&shared), UpdateStrategy::Recreate, "never two writers on one data directory");
+        let chosen = ManagedWorkloadSpec { update_strategy: Some(UpdateStrategy::RollingUpdate), ..shared };
+        assert_eq!(
+            update_strategy(&chosen),
+            UpdateStrategy::RollingUpdate,
+            "an explicit choice where the CRD allows it"
+        );
+        let rwop =
+            ManagedWorkloadSpec { volumes: vec![data(Some(crate::resource::AccessMode::ReadWriteOncePod))], ..nginx() };
         assert_eq!(update_strategy(&rwop), UpdateStrategy::Recreate);
         assert_eq!(update_strategy(&nginx()), UpdateStrategy::RollingUpdate);
         let none = deployment(&workload(nginx()), &PodSettings::default()).unwrap();

@@ -57,6 +57,7 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
     let live = observe(ctx, &api, namespace, &name).await?;
     let exposed = match plan::decide(mw, &desired, live.as_ref()) {
         Decision::Conflict => Exposed { blocked: Some(conflict(&name)), ..Default::default() },
+        Decision::Departing => Exposed { blocked: Some(Blocked::departing("Service", &name)), ..Default::default() },
         Decision::UpToDate => Exposed { service: live.map(Box::new), ..Default::default() },
         Decision::Apply(mode) => match apply_service(ctx, &api, &name, &desired, mode).await {
             Ok(applied) => {

@@ -33,9 +33,28 @@ struct PerObjectInner {
     /// When the operator last wrote each workload's status, to let details wait (see
     /// `status::urgency`).
     last_write: HashMap<String, Instant>,
+    /// Claim applies the API server refused (an expansion the StorageClass does not allow),
+    /// per workload and claim, so the same refused apply is not sent again before its backoff
+    /// has passed.
+    refusals: HashMap<String, HashMap<String, Refused>>,
     /// UIDs listed since the watch (re)started its initial list.
     listing: Option<HashSet<String>>,
 }
+
+/// A refused apply of one desired object, and when it may be tried again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refused {
+    /// Fingerprint of the desired object that was refused: another one is tried at once.
+    pub desired: String,
+    /// The API server's words.
+    pub message: String,
+    attempts: u32,
+    retry_at: Instant,
+}
+
+/// The first retry of a refused claim apply, doubling per refusal up to `REFUSAL_MAX`.
+const REFUSAL_BASE: Duration = Duration::from_secs(10);
+const REFUSAL_MAX: Duration = Duration::from_secs(600);
 
 /// A status write the cache may not show yet.
 struct Written {
@@ -77,6 +96,7 @@ impl PerObject {
                     inner.written.retain(|uid, _| listed.contains(uid));
                     inner.applied.retain(|uid, _| listed.contains(uid));
                     inner.last_write.retain(|uid, _| listed.contains(uid));
+                    inner.refusals.retain(|uid, _| listed.contains(uid));
                 }
             }
             watcher::Event::Apply(_) => {}
@@ -154,6 +174,48 @@ impl PerObject {
         }
     }
 
+    /// The refusal of `claim`'s apply, if it is still in force for this very desired object
+    /// (its fingerprint): the caller does not send it again before `retry_in` is zero.
+    pub fn refusal(&self, mw: &ManagedWorkload, claim: &str, desired: &str) -> Option<(Refused, Duration)> {
+        let uid = mw.uid()?;
+        let mut inner = self.lock();
+        let by_claim = inner.refusals.get_mut(&uid)?;
+        match by_claim.get(claim) {
+            Some(r) if r.desired == desired => Some((r.clone(), r.retry_at.saturating_duration_since(Instant::now()))),
+            // Another desired object (the spec changed): the old refusal says nothing of it.
+            Some(_) => {
+                by_claim.remove(claim);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// `claim`'s apply of `desired` was refused: how long until it may be tried again.
+    pub fn refused(&self, mw: &ManagedWorkload, claim: &str, desired: &str, message: &str) -> Duration {
+        let Some(uid) = mw.uid() else { return REFUSAL_BASE };
+        let mut inner = self.lock();
+        let by_claim = inner.refusals.entry(uid).or_default();
+        let attempts = by_claim.get(claim).filter(|r| r.desired == desired).map_or(0, |r| r.attempts) + 1;
+        let delay = REFUSAL_BASE.saturating_mul(1 << (attempts - 1).min(16)).min(REFUSAL_MAX);
+        let refused =
+            Refused { desired: desired.into(), message: message.into(), attempts, retry_at: Instant::now() + delay };
+        by_claim.insert(claim.into(), refused);
+        delay
+    }
+
+    /// `claim` was applied (or needs no apply): any refusal is over.
+    pub fn accepted(&self, mw: &ManagedWorkload, claim: &str) {
+        let Some(uid) = mw.uid() else { return };
+        let mut inner = self.lock();
+        if let Some(by_claim) = inner.refusals.get_mut(&uid) {
+            by_claim.remove(claim);
+            if by_claim.is_empty() {
+                inner.refusals.remove(&uid);
+            }
+        }
+    }
+
     #[cfg(test)]
     fn len(&self) -> (usize, usize, usize) {
         let inner = self.lock();
@@ -168,6 +230,7 @@ impl PerObjectInner {
             self.written.remove(uid);
             self.applied.remove(uid);
             self.last_write.remove(uid);
+            self.refusals.remove(uid);
         }
     }
 }
@@ -223,6 +286,30 @@ mod tests {
         objects.applied(&mw, at("30"));
         assert_eq!(seen(None), None, "not cached: asked of the API server (it may be gone)");
         assert_eq!(seen(Some(at("10"))).as_deref(), Some("10"));
+    }
+
+    #[test]
+    fn a_refused_apply_backs_off_until_the_desired_object_changes() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "1").0 else { unreachable!() };
+        assert_eq!(objects.refusal(&mw, "web-data", "h1"), None);
+        assert_eq!(objects.refused(&mw, "web-data", "h1", "no expansion"), REFUSAL_BASE);
+        let (refused, left) = objects.refusal(&mw, "web-data", "h1").unwrap();
+        assert_eq!(refused.message, "no expansion");
+        assert!(left > Duration::ZERO && left <= REFUSAL_BASE);
+        assert_eq!(objects.refused(&mw, "web-data", "h1", "no expansion"), REFUSAL_BASE * 2, "doubles");
+        assert_eq!(objects.refused(&mw, "web-data", "h1", "no expansion"), REFUSAL_BASE * 4);
+        for _ in 0..20 {
+            objects.refused(&mw, "web-data", "h1", "no expansion");
+        }
+        assert_eq!(objects.refused(&mw, "web-data", "h1", "no expansion"), REFUSAL_MAX, "bounded");
+        assert_eq!(objects.refusal(&mw, "web-data", "h2"), None, "a changed spec is tried at once");
+        assert_eq!(objects.refused(&mw, "web-data", "h2", "again"), REFUSAL_BASE, "and starts over");
+        objects.accepted(&mw, "web-data");
+        assert_eq!(objects.refusal(&mw, "web-data", "h2"), None);
+        objects.refused(&mw, "web-data", "h2", "again");
+        objects.observe(&watcher::Event::Delete(workload("u1", "2")));
+        assert_eq!(objects.refusal(&mw, "web-data", "h2"), None, "forgotten with the workload");
     }
 
     #[test]

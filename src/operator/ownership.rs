@@ -60,6 +60,26 @@ pub fn applied_hash<K: Resource>(object: &K) -> Option<&str> {
     object.meta().annotations.as_ref()?.get(APPLIED_HASH_ANNOTATION).map(String::as_str)
 }
 
+/// `object` is on its way out, and nobody's to keep: it is being deleted, or its controller
+/// is a ManagedWorkload of `mw`'s name with another UID. Two workloads of one name cannot
+/// exist in one namespace at once, so that controller is a deleted predecessor, and garbage
+/// collection removes what it controlled (a `--cascade=orphan` deletion removes the
+/// reference instead, and the object is then someone else's: a conflict, never touched). A
+/// workload re-created under its old name waits for these rather than failing.
+pub fn is_departing<K: Resource>(object: &K, mw: &ManagedWorkload) -> bool {
+    if object.meta().deletion_timestamp.is_some() {
+        return true;
+    }
+    let (api_version, kind) = (ManagedWorkload::api_version(&()), ManagedWorkload::kind(&()));
+    object.owner_references().iter().any(|o| {
+        o.controller == Some(true)
+            && o.api_version == api_version
+            && o.kind == kind
+            && o.name == mw.name_any()
+            && mw.uid().is_some_and(|uid| o.uid != uid)
+    })
+}
+
 /// `object` has `mw` as its controller (by UID: a re-created workload of the same name does
 /// not own its predecessor's objects).
 pub fn is_controlled_by<K: Resource>(object: &K, mw: &ManagedWorkload) -> bool {

@@ -9,7 +9,7 @@ use kube::Resource;
 use serde::Serialize;
 
 use super::drift;
-use super::ownership::is_controlled_by;
+use super::ownership::{is_controlled_by, is_departing};
 use crate::resource::ManagedWorkload;
 
 /// What to do about one owned object.
@@ -18,6 +18,10 @@ pub enum Decision {
     /// An object of that name exists and this workload does not control it: never touched;
     /// the workload reports it.
     Conflict,
+    /// An object of that name is on its way out (`ownership::is_departing`: a deleted
+    /// predecessor's, or being deleted): not touched, and waited for, not reported as a
+    /// failure: a workload deleted and re-created under its name is no conflict.
+    Departing,
     /// Applying would change nothing: no write.
     UpToDate,
     /// Server-side apply the desired object.
@@ -44,14 +48,20 @@ impl Mode {
 }
 
 pub fn decide<K: Resource + Serialize>(mw: &ManagedWorkload, desired: &K, live: Option<&K>) -> Decision {
-    decide_by(|live| is_controlled_by(live, mw), desired, live)
+    decide_by(mw, |live| is_controlled_by(live, mw), desired, live)
 }
 
 /// `decide` for a kind whose objects can be the workload's without a controller reference
 /// (a retained claim, see `claims::is_own`): `own` says whether the live object is ours.
-pub fn decide_by<K: Resource + Serialize>(own: impl Fn(&K) -> bool, desired: &K, live: Option<&K>) -> Decision {
+pub fn decide_by<K: Resource + Serialize>(
+    mw: &ManagedWorkload,
+    own: impl Fn(&K) -> bool,
+    desired: &K,
+    live: Option<&K>,
+) -> Decision {
     match live {
         None => Decision::Apply(Mode::Create),
+        Some(live) if !own(live) && is_departing(live, mw) => Decision::Departing,
         Some(live) if !own(live) => Decision::Conflict,
         Some(live) if drift::up_to_date(desired, live) => Decision::UpToDate,
         Some(live) => Decision::Apply(Mode::Update { drift: drift::same_desired(desired, live) }),
@@ -154,14 +164,26 @@ mod tests {
         );
 
         let successor = workload("u2", "nginx:1");
+        let successors = deployment::deployment(&successor, &Default::default()).unwrap();
         assert_eq!(
-            decide(&successor, &deployment::deployment(&successor, &Default::default()).unwrap(), Some(&live)),
-            Decision::Conflict,
-            "a re-created workload of the same name does not control its predecessor's Deployment"
+            decide(&successor, &successors, Some(&live)),
+            Decision::Departing,
+            "a re-created workload of the same name waits for its predecessor's Deployment to be collected"
         );
         let mut foreign = live.clone();
         foreign.metadata.owner_references = None;
         assert_eq!(decide(&mw, &desired, Some(&foreign)), Decision::Conflict, "someone else's: never touched");
+        let mut orphaned = foreign.clone();
+        orphaned.metadata.owner_references = live.metadata.owner_references.clone();
+        orphaned.metadata.owner_references.as_mut().unwrap()[0].name = "other".into();
+        assert_eq!(decide(&successor, &successors, Some(&orphaned)), Decision::Conflict, "another workload's");
+        orphaned.metadata.owner_references.as_mut().unwrap()[0].kind = "ReplicaSet".into();
+        orphaned.metadata.owner_references.as_mut().unwrap()[0].name = "web".into();
+        assert_eq!(decide(&successor, &successors, Some(&orphaned)), Decision::Conflict, "not a workload's");
+        let mut leaving = foreign.clone();
+        leaving.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(decide(&mw, &desired, Some(&leaving)), Decision::Departing, "being deleted: waited for");
     }
 
     fn api(code: u16, message: &str) -> kube::Error {

@@ -300,7 +300,8 @@ proptest! {
             deployment: deployment.as_ref(),
             pods: pods.iter().collect(),
             blocked,
-            claims: vec![], service: None,
+            claims: vec![],
+            refused: &[], service: None,
         };
         let first = status::derive(&mw, &observed, &now);
 

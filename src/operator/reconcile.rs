@@ -43,6 +43,9 @@ const RESYNC: Duration = Duration::from_secs(600);
 /// outside the operator's label-selected watch, so nothing announces its deletion; a GET
 /// every few seconds lets the workload recover within seconds of the cause going away.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(5);
+/// Recheck of a workload waiting for an object of its name to be deleted (garbage collection
+/// of a deleted predecessor's objects takes moments; the watches announce most of them).
+const DEPARTING_RECHECK: Duration = Duration::from_secs(2);
 /// Retry of a Deployment the API server rejected. A spec change retries at once (it is a new
 /// generation); this catches causes outside the spec (a quota, an admission policy, a webhook).
 const REJECTED_RECHECK: Duration = Duration::from_secs(10);
@@ -151,12 +154,13 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     if let Some(blocked) = hold.clone().filter(|_| running) {
         let deployment = live.filter(|d| super::ownership::is_controlled_by(d, mw));
         let acted = Acted { deployment, service, blocked: Some(blocked) };
-        return report(ctx, mw, namespace, name, acted, &claims.own).await;
+        return report(ctx, mw, namespace, name, acted, &claims).await;
     }
     // What acting on the Deployment left: the Deployment as it now is, and why it is not
     // what it should be.
     let (deployment, blocked) = match plan::decide(mw, &desired, live.as_ref()) {
         Decision::Conflict => (None, Some(conflict(name))),
+        Decision::Departing => (None, Some(Blocked::departing("Deployment", name))),
         Decision::UpToDate => (live, None),
         Decision::Apply(mode) => match apply(&ctx.metrics, "deployments", &api, name, &desired, mode).await {
             Ok(applied) => {
@@ -183,7 +187,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         },
     };
     let acted = Acted { deployment, service, blocked: blocked.or(hold).or(exposed.blocked) };
-    report(ctx, mw, namespace, name, acted, &claims.own).await
+    report(ctx, mw, namespace, name, acted, &claims).await
 }
 
 /// The live Deployment: the newest the operator knows of (its cache, or what its last apply
@@ -217,7 +221,7 @@ async fn report(
     namespace: &str,
     name: &str,
     acted: Acted,
-    claims: &[PersistentVolumeClaim],
+    claims: &volumes::Claims,
 ) -> Result<Action, Error> {
     // Labelled as the workload's, and belonging to its Deployment's ReplicaSets: a Pod anyone
     // could create with those labels counts for nothing.
@@ -230,6 +234,7 @@ async fn report(
         .filter(|p| deployment_uid.is_some_and(|uid| ctx.replica_sets.owns(uid, p)))
         .collect();
     let recheck = match &acted.blocked {
+        Some(b) if b.is_wait() => Some(DEPARTING_RECHECK),
         Some(b) if [REJECTED, volumes::REJECTED, expose::REJECTED].contains(&b.reason) => Some(REJECTED_RECHECK),
         Some(_) => Some(CONFLICT_RECHECK),
         None => None,
@@ -239,7 +244,8 @@ async fn report(
         deployment: acted.deployment.as_ref(),
         pods: pods.iter().collect(),
         blocked: acted.blocked,
-        claims: claims.iter().collect(),
+        claims: claims.own.iter().collect(),
+        refused: &claims.refused,
         service: acted.service.as_ref(),
     };
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
@@ -264,7 +270,8 @@ async fn report(
         }
     }
     let revisit = status::revisit_after(&known, &observed, &now);
-    Ok(Action::requeue([Some(RESYNC), recheck, revisit, held].into_iter().flatten().min().unwrap_or(RESYNC)))
+    let requeue = [Some(RESYNC), recheck, revisit, held, claims.retry].into_iter().flatten().min();
+    Ok(Action::requeue(requeue.unwrap_or(RESYNC)))
 }
 
 fn conflict(name: &str) -> Blocked {

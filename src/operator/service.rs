@@ -153,6 +153,12 @@ fn cluster_ip(service: &Service) -> Option<&str> {
 
 /// The load balancer's addresses: an IP, else a host name (AWS's ELBs have only names).
 pub fn ingress(service: &Service) -> Vec<String> {
+    // Only while the Service is a LoadBalancer: after a change to ClusterIP or NodePort its
+    // status keeps the load balancer's ingress until the cloud has torn it down, and an
+    // address on its way out must never reach clients (or Manager, through the bridge).
+    if !is_load_balancer(service) {
+        return Vec::new();
+    }
     let ingress = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
     ingress.into_iter().flatten().filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone())).collect()
 }
@@ -165,8 +171,11 @@ pub fn address(service: &Service) -> Option<String> {
 
 /// A `LoadBalancer` Service still waiting for its load balancer's address.
 pub fn waiting_for_load_balancer(service: &Service) -> bool {
-    let type_ = service.spec.as_ref().and_then(|s| s.type_.as_deref());
-    type_ == Some(ServiceType::LoadBalancer.as_str()) && ingress(service).is_empty()
+    is_load_balancer(service) && ingress(service).is_empty()
+}
+
+fn is_load_balancer(service: &Service) -> bool {
+    service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some(ServiceType::LoadBalancer.as_str())
 }
 
 #[cfg(test)]
@@ -345,6 +354,13 @@ mod tests {
         assert!(!waiting_for_load_balancer(&served));
         let named = live("LoadBalancer", Some("10.96.0.10"), &[(None, Some("lb.example.com"))]);
         assert_eq!(address(&named).as_deref(), Some("lb.example.com"), "a load balancer known by name only");
+
+        // Changed from LoadBalancer: the cloud has yet to tear the load balancer down.
+        let dying = live("ClusterIP", Some("10.96.0.10"), &[(Some("192.0.2.10"), None)]);
+        assert_eq!(address(&dying).as_deref(), Some("10.96.0.10"), "never the load balancer on its way out");
+        assert!(ingress(&dying).is_empty() && !waiting_for_load_balancer(&dying));
+        let node_port = live("NodePort", Some("10.96.0.10"), &[(Some("192.0.2.10"), None)]);
+        assert_eq!(address(&node_port).as_deref(), Some("10.96.0.10"));
 
         assert_eq!(address(&live("ClusterIP", Some("None"), &[])), None, "headless: no address of its own");
         assert_eq!(address(&live("ClusterIP", None, &[])), None, "not allocated yet");

@@ -27,9 +27,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ObjectMeta};
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::claims::VOLUME_OF_ANNOTATION;
+use super::claims::{REPLACED_ANNOTATION, VOLUME_OF_ANNOTATION, WORKLOAD_UID_ANNOTATION};
 use super::deployment::TEMPLATE_HASH_ANNOTATION;
 use super::ownership::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, INSTANCE_LABEL, MANAGED_BY_LABEL};
+use crate::resource::{NODE_ID_LABEL, OWNER_ANNOTATION};
 
 /// Set by client-side `kubectl apply`: a copy of the whole manifest, read by kubectl only.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -256,8 +257,18 @@ pub fn service(s: &mut Service) {
 /// (see claims.rs), the operator's own apply record (drift, ownership), what it asks for and
 /// its status (phase, capacity, resize conditions).
 pub fn claim(c: &mut PersistentVolumeClaim) {
-    keep(&mut c.metadata.labels, &[INSTANCE_LABEL, MANAGED_BY_LABEL]);
-    keep(&mut c.metadata.annotations, &[APPLIED_HASH_ANNOTATION, VOLUME_OF_ANNOTATION]);
+    // What `claims::is_own` judges by (the owner marks too), and what status/volumes.rs reads.
+    keep(&mut c.metadata.labels, &[INSTANCE_LABEL, MANAGED_BY_LABEL, NODE_ID_LABEL]);
+    keep(
+        &mut c.metadata.annotations,
+        &[
+            APPLIED_HASH_ANNOTATION,
+            VOLUME_OF_ANNOTATION,
+            WORKLOAD_UID_ANNOTATION,
+            OWNER_ANNOTATION,
+            REPLACED_ANNOTATION,
+        ],
+    );
     own_apply_only(&mut c.metadata);
     c.metadata.finalizers = None;
     if let Some(spec) = &mut c.spec {

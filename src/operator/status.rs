@@ -55,15 +55,43 @@ pub struct Observed<'a> {
     pub blocked: Option<Blocked>,
     /// The workload's own claims (see claims.rs), for `status.volumes` and the verdict.
     pub claims: Vec<&'a PersistentVolumeClaim>,
+    /// Changes to those claims the API server refused (claim name, its words): said on
+    /// `status.volumes`; the workload runs on the claims as they are.
+    pub refused: &'a [(String, String)],
     /// The workload's own Service, when it asks for one (`spec.service`) and it exists.
     pub service: Option<&'a Service>,
 }
 
-/// A reason the desired Deployment cannot be applied, which only a human can fix.
+/// A reason the desired Deployment cannot be applied: one only a human can fix (reported as
+/// Stalled, phase Failed), or, for `Blocked::departing`, one that time fixes (a wait).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocked {
     pub reason: &'static str,
     pub message: String,
+}
+
+/// Reason of the wait for an object of the workload's name that is on its way out.
+pub const WAITING_FOR_DELETION: &str = "WaitingForDeletion";
+
+impl Blocked {
+    /// Waiting for `kind` `name` to go (`plan::Decision::Departing`): a workload deleted and
+    /// re-created under its name meets its predecessor's objects until garbage collection
+    /// has removed them. A wait, not a failure: kstatus reads it InProgress, so Argo CD and
+    /// Flux keep waiting instead of aborting a sync.
+    pub fn departing(kind: &str, name: &str) -> Blocked {
+        Blocked {
+            reason: WAITING_FOR_DELETION,
+            message: format!(
+                "waiting for {kind} {name} to be deleted: it belongs to a deleted ManagedWorkload of the same name, \
+                 or is being deleted, and garbage collection removes it"
+            ),
+        }
+    }
+
+    /// Time, not a human, ends it.
+    pub fn is_wait(&self) -> bool {
+        self.reason == WAITING_FOR_DELETION
+    }
 }
 
 /// The verdict on the workload before it is spelled out as conditions.
@@ -340,7 +368,15 @@ fn current_pods<'a>(observed: &'a Observed<'_>) -> impl Iterator<Item = &'a Pod>
 
 fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict {
     if let Some(blocked) = &observed.blocked {
-        return Verdict::new(Phase::Failed, blocked.reason, blocked.message.clone());
+        if !blocked.is_wait() {
+            return Verdict::new(Phase::Failed, blocked.reason, blocked.message.clone());
+        }
+        let (phase, word) = match mw.spec.desired_state() {
+            DesiredState::Stopped => (Phase::Stopping, "Stopping"),
+            DesiredState::Running if updating(mw) => (Phase::Updating, "Updating"),
+            DesiredState::Running => (Phase::Creating, "Creating"),
+        };
+        return Verdict::new(phase, blocked.reason, format!("{word}: {}", blocked.message));
     }
     let deployment = observed.deployment;
     // Pods still holding resources: running, starting or terminating. Finished ones are not.

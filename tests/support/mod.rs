@@ -144,6 +144,18 @@ where
     }
 }
 
+/// Wait for an Event of this reason in the namespace (the operator publishes events.k8s.io
+/// Events on the workload).
+pub async fn wait_for_event(ns: &TestNamespace, reason: &str, timeout: Duration) {
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = ns.api();
+    eventually(&format!("a {reason} Event"), timeout, || async {
+        let list = events.list(&Default::default()).await.map_err(|e| e.to_string())?;
+        let reasons: Vec<_> = list.items.iter().filter_map(|e| e.reason.clone()).collect();
+        if reasons.iter().any(|r| r == reason) { Ok(()) } else { Err(format!("events: {reasons:?}")) }
+    })
+    .await;
+}
+
 pub mod audit;
 pub mod bridge;
 pub mod manager;

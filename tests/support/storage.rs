@@ -21,13 +21,19 @@ pub struct Storage {
 
 impl Storage {
     pub async fn new(ns: &TestNamespace, volumes: usize, capacity: &str) -> Storage {
+        Storage::with_expansion(ns, volumes, capacity, true).await
+    }
+
+    /// With `expandable` false, the class refuses every claim expansion (the API server's
+    /// PersistentVolumeClaimResize admission answers 403), as many clouds' default classes do.
+    pub async fn with_expansion(ns: &TestNamespace, volumes: usize, capacity: &str, expandable: bool) -> Storage {
         let class = format!("{}-sc", ns.name);
         let classes: Api<StorageClass> = Api::all(ns.client.clone());
         let sc: StorageClass = serde_json::from_value(json!({
             "metadata": {"name": class, "labels": {"mw-operator.test/suite": "true"}},
             "provisioner": "kubernetes.io/no-provisioner",
             "volumeBindingMode": "Immediate",
-            "allowVolumeExpansion": true,
+            "allowVolumeExpansion": expandable,
             "reclaimPolicy": "Retain",
         }))
         .unwrap();

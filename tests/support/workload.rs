@@ -119,8 +119,18 @@ pub fn phase_of(mw: &ManagedWorkload) -> Option<Phase> {
 /// Records one value of a CR (its phase, its address, …) at every change its own watch
 /// delivers, from the CR's state at `start` on, consecutive duplicates folded: transient
 /// values (an `Updating` that lasts moments) are seen too.
+///
+/// A log that stopped recording would make every "it never moved" assertion pass without
+/// evidence: a watch error stops it loudly (`seen` panics, naming the error), and `alive`
+/// proves it still records by making a write and waiting for the watch to deliver it.
 pub struct WatchLog<T> {
     seen: Arc<Mutex<Vec<T>>>,
+    /// Events the watch delivered (every one, recorded or not), for `alive`.
+    events: Arc<Mutex<usize>>,
+    /// Why the watch stopped, if it did.
+    stopped: Arc<Mutex<Option<String>>>,
+    api: Api<ManagedWorkload>,
+    name: String,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -128,15 +138,28 @@ impl<T: PartialEq + Clone + Send + 'static> WatchLog<T> {
     /// Starts watching and returns once the watch has delivered the CR's current state, so
     /// every value after this call is recorded. `read` gives the value, or None to skip.
     pub async fn start(api: &Api<ManagedWorkload>, name: &str, read: fn(&ManagedWorkload) -> Option<T>) -> Self {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let sink = seen.clone();
+        let (seen, events, stopped) =
+            (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(0)), Arc::new(Mutex::new(None)));
+        let (sink, counter, failure) = (seen.clone(), events.clone(), stopped.clone());
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let stream = watcher(api.clone(), config);
         let (synced, is_synced) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             let mut synced = Some(synced);
-            while let Some(Ok(event)) = stream.next().await {
+            loop {
+                let event = match stream.next().await {
+                    Some(Ok(event)) => event,
+                    Some(Err(e)) => {
+                        *failure.lock().unwrap() = Some(format!("the watch failed: {e}"));
+                        return;
+                    }
+                    None => {
+                        *failure.lock().unwrap() = Some("the watch ended".into());
+                        return;
+                    }
+                };
+                *counter.lock().unwrap() += 1;
                 match event {
                     watcher::Event::Apply(mw) | watcher::Event::InitApply(mw) => {
                         if let Some(value) = read(&mw) {
@@ -156,12 +179,30 @@ impl<T: PartialEq + Clone + Send + 'static> WatchLog<T> {
             }
         });
         tokio::time::timeout(TIMEOUT, is_synced).await.expect("the watch to list the CR").expect("the watch task");
-        WatchLog { seen, task }
+        WatchLog { seen, events, stopped, api: api.clone(), name: name.to_string(), task }
     }
 
-    /// Values seen since `start`, consecutive duplicates folded.
+    /// Values seen since `start`, consecutive duplicates folded. Panics if the watch stopped:
+    /// what it did not see cannot be asserted on.
     pub fn seen(&self) -> Vec<T> {
+        if let Some(why) = self.stopped.lock().unwrap().as_ref() {
+            panic!("the watch log of {} stopped recording: {why}", self.name);
+        }
         self.seen.lock().unwrap().clone()
+    }
+
+    /// The positive control for "never moved": annotate the CR and wait for this very watch
+    /// to deliver the change. A log that passes this was recording when it was called.
+    pub async fn alive(&self) {
+        let before = *self.events.lock().unwrap();
+        let probe = json!({"metadata": {"annotations": {"mw-operator.test/watch-probe": before.to_string()}}});
+        self.api.patch(&self.name, &PatchParams::default(), &Patch::Merge(&probe)).await.expect("the probe write");
+        super::eventually(&format!("the watch log of {} to see its probe", self.name), TIMEOUT, || async {
+            let _ = self.seen();
+            let now = *self.events.lock().unwrap();
+            if now > before { Ok(()) } else { Err(format!("{now} events, as before the probe")) }
+        })
+        .await;
     }
 }
 
@@ -182,6 +223,11 @@ impl PhaseLog {
     /// Phases seen since `start`, consecutive duplicates folded.
     pub fn seen(&self) -> Vec<Phase> {
         self.0.seen()
+    }
+
+    /// See `WatchLog::alive`.
+    pub async fn alive(&self) {
+        self.0.alive().await
     }
 
     /// Phases seen once this log's own watch has delivered a change ending in `last` (the

@@ -156,6 +156,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                     pods: vec![&pod],
                     blocked: None,
                     claims: vec![],
+                    refused: &[],
                     service: None,
                 };
                 let slim = Observed {
@@ -164,6 +165,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                     pods: vec![&slim_pod],
                     blocked: None,
                     claims: vec![],
+                    refused: &[],
                     service: None,
                 };
                 let case = format!("{w}, pod {p}, deployment {with_deployment}");
@@ -187,6 +189,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                 pods: vec![pod],
                 blocked: None,
                 claims: vec![],
+                refused: &[],
                 service: None,
             };
             status::derive(&workload_variants()[0].1, &observed, &now).phase.map(|p| p.as_str())
@@ -306,10 +309,11 @@ fn a_trimmed_claim_tells_the_same() {
         access_mode: None,
         retention_policy: None,
     }];
-    let desired = claims::claim(&mw, &mw.spec.volumes[0], None).unwrap();
+    let desired = claims::claim(&mw, &mw.spec.volumes[0], None, false).unwrap();
     let mut full: PersistentVolumeClaim = serde_json::from_value(serde_json::to_value(&desired).unwrap()).unwrap();
     let fields = serde_json::json!({"f:metadata": {
-        "f:annotations": {"f:opensource-server.mieweb.org/applied-hash": {}, "f:opensource-server.mieweb.org/volume-of": {}},
+        "f:annotations": {"f:opensource-server.mieweb.org/applied-hash": {}, "f:opensource-server.mieweb.org/volume-of": {},
+                          "f:opensource-server.mieweb.org/workload-uid": {}},
         "f:labels": {"f:app.kubernetes.io/instance": {}, "f:app.kubernetes.io/managed-by": {}, "f:opensource-server.mieweb.org/managed": {}}},
         "f:spec": {"f:accessModes": {}, "f:resources": {"f:requests": {"f:storage": {}}}, "f:storageClassName": {}}});
     let entry = |manager: &str, operation: &str, fields: serde_json::Value| {
@@ -346,6 +350,7 @@ fn a_trimmed_claim_tells_the_same() {
             pods: vec![],
             blocked: None,
             claims: vec![c],
+            refused: &[],
             service: None,
         };
         status::derive(&mw, &observed, &at(10)).volumes

@@ -115,6 +115,7 @@ fn derive_with(mw: &ManagedWorkload, d: Option<&Deployment>, pods: &[Pod]) -> Ma
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![],
+        refused: &[],
         service: None,
     };
     derive(mw, &observed, &at(1000))
@@ -215,6 +216,7 @@ fn a_pod_stuck_terminating_on_a_lost_node_does_not_hold_back_its_replacement() {
             pods: pods.iter().collect(),
             blocked: None,
             claims: vec![],
+            refused: &[],
             service: None,
         };
         (derive(&mw, &o, &at(now)), revisit_after(&mw, &o, &at(now)))
@@ -357,6 +359,7 @@ fn blocked_reports_stalled_with_its_reason() {
         pods: vec![],
         blocked: Some(Blocked { reason: "DeploymentConflict", message: "not ours".into() }),
         claims: vec![],
+        refused: &[],
         service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
@@ -379,6 +382,7 @@ fn an_unchanged_world_derives_an_identical_status() {
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![],
+        refused: &[],
         service: None,
     };
     let second = derive(&again, &observed, &at(5000));
@@ -402,6 +406,7 @@ fn transition_time_moves_only_when_a_condition_flips() {
         pods: vec![&pods[0]],
         blocked: None,
         claims: vec![],
+        refused: &[],
         service: None,
     };
     let s = derive(&stopping, &observed, &at(2000));
@@ -521,6 +526,7 @@ fn a_crash_loop_stays_failed_through_its_whole_cycle_with_one_status() {
             pods: vec![&p],
             blocked: None,
             claims: vec![],
+            refused: &[],
             service: None,
         };
         let s = derive(&mw, &observed, &at(1000));
@@ -572,6 +578,7 @@ fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle
             pods: vec![&p],
             blocked: None,
             claims: vec![],
+            refused: &[],
             service: None,
         };
         let s = derive(&mw, &observed, &at(1000));
@@ -586,6 +593,7 @@ fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle
         pods: vec![&p],
         blocked: None,
         claims: vec![],
+        refused: &[],
         service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
@@ -605,6 +613,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
         pods: vec![&p],
         blocked: None,
         claims: vec![],
+        refused: &[],
         service: None,
     };
     let window = CRASH_LOOP_RECOVERY.as_secs() as i64;
@@ -623,6 +632,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
         pods: vec![&healthy],
         blocked: None,
         claims: vec![],
+        refused: &[],
         service: None,
     };
     assert_eq!(revisit_after(&mw, &observed, &at(5000)), None);
@@ -790,6 +800,7 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
         pods: vec![],
         blocked: None,
         claims: vec![&pending],
+        refused: &[],
         service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
@@ -812,6 +823,7 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
         pods: vec![],
         blocked: None,
         claims: vec![&pending],
+        refused: &[],
         service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
@@ -832,6 +844,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![&lost],
+        refused: &[],
         service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
@@ -845,6 +858,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![&bound],
+        refused: &[],
         service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
@@ -861,6 +875,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![&grown],
+        refused: &[],
         service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
@@ -966,8 +981,15 @@ fn gpu_workloads_are_judged_against_the_resource_name_they_were_built_with() {
     d.metadata.generation = Some(1);
     d.status = deployment(&mw, 1, 1, [1, 1, 1, 1]).status;
     let p = pod(&d, true, true, "10.0.0.9");
-    let observed =
-        Observed { settings: &amd, deployment: Some(&d), pods: vec![&p], blocked: None, claims: vec![], service: None };
+    let observed = Observed {
+        settings: &amd,
+        deployment: Some(&d),
+        pods: vec![&p],
+        blocked: None,
+        claims: vec![],
+        refused: &[],
+        service: None,
+    };
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running));
     assert_eq!(cond(&s, "Available").observed_generation, Some(1), "mirrored conditions are current");
@@ -995,6 +1017,7 @@ fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![&bound],
+        refused: &[],
         service: None,
     };
     let s = derive(&mw, &observed, &at(1000));
@@ -1016,6 +1039,7 @@ fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_
             pods: pods.iter().collect(),
             blocked: None,
             claims: vec![&bound],
+            refused: &[],
             service: None,
         };
         assert_ne!(cond(&derive(mw, &observed, &at(1000)), RECONCILING).reason, "VolumeHeldElsewhere");
@@ -1070,6 +1094,7 @@ fn derive_exposed(mw: &ManagedWorkload, d: &Deployment, pods: &[Pod], svc: Optio
         pods: pods.iter().collect(),
         blocked: None,
         claims: vec![],
+        refused: &[],
         service: svc,
     };
     derive(mw, &observed, &at(1000))

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
 use super::{Observed, Verdict};
-use crate::operator::claims::{bytes, capacity, claim_name, requested};
+use crate::operator::claims::{REPLACED_ANNOTATION, bytes, capacity, claim_name, requested};
 use crate::resource::{AccessMode, ManagedWorkload, Phase, VolumeStatus};
 
 /// Reasons the verdict gives for a claim.
@@ -23,11 +23,15 @@ pub fn statuses(mw: &ManagedWorkload, observed: &Observed<'_>) -> Vec<VolumeStat
         .map(|v| {
             let name = claim_name(&mw.name_any(), &v.name);
             let claim = find(observed, &name);
+            let refused = observed.refused.iter().find(|(c, _)| *c == name).map(|(_, why)| why);
             VolumeStatus {
                 name: v.name.clone(),
                 phase: claim.and_then(phase).map(str::to_owned),
                 capacity: claim.and_then(capacity),
-                message: claim.and_then(message),
+                message: match (refused, claim) {
+                    (Some(why), Some(c)) => Some(refusal(c, &v.size, why)),
+                    _ => claim.and_then(message),
+                },
                 claim: name,
             }
         })
@@ -144,8 +148,25 @@ fn phase(claim: &PersistentVolumeClaim) -> Option<&str> {
     claim.status.as_ref()?.phase.as_deref()
 }
 
+/// A change to the claim was refused (typically growing it on a StorageClass without
+/// `allowVolumeExpansion`): it stays as it is, and the spec may be put back.
+fn refusal(claim: &PersistentVolumeClaim, wanted: &str, why: &str) -> String {
+    let kept = requested(claim).unwrap_or_default();
+    format!(
+        "the change to {wanted} was refused, and the claim stays at {kept} (the workload runs on it): {why}; set the \
+         size back to {kept} to clear this, or ask for a StorageClass that allows expansion"
+    )
+}
+
 /// What the claim waits on, if anything.
 fn message(claim: &PersistentVolumeClaim) -> Option<String> {
+    if claim.annotations().contains_key(REPLACED_ANNOTATION) && phase(claim) == Some("Bound") {
+        return Some(
+            "made new and empty where a deleted claim of this name was; the old data is where the old volume's \
+             reclaim policy left it"
+                .into(),
+        );
+    }
     if claim.metadata.deletion_timestamp.is_some() {
         return Some("being deleted: removed once no Pod uses it".into());
     }
