@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
@@ -485,103 +485,78 @@ async fn a_refused_expansion_never_wedges_the_workload() {
 /// Deleted and at once re-created under its name: while garbage collection removes the
 /// predecessor's Deployment, Service and claim, the new workload waits (Creating,
 /// Reconciling), never Failed or Stalled, which would make Argo CD or Flux abort a sync.
+/// Garbage collection takes moments; a finalizer of the test's own on each predecessor's
+/// Deployment (and Service) holds them in deletion long enough to see the wait every time
+/// (and the Deployment's Pods, so the `Delete` claim they use stays in deletion too).
 #[tokio::test]
 async fn delete_and_recreate_is_a_wait_not_a_failure() {
+    use kube::api::{Patch, PatchParams};
     let ns = TestNamespace::new("volumes-recreate").await;
     let storage = Storage::new(&ns, 2, "1Gi").await;
-    let workloads = ns.api::<ManagedWorkload>();
-    let mut s = spec("nginx:1", "Running", data(&storage.class, "1Gi", "Delete"));
-    s["ports"] = json!([{"containerPort": 80, "name": "http"}]);
-    s["service"] = json!({"type": "ClusterIP"});
-    apply(&workloads, "web", s.clone()).await.unwrap();
-    let first = wait_ready(&workloads, "web", Phase::Running).await;
-
-    // Foreground deletion keeps the owned objects' deletion visible for longest; the CR goes
-    // first with background propagation, which is what kubectl does by default.
-    workloads.delete("web", &DeleteParams::background()).await.unwrap();
-    wait_until(&workloads, "web", "the workload to go", TIMEOUT, |mw| mw.is_none()).await;
-    apply(&workloads, "web", s).await.unwrap();
-    let log = support::workload::WatchLog::start(&workloads, "web", |mw| {
-        let status = mw.status.as_ref()?;
-        let stalled = status.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "True");
-        Some((status.phase, stalled))
-    })
-    .await;
-    let again = wait_ready(&workloads, "web", Phase::Running).await;
-    assert_ne!(again.uid(), first.uid());
-    log.alive().await;
-    let seen = log.seen();
-    assert!(seen.iter().all(|(phase, stalled)| *phase != Some(Phase::Failed) && !stalled), "{seen:?}");
-}
-
-/// The bridge maps Manager's approved rootfs (GB; Manager's 50 when none is approved) to the
-/// workload's volume, at the mount path and class its flags say; a smaller rootfs approval
-/// reaches the workload's spec, and its claim keeps its size (a claim never shrinks).
-async fn bridge_maps_rootfs(engine: support::manager::Engine) {
-    use support::bridge::Bridge;
-    use support::manager::{ManagerDb, now};
-    let ns = TestNamespace::new(&format!("volumes-bridge-{engine:?}")).await;
-    let storage = Storage::new(&ns, 3, "100Gi").await;
-    let db = ManagerDb::new(engine).await;
-    let grant = |value: i64| {
-        format!(
-            r#"INSERT INTO "ResourceRequests" ("siteId", "hostname", "username", "resourceType", "value", "status",
-                 "reviewedAt", "createdAt", "updatedAt")
-               VALUES ((SELECT "siteId" FROM "Containers" WHERE hostname = 'pg-analytics'), 'pg-analytics', 'jsmith',
-                 'rootfs', {value}, 'approved', '{0}', '{0}', '{0}')"#,
-            now()
-        )
-    };
-    db.exec(&grant(20)).await;
-    let workloads = ns.api::<ManagedWorkload>();
-    let claims = ns.api::<PersistentVolumeClaim>();
-    let bridge =
-        Bridge::start(&ns, &db, &["--rootfs-mount-path", "/srv", "--rootfs-storage-class", &storage.class]).await;
-    for (name, size) in [("pg-analytics", "20Gi"), ("team-wiki", "50Gi"), ("akumar-dev", "50Gi")] {
-        let mw = wait_ready(&workloads, name, Phase::Running).await;
-        let v = &mw.spec.volumes[0];
-        assert_eq!((v.name.as_str(), v.mount_path.as_str(), v.size.as_str()), ("rootfs", "/srv", size), "{name}");
-        assert_eq!(v.storage_class_name.as_deref(), Some(storage.class.as_str()));
-        assert_eq!(v.retention_policy, Some(mw_operator::resource::RetentionPolicy::Retain), "safe by default");
-        let claim = claim(&claims, &format!("{name}-rootfs")).await;
-        assert_eq!(mw_operator::operator::claims::requested(&claim).as_deref(), Some(size));
+    let (workloads, deployments, services, claims) =
+        (ns.api::<ManagedWorkload>(), ns.api::<Deployment>(), ns.api::<Service>(), ns.api::<PersistentVolumeClaim>());
+    // `web`: a Service, no volume (the Deployment's wait); `disk`: a `Delete` volume (the claim's).
+    let web =
+        json!({"image": "nginx:1", "ports": [{"containerPort": 80, "name": "http"}], "service": {"type": "ClusterIP"}});
+    let disk = spec("nginx:1", "Running", data(&storage.class, "1Gi", "Delete"));
+    let hold = json!({"metadata": {"finalizers": ["mw-operator.test/hold"]}});
+    let release = json!({"metadata": {"finalizers": null}});
+    let mut uids = Vec::new();
+    for (name, s) in [("web", &web), ("disk", &disk)] {
+        apply(&workloads, name, s.clone()).await.unwrap();
+        uids.push(wait_ready(&workloads, name, Phase::Running).await.uid());
+        deployments.patch(name, &PatchParams::default(), &Patch::Merge(&hold)).await.unwrap();
     }
-    // A smaller approval: synced, and the disk stays as it is.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    db.exec(&grant(10)).await;
-    wait_until(
-        &workloads,
-        "pg-analytics",
-        "the smaller approval in the spec",
-        TIMEOUT,
-        |mw: Option<&ManagedWorkload>| mw.is_some_and(|mw| mw.spec.volumes[0].size == "10Gi"),
-    )
-    .await;
-    let mw = wait_ready(&workloads, "pg-analytics", Phase::Running).await;
-    assert_eq!(mw.status.as_ref().unwrap().observed_generation, mw.metadata.generation);
-    let kept = claims.get("pg-analytics-rootfs").await.unwrap();
-    assert_eq!(mw_operator::operator::claims::requested(&kept).as_deref(), Some("20Gi"), "never shrunk");
-    assert_eq!(bridge.metric("mw_bridge_row_errors_total{reason=\"rejected\"}").await.unwrap_or(0.0), 0.0);
-    // The other rows keep syncing.
-    db.exec(&format!(
-        r#"UPDATE "Containers" SET "environmentVars" = '{{"TZ":"UTC"}}', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
-        now()
-    ))
-    .await;
-    wait_until(&workloads, "team-wiki", "the row's change", TIMEOUT, |mw: Option<&ManagedWorkload>| {
-        mw.is_some_and(|mw| mw.spec.env.iter().any(|e| e.name == "TZ"))
-    })
-    .await;
-    drop(bridge);
-    db.close().await;
-}
+    services.patch("web", &PatchParams::default(), &Patch::Merge(&hold)).await.unwrap();
 
-#[tokio::test]
-async fn bridge_maps_rootfs_on_sqlite() {
-    bridge_maps_rootfs(support::manager::Engine::Sqlite).await;
-}
+    let mut logs = Vec::new();
+    for (name, s, waits_for) in [("web", &web, "Deployment web"), ("disk", &disk, "PersistentVolumeClaim disk-data")] {
+        workloads.delete(name, &DeleteParams::background()).await.unwrap();
+        wait_until(&workloads, name, "the workload to go", TIMEOUT, |mw| mw.is_none()).await;
+        wait_until(
+            &deployments,
+            name,
+            "garbage collection to delete the Deployment",
+            TIMEOUT,
+            |d: Option<&Deployment>| d.is_some_and(|d| d.metadata.deletion_timestamp.is_some()),
+        )
+        .await;
+        apply(&workloads, name, s.clone()).await.unwrap();
+        logs.push(
+            support::workload::WatchLog::start(&workloads, name, |mw| {
+                let status = mw.status.as_ref()?;
+                let stalled = status.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "True");
+                Some((status.phase, stalled))
+            })
+            .await,
+        );
+        let waiting = wait_condition(&workloads, name, "Reconciling", "True").await;
+        let reconciling = support::workload::condition(&waiting, "Reconciling");
+        assert_eq!(reconciling.reason, "WaitingForDeletion", "{name}: {reconciling:?}");
+        assert!(
+            reconciling.message.contains(&format!("waiting for {waits_for} to be deleted")),
+            "{}",
+            reconciling.message
+        );
+        assert_eq!(waiting.status.as_ref().unwrap().phase, Some(Phase::Creating));
+    }
 
-#[tokio::test]
-async fn bridge_maps_rootfs_on_postgres() {
-    bridge_maps_rootfs(support::manager::Engine::Postgres).await;
+    // Collected: each new workload gets its own objects, and runs.
+    for name in ["web", "disk"] {
+        deployments.patch(name, &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+    }
+    services.patch("web", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+    for ((name, log), old) in ["web", "disk"].into_iter().zip(&logs).zip(&uids) {
+        let again = wait_ready(&workloads, name, Phase::Running).await;
+        assert_ne!(&again.uid(), old);
+        log.alive().await;
+        let seen = log.seen();
+        assert!(seen.iter().all(|(phase, stalled)| *phase != Some(Phase::Failed) && !stalled), "{name}: {seen:?}");
+    }
+    let new_claim = claim(&claims, "disk-data").await;
+    assert_eq!(
+        new_claim.owner_references()[0].uid,
+        workloads.get("disk").await.unwrap().uid().unwrap(),
+        "its own claim"
+    );
 }

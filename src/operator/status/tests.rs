@@ -368,6 +368,28 @@ fn blocked_reports_stalled_with_its_reason() {
     assert_eq!(cond(&s, READY).message, "not ours");
 }
 
+/// Deleted and re-created under its name: the predecessor's objects on their way out are a
+/// wait (kstatus InProgress), never Failed/Stalled, whether the workload should run or stop.
+#[test]
+fn waiting_for_a_predecessors_objects_is_in_progress_not_stalled() {
+    for (state, phase) in [(DesiredState::Running, Phase::Creating), (DesiredState::Stopped, Phase::Stopping)] {
+        let mw = workload(state, 1);
+        let observed = Observed {
+            settings: &Default::default(),
+            deployment: None,
+            pods: vec![],
+            blocked: Some(Blocked::departing("Deployment", "web")),
+            claims: vec![],
+            refused: &[],
+            service: None,
+        };
+        let s = derive(&mw, &observed, &at(1000));
+        assert_summary(&s, phase, "False", "True", "False");
+        assert_eq!(cond(&s, RECONCILING).reason, WAITING_FOR_DELETION);
+        assert!(cond(&s, READY).message.contains("waiting for Deployment web to be deleted"), "{:?}", cond(&s, READY));
+    }
+}
+
 #[test]
 fn an_unchanged_world_derives_an_identical_status() {
     let mw = workload(DesiredState::Running, 1);
@@ -881,6 +903,23 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running), "an expansion in progress fails nothing");
     assert!(s.volumes[0].message.as_deref().is_some_and(|m| m.contains("expansion to 2Gi requested")));
+
+    // The class refuses expansion: said on the volume, and the workload runs on as it is.
+    let refused = [("web-data".to_string(), "only dynamically provisioned pvc can be resized".to_string())];
+    let observed = Observed {
+        settings: &Default::default(),
+        deployment: Some(&d),
+        pods: pods.iter().collect(),
+        blocked: None,
+        claims: vec![&bound],
+        refused: &refused,
+        service: None,
+    };
+    let s = derive(&mw, &observed, &at(1000));
+    assert_summary(&s, Phase::Running, "True", "False", "False");
+    let message = s.volumes[0].message.clone().unwrap();
+    assert!(message.contains("refused") && message.contains("stays at 1Gi"), "{message}");
+    assert!(message.contains("only dynamically provisioned pvc can be resized"), "the server's words: {message}");
 }
 
 /// A Pod the scheduler could not place, as kube-scheduler reports it.
