@@ -1,13 +1,16 @@
 //! The Helm chart: it lints, renders both install modes with the same permissions as
 //! config/rbac, and what it renders is accepted by the real API server and runs (under kwok).
 //! The optional bridge renders with its own ServiceAccount and only namespaced permissions.
-//! values.schema.json describes every value and refuses typos and wrong types; every install
+//! values.schema.json describes every value, refuses typos and wrong types, and accepts only
+//! what the binary's flag parsers accept; every install
 //! command the docs show renders; the optional PrometheusRule holds docs/operations.md's
 //! alerts, over series the operator's own registry exports.
 
 mod support;
 
 use std::process::Command;
+
+use clap::Parser;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
@@ -1021,4 +1024,79 @@ fn the_promql_check_refuses_malformed_expressions() {
     ] {
         assert!(promql::selectors(bad).is_err(), "{bad} should be refused");
     }
+}
+
+/// `mw-operator bridge`'s flags as the binary parses them (`--log-format` is a flag of its
+/// top level).
+#[derive(clap::Parser, Debug)]
+struct BridgeCommand {
+    #[arg(long)]
+    log_format: String,
+    #[command(flatten)]
+    args: mw_operator::bridge::BridgeArgs,
+}
+
+/// `mw-operator run`'s leader election flags.
+#[derive(clap::Parser, Debug)]
+struct ElectionCommand {
+    #[command(flatten)]
+    election: mw_operator::election::ElectionArgs,
+}
+
+/// The container args of the Deployment whose first arg is `command`, less that arg.
+fn command_args(docs: &[Value], command: &str) -> Vec<String> {
+    let deployments = of_kind(docs, "Deployment");
+    let args = deployments
+        .iter()
+        .map(|d| &d["spec"]["template"]["spec"]["containers"][0]["args"])
+        .find(|a| a[0] == command)
+        .unwrap_or_else(|| panic!("no Deployment runs {command}"));
+    args.as_array().unwrap()[1..].iter().map(|a| a.as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn what_the_schema_accepts_the_binary_accepts() {
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{CHART}/values.schema.json")).unwrap()).unwrap();
+    let property =
+        |path: &str| path.split('.').fold(&schema, |entry, key| &resolve(&schema, entry)["properties"][key]).clone();
+    // Each enum value and each integer bound the schema allows for a flag the chart passes.
+    let mut cases: Vec<String> = Vec::new();
+    for path in ["logFormat", "bridge.ipv4Address", "bridge.service.type", "bridge.rootfs.onDelete"] {
+        let values = property(path)["enum"].as_array().unwrap().clone();
+        cases.extend(values.iter().map(|v| format!("{path}={}", v.as_str().unwrap())));
+    }
+    for path in ["bridge.requestsPercent", "bridge.concurrency", "bridge.maxDeletePercent", "bridge.deleteGuardMinimum"]
+    {
+        let entry = property(path);
+        cases.extend(["minimum", "maximum"].iter().filter_map(|b| entry[b].as_u64()).map(|n| format!("{path}={n}")));
+    }
+    cases.extend(
+        ["bridge.pollInterval=500ms", "bridge.resyncInterval=1h", "bridge.passTimeout=30", "bridge.rootfs.mountPath="]
+            .map(String::from),
+    );
+    assert!(cases.len() > 15, "{cases:?}");
+    let base = bridge_values(&[("k8s-lab-1", "team-a")]);
+    for case in &cases {
+        let docs = render_with("rel", "ops", &[base.clone(), set(&[case])].concat());
+        let mut argv = vec!["mw-operator".to_string(), "--database-url=postgres://mw_bridge@db/cluster_manager".into()];
+        argv.extend(command_args(&docs, "bridge"));
+        if let Err(e) = BridgeCommand::try_parse_from(&argv) {
+            panic!("{case}: the bridge refuses what the chart renders, {argv:?}: {e}");
+        }
+    }
+
+    // The smallest Lease the schema allows, which the operator must accept too.
+    let lease = property("leaderElection.leaseDuration")["minimum"].as_u64().unwrap();
+    let grace = property("leaderElection.renewGrace")["minimum"].as_u64().unwrap();
+    let docs = render_with(
+        "rel",
+        "ops",
+        &set(&[&format!("leaderElection.leaseDuration={lease}"), &format!("leaderElection.renewGrace={grace}")]),
+    );
+    let mut argv = vec!["mw-operator".to_string()];
+    argv.extend(command_args(&docs, "run").into_iter().filter(|a| a.starts_with("--lease-")));
+    let parsed = ElectionCommand::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let election = parsed.election.election("mw-operator", || "test".into());
+    assert!(matches!(election, Ok(Some(_))), "{argv:?}: {election:?}");
 }
