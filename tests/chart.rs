@@ -2,9 +2,9 @@
 //! config/rbac, and what it renders is accepted by the real API server and runs (under kwok).
 //! The optional bridge renders with its own ServiceAccount and only namespaced permissions.
 //! values.schema.json describes every value, refuses typos and wrong types, and accepts only
-//! what the binary's flag parsers accept; every install
-//! command the docs show renders; the optional PrometheusRule holds docs/operations.md's
-//! alerts, over series the operator's own registry exports.
+//! what the binary's flag parsers accept; every install command the docs show renders; the
+//! optional PrometheusRule holds docs/operations.md's alerts, over series the operator's own
+//! registry exports.
 
 mod support;
 
