@@ -1,10 +1,16 @@
 //! The Helm chart: it lints, renders both install modes with the same permissions as
 //! config/rbac, and what it renders is accepted by the real API server and runs (under kwok).
 //! The optional bridge renders with its own ServiceAccount and only namespaced permissions.
+//! values.schema.json describes every value, refuses typos and wrong types, and accepts only
+//! what the binary's flag parsers accept; every install command the docs show renders; the
+//! optional PrometheusRule holds docs/operations.md's alerts, over series the operator's own
+//! registry exports.
 
 mod support;
 
 use std::process::Command;
+
+use clap::Parser;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
@@ -43,11 +49,30 @@ fn render(release: &str, namespace: &str, watch: &[&str]) -> Vec<Value> {
 fn render_with(release: &str, namespace: &str, extra: &[String]) -> Vec<Value> {
     let mut args: Vec<String> = ["template", release, CHART, "--namespace", namespace].map(String::from).into();
     args.extend_from_slice(extra);
-    helm(&args)
+    documents(&helm(&args))
+}
+
+/// The objects of rendered YAML.
+fn documents(rendered: &str) -> Vec<Value> {
+    rendered
         .split("\n---")
         .filter_map(|doc| serde_saphyr::from_str::<Value>(doc).ok())
         .filter(|doc| doc.is_object())
         .collect()
+}
+
+/// `--set` arguments, one per value.
+fn set(values: &[&str]) -> Vec<String> {
+    values.iter().flat_map(|v| ["--set".to_string(), v.to_string()]).collect()
+}
+
+/// `helm template` with `extra` arguments must fail: its error output.
+fn refusal(extra: &[String]) -> String {
+    let mut args: Vec<String> = ["template", "r", CHART].map(String::from).into();
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = run_helm(&args);
+    assert!(!ok, "helm {args:?} should fail, rendered:\n{stdout}");
+    stderr
 }
 
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -148,7 +173,6 @@ fn the_chart_lints_in_both_modes() {
 
 #[test]
 fn the_service_monitor_and_single_replica_options_render() {
-    let set = |s: &[&str]| s.iter().flat_map(|v| ["--set".to_string(), v.to_string()]).collect::<Vec<_>>();
     let docs = render_with("rel", "ops", &set(&["metrics.serviceMonitor.enabled=true"]));
     let monitors = of_kind(&docs, "ServiceMonitor");
     assert_eq!(monitors.len(), 1);
@@ -170,10 +194,11 @@ fn the_service_monitor_and_single_replica_options_render() {
     let args = &of_kind(&renamed, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"];
     assert!(args.as_array().unwrap().iter().any(|a| a == "--lease-name=other"), "{args}");
     // Two replicas without election would both write: refused at render time.
-    let mut args: Vec<String> = ["template", "r", CHART].map(String::from).into();
-    args.extend(set(&["leaderElection.enabled=false"]));
-    let (ok, _, stderr) = run_helm(&args);
-    assert!(!ok && stderr.contains("leaderElection.enabled"), "{stderr}");
+    let stderr = refusal(&set(&["leaderElection.enabled=false"]));
+    assert!(stderr.contains("leaderElection.enabled"), "{stderr}");
+    // A grace over half the duration, which the operator would refuse at start.
+    let stderr = refusal(&set(&["leaderElection.leaseDuration=8", "leaderElection.renewGrace=5"]));
+    assert!(stderr.contains("leaderElection.renewGrace"), "{stderr}");
 }
 
 #[tokio::test]
@@ -474,17 +499,15 @@ fn the_bridge_metrics_can_be_scraped() {
         assert_eq!(monitors[0]["spec"]["endpoints"][0]["port"], service["spec"]["ports"][0]["name"]);
     }
     // The ServiceMonitor needs its Service.
-    values.extend(["--set".to_string(), "metrics.service.enabled=false".to_string()]);
-    let mut args: Vec<String> = ["template", "r", CHART].map(String::from).into();
-    args.extend(values);
-    let (ok, _, stderr) = run_helm(&args);
-    assert!(!ok && stderr.contains("metrics.service.enabled"), "{stderr}");
+    values.extend(set(&["metrics.service.enabled=false"]));
+    let stderr = refusal(&values);
+    assert!(stderr.contains("metrics.service.enabled"), "{stderr}");
 }
 
 #[test]
 fn the_bridge_values_are_checked_and_optional_parts_left_out() {
     // Two nodes in one namespace: one Role there; no password or CA: nothing mounted.
-    let values: Vec<String> = [
+    let values = set(&[
         "bridge.enabled=true",
         "bridge.database.urlSecret.name=db",
         "bridge.nodes[0].node=n1",
@@ -497,10 +520,7 @@ fn the_bridge_values_are_checked_and_optional_parts_left_out() {
         "bridge.service.type=LoadBalancer",
         "bridge.service.loadBalancerClass=metallb.io/metallb",
         "bridge.service.annotations.metallb\\.io/address-pool=manager",
-    ]
-    .into_iter()
-    .flat_map(|s| ["--set".to_string(), s.to_string()])
-    .collect();
+    ]);
     let docs = render_with("mw-operator", "mw-system", &values);
     let name = "mw-operator-bridge";
     assert_eq!(named(&docs, "Role", name).len(), 1);
@@ -523,11 +543,9 @@ fn the_bridge_values_are_checked_and_optional_parts_left_out() {
     assert!(pod.get("volumes").is_none() && pod["containers"][0].get("volumeMounts").is_none());
 
     // Missing required values fail the render with a message naming them.
-    let fails = |set: &[&str], needle: &str| {
-        let mut args: Vec<String> = ["template", "r", CHART].map(String::from).into();
-        args.extend(set.iter().flat_map(|s| ["--set".to_string(), s.to_string()]));
-        let (ok, _, stderr) = run_helm(&args);
-        assert!(!ok && stderr.contains(needle), "{set:?} should fail naming {needle}: {stderr}");
+    let fails = |values: &[&str], needle: &str| {
+        let stderr = refusal(&set(values));
+        assert!(stderr.contains(needle), "{values:?} should fail naming {needle}: {stderr}");
     };
     fails(&["bridge.enabled=true", "bridge.database.urlSecret.name=db"], "bridge.nodes");
     fails(
@@ -624,4 +642,461 @@ async fn bridge_install_is_accepted_and_reaches_only_its_namespaces() {
             "{verb} {what:?} in {namespace:?} should be denied"
         );
     }
+}
+
+/// The schema entry of a value, through `allOf: [{$ref}]` and `$ref` to its definition.
+fn resolve<'a>(schema: &'a Value, entry: &'a Value) -> &'a Value {
+    let reference = entry["$ref"].as_str().or_else(|| entry["allOf"][0]["$ref"].as_str());
+    match reference.and_then(|r| r.strip_prefix("#/definitions/")) {
+        Some(name) => resolve(schema, &schema["definitions"][name]),
+        None => entry,
+    }
+}
+
+/// Every key of `values` under `path`, described by `entry`: the paths of those the schema
+/// does not list or does not describe.
+fn undescribed(schema: &Value, entry: &Value, values: &Value, path: &str) -> Vec<String> {
+    let Some(map) = values.as_object() else { return Vec::new() };
+    let described = resolve(schema, entry);
+    let Some(properties) = described["properties"].as_object() else { return Vec::new() };
+    let mut missing = Vec::new();
+    for (key, value) in map {
+        let path = format!("{path}{key}");
+        match properties.get(key) {
+            Some(property) if property["description"].is_string() => {
+                missing.extend(undescribed(schema, property, value, &format!("{path}.")))
+            }
+            _ => missing.push(path),
+        }
+    }
+    missing
+}
+
+#[test]
+fn the_values_schema_describes_every_value() {
+    let values: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(format!("{CHART}/values.yaml")).unwrap()).unwrap();
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{CHART}/values.schema.json")).unwrap()).unwrap();
+    assert_eq!(schema["$schema"], "http://json-schema.org/draft-07/schema#", "the draft Helm validates");
+    let missing = undescribed(&schema, &schema, &values, "");
+    assert!(missing.is_empty(), "values.yaml keys the schema does not list or describe: {missing:?}");
+    // Unknown keys are refused wherever the chart owns the structure (not in maps of labels,
+    // nor in the Kubernetes types it passes through).
+    let open: Vec<&String> = schema["properties"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, p)| {
+            let p = resolve(&schema, p);
+            p["properties"].is_object() && p["additionalProperties"] != false
+        })
+        .map(|(k, _)| k)
+        .collect();
+    assert!(open.is_empty(), "objects accepting unknown keys: {open:?}");
+}
+
+#[test]
+fn the_values_schema_refuses_typos_and_wrong_types_naming_the_field() {
+    // Each: a value the schema refuses, and what the error must name.
+    for (value, field) in [
+        ("replcas=3", "replcas"),
+        ("bridge.pollIntervall=3s", "pollIntervall"),
+        ("leaderElection.leaseDuraton=20", "leaseDuraton"),
+        ("bridge.nodes[0].namspace=a", "namspace"),
+        ("replicas=two", "replicas"),
+        ("leaderElection.leaseDuration=15s", "leaseDuration"),
+        ("metricsPort=70000", "metricsPort"),
+        ("logFormat=xml", "logFormat"),
+        ("bridge.service.type=Ingress", "type"),
+        ("bridge.requestsPercent=0", "requestsPercent"),
+        ("bridge.pollInterval=2 minutes", "pollInterval"),
+        ("bridge.rootfs.onDelete=keep", "onDelete"),
+        ("watchNamespaces={Team_A}", "watchNamespaces"),
+        ("prometheusRule.alertLabels.severity=page", "alertLabels"),
+    ] {
+        let stderr = refusal(&set(&[value]));
+        assert!(stderr.contains("schema"), "{value}: not the schema's refusal: {stderr}");
+        assert!(stderr.contains(field), "{value}: the error does not name {field}: {stderr}");
+    }
+    // And what it accepts besides the defaults: a bridge duration in seconds, as the bridge parses it.
+    render_with("r", "ops", &[bridge_values(&[("n", "a")]), set(&["bridge.pollInterval=30"])].concat());
+}
+
+/// Fenced code blocks of a Markdown file: (info string, text).
+fn code_blocks(markdown: &str) -> Vec<(String, String)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(String, String)> = None;
+    for line in markdown.lines() {
+        let fence = line.trim_start().strip_prefix("```");
+        match (fence, open.take()) {
+            (Some(_), Some(block)) => blocks.push(block),
+            (Some(info), None) => open = Some((info.trim().to_string(), String::new())),
+            (None, Some((info, mut text))) => {
+                text.push_str(line);
+                text.push('\n');
+                open = Some((info, text));
+            }
+            (None, None) => {}
+        }
+    }
+    blocks
+}
+
+/// The shell words of a command line, without its comment (which may hold any quote).
+fn words(line: &str) -> Vec<String> {
+    let mut quote = None;
+    let mut previous = ' ';
+    let end = line
+        .char_indices()
+        .find(|&(_, c)| {
+            let comment = quote.is_none() && c == '#' && previous.is_whitespace();
+            quote = match (quote, c) {
+                (None, '\'' | '"') => Some(c),
+                (Some(q), c) if c == q => None,
+                (q, _) => q,
+            };
+            previous = c;
+            comment
+        })
+        .map_or(line.len(), |(i, _)| i);
+    shell_words::split(&line[..end]).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+}
+
+/// The chart's `helm install`/`upgrade --install`/`template` commands in README.md and docs/,
+/// as `helm template` arguments (each commented `# --set …` line after one is a documented
+/// variant), with the values files the docs show (a YAML block whose first line is
+/// `# NAME.yaml`) written to `dir`.
+fn documented_helm_commands(dir: &std::path::Path) -> Vec<(String, Vec<String>)> {
+    let mut files = vec![std::path::PathBuf::from("README.md")];
+    files.extend(
+        std::fs::read_dir("docs")
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md")),
+    );
+    let blocks: Vec<(String, String, String)> = files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            code_blocks(&text).into_iter().map(|(info, body)| (f.display().to_string(), info, body)).collect::<Vec<_>>()
+        })
+        .collect();
+    for (_, info, body) in &blocks {
+        let name = body.lines().next().and_then(|l| l.strip_prefix("# ")).filter(|n| n.ends_with(".yaml"));
+        if let (true, Some(name)) = (info == "yaml", name) {
+            std::fs::write(dir.join(name), body).unwrap();
+        }
+    }
+    let mut commands = Vec::new();
+    for (file, _, body) in blocks.iter().filter(|(_, info, _)| info == "sh" || info == "bash") {
+        let joined = body.replace("\\\n", " ");
+        let mut last: Option<Vec<String>> = None;
+        for line in joined.lines() {
+            let variant = line.trim_start().strip_prefix('#').map(str::trim_start).filter(|l| l.starts_with("--"));
+            match (variant, &last) {
+                (Some(extra), Some(command)) => {
+                    commands.push((format!("{file}: {line}"), [command.clone(), words(extra)].concat()));
+                    continue;
+                }
+                (Some(_), None) => continue,
+                _ => last = None,
+            }
+            if !line.trim_start().starts_with("helm ") {
+                continue;
+            }
+            let w = words(line);
+            if !w.iter().any(|a| a == CHART) {
+                continue;
+            }
+            let mut args = vec!["template".to_string()];
+            let mut rest = w[2..].iter().filter(|a| *a != "--install" && *a != "--create-namespace");
+            while let Some(arg) = rest.next() {
+                args.push(arg.clone());
+                if arg == "-f" || arg == "--values" {
+                    let name = rest.next().expect("a values file after -f");
+                    let path = dir.join(name);
+                    assert!(path.exists(), "{file} installs with {name} but shows no `# {name}` YAML block");
+                    args.push(path.display().to_string());
+                }
+            }
+            commands.push((format!("{file}: {line}"), args.clone()));
+            last = Some(args);
+        }
+    }
+    commands
+}
+
+#[test]
+fn every_documented_install_renders() {
+    let dir = std::env::temp_dir().join(format!("mw-chart-docs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let commands = documented_helm_commands(&dir);
+    let mut bridges = 0;
+    for (source, args) in &commands {
+        let docs = documents(&helm(args));
+        assert!(!of_kind(&docs, "Deployment").is_empty(), "{source} renders no Deployment");
+        bridges +=
+            usize::from(docs.iter().any(|d| d["spec"]["template"]["spec"]["containers"][0]["args"][0] == "bridge"));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(commands.len() >= 3 && bridges >= 1, "the docs show installs with and without the bridge: {commands:#?}");
+}
+
+#[path = "chart/promql.rs"]
+mod promql;
+
+/// What the operator and the bridge export, from their own registries: every series name
+/// (OpenMetrics' suffixes by type: `_total` for counters, `_bucket`/`_sum`/`_count` for
+/// histograms), and each one's label values once every recording method ran.
+struct Exported {
+    series: std::collections::BTreeSet<String>,
+    labels: std::collections::BTreeMap<String, std::collections::BTreeSet<(String, String)>>,
+}
+
+fn exported() -> Exported {
+    use prometheus_client::registry::Registry;
+    let (mut operator_registry, mut bridge_registry) = (Registry::default(), Registry::default());
+    let operator = mw_operator::metrics::Metrics::register(&mut operator_registry);
+    operator.set_max_concurrent(32);
+    operator.reconcile_started().finish(false);
+    operator.reconcile_failed("write_status");
+    operator.set_leader(mw_operator::metrics::DEFAULT_LEASE, true);
+    operator.watch_restarted("pods");
+    operator.wrote("deployments", "apply");
+    operator.event_dropped();
+    operator.set_workloads(&Default::default());
+    let bridge = mw_operator::bridge::metrics::Metrics::register(&mut bridge_registry);
+    bridge.set_leader(mw_operator::bridge::DEFAULT_LEASE, true);
+    bridge.row_error("bad_image");
+    bridge.wrote("row_update");
+    bridge.pass(true);
+    bridge.full_resync_seconds.observe(1.0);
+    bridge.rows.set(1);
+    bridge.rows_failing.set(0);
+    bridge.deletions_refused.inc();
+
+    let mut text = String::new();
+    for registry in [&operator_registry, &bridge_registry] {
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    }
+    let mut exported = Exported { series: Default::default(), labels: Default::default() };
+    for line in text.lines() {
+        if let Some(declared) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = declared.split_once(' ').unwrap();
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                _ => &[""],
+            };
+            exported.series.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+        } else if !line.starts_with('#') {
+            let (name, labels) = line
+                .split_once('{')
+                .map_or((line.split(' ').next().unwrap(), ""), |(n, rest)| (n, rest.rsplit_once('}').unwrap().0));
+            let pairs = labels.split(',').filter(|p| !p.is_empty()).map(|p| {
+                let (k, v) = p.split_once('=').unwrap();
+                (k.to_string(), v.trim_matches('"').to_string())
+            });
+            exported.labels.entry(name.to_string()).or_default().extend(pairs);
+        }
+    }
+    exported
+}
+
+/// The alerts of docs/operations.md's YAML blocks: name and `for`.
+fn documented_alerts() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string("docs/operations.md").unwrap();
+    code_blocks(&text)
+        .into_iter()
+        .filter(|(info, _)| info == "yaml")
+        .filter_map(|(_, body)| serde_saphyr::from_str::<Value>(&body).ok())
+        .filter_map(|doc| doc.as_array().cloned())
+        .flatten()
+        .filter(|rule| rule["alert"].is_string())
+        .map(|rule| (rule["alert"].as_str().unwrap().to_string(), rule["for"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+fn rules_of_prometheus_rule(docs: &[Value]) -> Vec<Value> {
+    let rules = of_kind(docs, "PrometheusRule");
+    assert_eq!(rules.len(), 1, "one PrometheusRule");
+    rules[0]["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap().clone()).collect()
+}
+
+/// kube-state-metrics' series, the only ones an alert reads that the operator does not
+/// export: whether a Deployment's replicas are available is the kubelet's and the
+/// Deployment controller's word, not the operator's own.
+const KUBE_STATE_METRICS: &[&str] = &["kube_deployment_status_replicas_available", "kube_deployment_spec_replicas"];
+
+#[test]
+fn the_prometheus_rule_holds_the_documented_alerts_over_exported_metrics() {
+    assert!(of_kind(&render("rel", "ops", &[]), "PrometheusRule").is_empty(), "off by default");
+
+    let values = set(&[
+        "prometheusRule.enabled=true",
+        "prometheusRule.namespace=monitoring",
+        "prometheusRule.labels.release=kube-prometheus-stack",
+        "prometheusRule.alertLabels.team=platform",
+    ]);
+    helm(&[["lint".to_string(), CHART.to_string()].to_vec(), values.clone()].concat());
+    let docs = render_with("rel", "ops", &values);
+    let rule = of_kind(&docs, "PrometheusRule")[0];
+    assert_eq!(rule["metadata"]["namespace"], "monitoring");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    let rules = rules_of_prometheus_rule(&docs);
+
+    // Exactly the documented alerts, with the documented `for`.
+    let mut rendered: Vec<(String, String)> = rules
+        .iter()
+        .map(|r| (r["alert"].as_str().unwrap().to_string(), r["for"].as_str().unwrap().to_string()))
+        .collect();
+    let mut documented = documented_alerts();
+    assert!(!documented.is_empty(), "docs/operations.md documents alerts");
+    rendered.sort();
+    documented.sort();
+    assert_eq!(rendered, documented, "the chart's alerts are docs/operations.md's");
+
+    // Every expression parses, reads only series the operator exports (or kube-state-metrics',
+    // see above), matches only labels those series carry (or `namespace`, the scrape
+    // target's), with values they take; and is narrowed to this release.
+    let exported = exported();
+    for rule in &rules {
+        let (alert, expr) = (rule["alert"].as_str().unwrap(), rule["expr"].as_str().unwrap());
+        assert!(["critical", "warning"].contains(&rule["labels"]["severity"].as_str().unwrap()), "{rule}");
+        assert_eq!(rule["labels"]["team"], "platform");
+        assert!(rule["annotations"]["summary"].is_string() && rule["annotations"]["description"].is_string());
+        let selectors = promql::selectors(expr).unwrap_or_else(|e| panic!("{alert}: {e}"));
+        assert!(!selectors.is_empty(), "{alert} reads no series");
+        for selector in selectors {
+            let metric = selector.metric.as_str();
+            let release = ("namespace".to_string(), "=".to_string(), "ops".to_string());
+            assert!(selector.matchers.contains(&release), "{alert}: {metric} is not narrowed to the release: {expr}");
+            if KUBE_STATE_METRICS.contains(&metric) {
+                assert_eq!(alert, "MwOperatorNotReady", "{metric} is read by {alert}");
+                let deployment = ("deployment".to_string(), "=".to_string(), "rel-mw-operator".to_string());
+                assert!(selector.matchers.contains(&deployment), "{alert}: {expr}");
+                continue;
+            }
+            assert!(exported.series.contains(metric), "{alert} reads {metric}, which nothing exports: {expr}");
+            let carried = exported.labels.get(metric).unwrap_or_else(|| panic!("{metric}: no sample recorded"));
+            for (label, op, value) in selector.matchers.iter().filter(|(l, ..)| l != "namespace") {
+                assert!(carried.iter().any(|(l, _)| l == label), "{alert}: {metric} has no label {label}: {expr}");
+                if op == "=" {
+                    assert!(
+                        carried.contains(&(label.clone(), value.clone())),
+                        "{alert}: {metric} never has {label}={value:?}: {expr}"
+                    );
+                }
+            }
+        }
+    }
+
+    // The leader alerts follow the Lease's name, and go without election (no gauge to read).
+    let renamed = render_with("rel", "ops", &set(&["prometheusRule.enabled=true", "leaderElection.leaseName=other"]));
+    for rule in rules_of_prometheus_rule(&renamed).iter().filter(|r| r["expr"].as_str().unwrap().contains("leader_")) {
+        let selectors = promql::selectors(rule["expr"].as_str().unwrap()).unwrap();
+        assert!(selectors.iter().all(|s| s.matchers.contains(&("name".into(), "=".into(), "other".into()))), "{rule}");
+    }
+    let single =
+        render_with("rel", "ops", &set(&["prometheusRule.enabled=true", "replicas=1", "leaderElection.enabled=false"]));
+    let left: Vec<String> =
+        rules_of_prometheus_rule(&single).iter().map(|r| r["alert"].as_str().unwrap().to_string()).collect();
+    assert_eq!(left.len(), documented.len() - 2, "{left:?}");
+    assert!(left.iter().all(|a| !a.contains("Leader")), "{left:?}");
+}
+
+#[test]
+fn the_promql_check_refuses_malformed_expressions() {
+    let ok = promql::selectors(r#"sum by (le) (rate(x_bucket{a="b", c=~"d.*"}[5m])) > 0.5 or absent(y)"#).unwrap();
+    assert_eq!(ok.iter().map(|s| s.metric.as_str()).collect::<Vec<_>>(), ["x_bucket", "y"]);
+    assert_eq!(ok[0].matchers[1], ("c".into(), "=~".into(), "d.*".into()));
+    for bad in [
+        "sum(rate(x[5m])",  // unbalanced
+        "rate(x) > 0",      // a range function without a range
+        "max(x[5m])",       // an aggregation of a range vector
+        "x{a=b}",           // an unquoted label value
+        "increase(x[10q])", // not a duration
+        "frobnicate(x)",    // no such function
+        "x and 1",          // and needs vectors
+        "x > 0 y",          // trailing input
+        "x[5m]",            // not an instant vector
+    ] {
+        assert!(promql::selectors(bad).is_err(), "{bad} should be refused");
+    }
+}
+
+/// `mw-operator bridge`'s flags as the binary parses them (`--log-format` is a flag of its
+/// top level).
+#[derive(clap::Parser, Debug)]
+struct BridgeCommand {
+    #[arg(long)]
+    log_format: String,
+    #[command(flatten)]
+    args: mw_operator::bridge::BridgeArgs,
+}
+
+/// `mw-operator run`'s leader election flags.
+#[derive(clap::Parser, Debug)]
+struct ElectionCommand {
+    #[command(flatten)]
+    election: mw_operator::election::ElectionArgs,
+}
+
+/// The container args of the Deployment whose first arg is `command`, less that arg.
+fn command_args(docs: &[Value], command: &str) -> Vec<String> {
+    let deployments = of_kind(docs, "Deployment");
+    let args = deployments
+        .iter()
+        .map(|d| &d["spec"]["template"]["spec"]["containers"][0]["args"])
+        .find(|a| a[0] == command)
+        .unwrap_or_else(|| panic!("no Deployment runs {command}"));
+    args.as_array().unwrap()[1..].iter().map(|a| a.as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn what_the_schema_accepts_the_binary_accepts() {
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{CHART}/values.schema.json")).unwrap()).unwrap();
+    let property =
+        |path: &str| path.split('.').fold(&schema, |entry, key| &resolve(&schema, entry)["properties"][key]).clone();
+    // Each enum value and each integer bound the schema allows for a flag the chart passes.
+    let mut cases: Vec<String> = Vec::new();
+    for path in ["logFormat", "bridge.ipv4Address", "bridge.service.type", "bridge.rootfs.onDelete"] {
+        let values = property(path)["enum"].as_array().unwrap().clone();
+        cases.extend(values.iter().map(|v| format!("{path}={}", v.as_str().unwrap())));
+    }
+    for path in ["bridge.requestsPercent", "bridge.concurrency", "bridge.maxDeletePercent", "bridge.deleteGuardMinimum"]
+    {
+        let entry = property(path);
+        cases.extend(["minimum", "maximum"].iter().filter_map(|b| entry[b].as_u64()).map(|n| format!("{path}={n}")));
+    }
+    cases.extend(
+        ["bridge.pollInterval=500ms", "bridge.resyncInterval=1h", "bridge.passTimeout=30", "bridge.rootfs.mountPath="]
+            .map(String::from),
+    );
+    assert!(cases.len() > 15, "{cases:?}");
+    let base = bridge_values(&[("k8s-lab-1", "team-a")]);
+    for case in &cases {
+        let docs = render_with("rel", "ops", &[base.clone(), set(&[case])].concat());
+        let mut argv = vec!["mw-operator".to_string(), "--database-url=postgres://mw_bridge@db/cluster_manager".into()];
+        argv.extend(command_args(&docs, "bridge"));
+        if let Err(e) = BridgeCommand::try_parse_from(&argv) {
+            panic!("{case}: the bridge refuses what the chart renders, {argv:?}: {e}");
+        }
+    }
+
+    // The smallest Lease the schema allows, which the operator must accept too.
+    let lease = property("leaderElection.leaseDuration")["minimum"].as_u64().unwrap();
+    let grace = property("leaderElection.renewGrace")["minimum"].as_u64().unwrap();
+    let docs = render_with(
+        "rel",
+        "ops",
+        &set(&[&format!("leaderElection.leaseDuration={lease}"), &format!("leaderElection.renewGrace={grace}")]),
+    );
+    let mut argv = vec!["mw-operator".to_string()];
+    argv.extend(command_args(&docs, "run").into_iter().filter(|a| a.starts_with("--lease-")));
+    let parsed = ElectionCommand::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let election = parsed.election.election("mw-operator", || "test".into());
+    assert!(matches!(election, Ok(Some(_))), "{argv:?}: {election:?}");
 }

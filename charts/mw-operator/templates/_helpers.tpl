@@ -110,3 +110,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end -}}
+
+{{/* An alert's labels: its severity and prometheusRule.alertLabels (which may not set severity: the schema refuses it). Called with (list SEVERITY ALERT_LABELS). */}}
+{{- define "mw-operator.alertLabels" -}}
+{{- toYaml (merge (dict "severity" (index . 0)) (index . 1 | default dict)) -}}
+{{- end -}}
