@@ -385,7 +385,7 @@ fn flags(command: &clap::Command) -> BTreeMap<String, clap::Arg> {
 /// The `--flags` of a command line written after `mw-operator <sub>`, until the line ends.
 fn invocations(text: &str) -> Vec<(String, Vec<String>)> {
     let mut lines: Vec<String> = markdown::code_blocks(text).iter().flat_map(|b| b.lines().map(String::from)).collect();
-    lines.extend(markdown::inline_code(text).into_iter().map(String::from));
+    lines.extend(markdown::inline_code(text));
     let mut out = Vec::new();
     for line in lines {
         for (i, _) in line.match_indices("mw-operator ") {
