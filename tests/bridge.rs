@@ -266,7 +266,8 @@ async fn postgres_under_the_documented_grant() {
     ))
     .await;
 
-    let database = db.url.rsplit_once('/').and_then(|(_, rest)| rest.split('?').next()).expect("the database name");
+    let path = db.url.split('?').next().unwrap_or_default();
+    let database = path.rsplit_once('/').map(|(_, name)| name).expect("the database name");
     let role = format!("mw_bridge_doc_{}", std::process::id());
     let password = format!("grant-{}-{}", std::process::id(), Timestamp::now().as_millisecond());
     db.exec(&documented_grant(&role, &password, database)).await;
