@@ -83,7 +83,7 @@ cmd_node_build() {
   local ok=1 b
   for b in "${NODE_BINARIES[@]}"; do [ -x "$dir/$b" ] || ok=0; done
   if ((ok)); then echo "$dir"; return 0; fi
-  log "building kubelet and kube-proxy $K8S_VERSION into $dir (about 3 minutes with a warm Go cache)"
+  log "building kubelet and kube-proxy $K8S_VERSION into $dir (once; how long: docs/testing.md, Timings)"
   local tmp="$dir.partial.$$" start=$SECONDS
   rm -rf "$tmp"; mkdir -p "$tmp"
   local ldflags; ldflags=$(version_ldflags)

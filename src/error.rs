@@ -114,6 +114,22 @@ impl Error {
         }
     }
 
+    /// Every `kind()` a reconcile can fail with, as `mw_operator_reconcile_errors_total`'s
+    /// `kind` label (exported from the start). The other kinds are start-up errors, which end
+    /// the process instead of being counted.
+    pub const RECONCILE_KINDS: [&'static str; 10] = [
+        "missing_namespace",
+        "get_deployment",
+        "apply_deployment",
+        "get_claim",
+        "apply_claim",
+        "get_service",
+        "apply_service",
+        "delete_service",
+        "write_status",
+        "cache_closed",
+    ];
+
     /// A short, stable label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -186,6 +202,38 @@ mod tests {
 
     fn api(code: u16) -> kube::Error {
         kube::Error::Api(kube::core::Status::failure("refused", "Reason").with_code(code).boxed())
+    }
+
+    #[test]
+    fn reconcile_kinds_are_the_kinds_of_the_errors_a_reconcile_returns() {
+        let (ns, name) = (String::new, String::new);
+        let reconcile = [
+            Error::MissingNamespace(name()),
+            Error::GetDeployment { namespace: ns(), name: name(), source: api(500) },
+            Error::ApplyDeployment { namespace: ns(), name: name(), source: api(500) },
+            Error::GetClaim { namespace: ns(), name: name(), source: api(500) },
+            Error::ApplyClaim { namespace: ns(), name: name(), source: api(500) },
+            Error::GetService { namespace: ns(), name: name(), source: api(500) },
+            Error::ApplyService { namespace: ns(), name: name(), source: api(500) },
+            Error::DeleteService { namespace: ns(), name: name(), source: api(500) },
+            Error::WriteStatus { namespace: ns(), name: name(), source: api(500) },
+            Error::CacheClosed,
+        ];
+        let mut kinds: Vec<&str> = reconcile.iter().map(Error::kind).collect();
+        let mut listed = Error::RECONCILE_KINDS.to_vec();
+        kinds.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(kinds, listed);
+        let start_up = [
+            Error::Config(name()),
+            Error::Client(api(500)),
+            Error::Access { scope: ns(), message: name() },
+            Error::Lease(name(), name()),
+            Error::CrdMissing(api(404)),
+        ];
+        for err in start_up {
+            assert!(!Error::RECONCILE_KINDS.contains(&err.kind()), "{} is a start-up error", err.kind());
+        }
     }
 
     fn write(code: u16) -> Error {

@@ -3,68 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::Parser;
+use mw_operator::cli::{Cli, Command, LogFormat};
 use mw_operator::{bridge, check, client, crdgen, election, metrics, operator, telemetry};
 use tracing::error;
-
-#[derive(Parser)]
-#[command(version, about = "Runs Manager containers on Kubernetes as ManagedWorkload resources")]
-struct Cli {
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "MW_LOG_FORMAT", global = true)]
-    log_format: LogFormat,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run the controller.
-    Run {
-        #[command(flatten)]
-        connection: client::ConnectionArgs,
-        /// Namespaces to watch (repeat or comma-separate). All namespaces when omitted.
-        #[arg(long = "namespace", short = 'n', env = "MW_NAMESPACES", value_delimiter = ',')]
-        namespaces: Vec<String>,
-        /// Reconciles running at once (per watched namespace). Reconciles mostly wait on the
-        /// API server, so this is about requests in flight, not cores.
-        #[arg(long, default_value_t = 32, env = "MW_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..))]
-        concurrency: u16,
-        /// Where to serve /healthz, /readyz (ready once every watch has synced) and /metrics.
-        #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
-        metrics_address: std::net::SocketAddr,
-        /// Extended resource `spec.resources.gpus` is requested as: the name the cluster's device
-        /// plugin advertises (`nvidia.com/gpu`, `amd.com/gpu`, `gpu.intel.com/i915`, ...).
-        #[arg(long, default_value = operator::deployment::DEFAULT_GPU_RESOURCE, env = "MW_GPU_RESOURCE_NAME",
-              value_parser = operator::deployment::check_gpu_resource)]
-        gpu_resource_name: String,
-        #[command(flatten)]
-        election: election::ElectionArgs,
-    },
-    /// Check an install before the first workload: connection, TLS, identity, the CRD and
-    /// every permission the operator (or, with --bridge, the bridge) needs in each namespace.
-    /// Prints a checklist; exits non-zero when any check fails.
-    Check(check::probe::CheckArgs),
-    /// Sync Manager's database (PostgreSQL or SQLite) into ManagedWorkloads and write their
-    /// provider id and Pod IP back.
-    Bridge(Box<bridge::BridgeArgs>),
-    /// Print the CustomResourceDefinitions, write them to a directory, or check that a
-    /// directory holds exactly what would be written.
-    Crd {
-        /// Write one file per CRD into this directory instead of printing.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// With --out: fail if the files there differ from the generated ones.
-        #[arg(long, requires = "out")]
-        check: bool,
-    },
-}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

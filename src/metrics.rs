@@ -22,6 +22,26 @@ pub const CONTROLLER: &str = "managedworkload";
 /// The `name` label of `leader_election_master_status`: the Lease's name.
 pub const DEFAULT_LEASE: &str = "mw-operator";
 
+/// The `resource` label of `mw_operator_watch_restarts_total`: one per watch of
+/// `operator::watches::Caches` (a watch named otherwise trips a debug assertion).
+pub const WATCHED: [&str; 6] =
+    ["managedworkloads", "deployments", "replicasets", "pods", "persistentvolumeclaims", "services"];
+
+/// The `resource` and `verb` labels of `mw_operator_api_writes_total`: every write the
+/// operator makes (one not listed here trips a debug assertion).
+pub const WRITES: [(&str, &str); 7] = [
+    ("managedworkloads/status", "apply"),
+    ("deployments", "apply"),
+    ("persistentvolumeclaims", "apply"),
+    ("services", "apply"),
+    ("services", "patch"),
+    ("services", "delete"),
+    ("events", "create"),
+];
+
+/// The `result` label of `controller_runtime_reconcile_total`.
+pub const RESULTS: [&str; 2] = ["success", "error"];
+
 #[derive(Debug)]
 pub struct Metrics {
     reconciles: Family<Labels, Counter>,
@@ -63,6 +83,22 @@ impl Default for Metrics {
 
 fn controller() -> Labels {
     vec![("controller", CONTROLLER.to_string())]
+}
+
+fn reconcile_labels(result: &str) -> Labels {
+    vec![("controller", CONTROLLER.to_string()), ("result", result.to_string())]
+}
+
+fn kind_labels(kind: &str) -> Labels {
+    vec![("kind", kind.to_string())]
+}
+
+fn resource_labels(resource: &str) -> Labels {
+    vec![("resource", resource.to_string())]
+}
+
+fn write_labels(resource: &str, verb: &str) -> Labels {
+    vec![("resource", resource.to_string()), ("verb", verb.to_string())]
 }
 
 impl Metrics {
@@ -117,6 +153,22 @@ impl Metrics {
             "ManagedWorkloads in the watch cache, by status phase (None: no status yet)",
             m.workloads.clone(),
         );
+        // Every known series exists from the start, at 0: `rate()` and `increase()` see the
+        // first failure or write as a change instead of as a new series, and what is exported
+        // is the whole list of label values (tests/docs.rs compares docs/operations.md with it).
+        for result in RESULTS {
+            let _ = m.reconciles.get_or_create(&reconcile_labels(result));
+        }
+        let _ = m.reconcile_errors.get_or_create(&controller());
+        for kind in crate::error::Error::RECONCILE_KINDS {
+            let _ = m.errors_by_kind.get_or_create(&kind_labels(kind));
+        }
+        for resource in WATCHED {
+            let _ = m.watch_restarts.get_or_create(&resource_labels(resource));
+        }
+        for (resource, verb) in WRITES {
+            let _ = m.api_writes.get_or_create(&write_labels(resource, verb));
+        }
         std::sync::Arc::new(m)
     }
 
@@ -131,7 +183,11 @@ impl Metrics {
     }
 
     pub fn reconcile_failed(&self, kind: &'static str) {
-        self.errors_by_kind.get_or_create(&vec![("kind", kind.to_string())]).inc();
+        debug_assert!(
+            crate::error::Error::RECONCILE_KINDS.contains(&kind),
+            "reconcile error {kind:?} is missing from Error::RECONCILE_KINDS"
+        );
+        self.errors_by_kind.get_or_create(&kind_labels(kind)).inc();
     }
 
     pub fn set_leader(&self, lease: &str, leading: bool) {
@@ -139,11 +195,16 @@ impl Metrics {
     }
 
     pub fn watch_restarted(&self, resource: &'static str) {
-        self.watch_restarts.get_or_create(&vec![("resource", resource.to_string())]).inc();
+        debug_assert!(WATCHED.contains(&resource), "watch {resource:?} is missing from metrics::WATCHED");
+        self.watch_restarts.get_or_create(&resource_labels(resource)).inc();
     }
 
     pub fn wrote(&self, resource: &'static str, verb: &'static str) {
-        self.api_writes.get_or_create(&vec![("resource", resource.to_string()), ("verb", verb.to_string())]).inc();
+        debug_assert!(
+            WRITES.contains(&(resource, verb)),
+            "write {resource:?} {verb:?} is missing from metrics::WRITES"
+        );
+        self.api_writes.get_or_create(&write_labels(resource, verb)).inc();
     }
 
     pub fn event_dropped(&self) {
@@ -205,8 +266,8 @@ impl ReconcileTimer<'_> {
         let m = self.metrics;
         m.active_workers.get_or_create(&controller()).dec();
         m.reconcile_time.get_or_create(&controller()).observe(self.start.elapsed().as_secs_f64());
-        let result = if ok { "success" } else { "error" };
-        m.reconciles.get_or_create(&vec![("controller", CONTROLLER.to_string()), ("result", result.to_string())]).inc();
+        let result = if ok { RESULTS[0] } else { RESULTS[1] };
+        m.reconciles.get_or_create(&reconcile_labels(result)).inc();
         if !ok {
             m.reconcile_errors.get_or_create(&controller()).inc();
         }
@@ -261,6 +322,9 @@ mod tests {
             r#"mw_operator_workloads{phase="Running"} 3"#,
             r#"mw_operator_workloads{phase="None"} 1"#,
             r#"mw_operator_workloads{phase="Failed"} 0"#,
+            // Exported before anything happened, at 0.
+            r#"mw_operator_watch_restarts_total{resource="replicasets"} 0"#,
+            r#"mw_operator_api_writes_total{resource="services",verb="delete"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
         }

@@ -5,10 +5,12 @@
 
 mod support;
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use mw_operator::bridge::mapping::{ENV_DIGEST_ANNOTATION, SYNCED_BY_LABEL};
@@ -228,6 +230,91 @@ async fn sqlite_end_to_end() {
 #[tokio::test]
 async fn postgres_end_to_end() {
     end_to_end(Engine::Postgres).await;
+}
+
+/// The statements docs/bridge.md gives an administrator to create the bridge's PostgreSQL
+/// role, read from the page itself, for `role` with `password` on `database`.
+fn documented_grant(role: &str, password: &str, database: &str) -> String {
+    let page = std::fs::read_to_string("docs/bridge.md").expect("reading docs/bridge.md");
+    let start = page.find("A role with only what the bridge needs").expect("docs/bridge.md's database role");
+    let open = start + page[start..].find("```sql").expect("its SQL block") + "```sql".len();
+    let sql = &page[open..open + page[open..].find("```").expect("the block's end")];
+    // The page's placeholders: the role, its password, Manager's database.
+    for placeholder in ["mw_bridge", "'…'", "cluster_manager"] {
+        assert!(sql.contains(placeholder), "docs/bridge.md's grant no longer says {placeholder}: {sql}");
+    }
+    sql.replace("'…'", &format!("'{password}'")).replace("mw_bridge", role).replace("cluster_manager", database)
+}
+
+/// docs/bridge.md's least-privilege PostgreSQL role is enough, and no more than the page says:
+/// under exactly its statements the bridge reads every table it needs (a container with http
+/// and transport services among them) and writes every row back, and the role cannot change
+/// a column it was not granted. (The page once left out "Services" and "TransportServices",
+/// and an administrator following it got "permission denied".)
+#[tokio::test]
+async fn postgres_under_the_documented_grant() {
+    let ns = TestNamespace::new("bridge-grant").await;
+    let db = ManagerDb::new(Engine::Postgres).await;
+    let wiki = db.id_of("team-wiki").await;
+    let at = now();
+    db.exec(&format!(
+        r#"INSERT INTO "Services" ("containerId", type, "internalPort", "createdAt", "updatedAt")
+             VALUES ({wiki}, 'http', 80, '{at}', '{at}'), ({wiki}, 'transport', 5353, '{at}', '{at}');
+           INSERT INTO "TransportServices" ("serviceId", protocol, "externalPort", "createdAt", "updatedAt")
+             VALUES ((SELECT id FROM "Services" WHERE "containerId" = {wiki} AND "internalPort" = 5353),
+                     'udp', 2053, '{at}', '{at}');"#
+    ))
+    .await;
+
+    let path = db.url.split('?').next().unwrap_or_default();
+    let database = path.rsplit_once('/').map(|(_, name)| name).expect("the database name");
+    let role = format!("mw_bridge_doc_{}", std::process::id());
+    let password = format!("grant-{}-{}", std::process::id(), Timestamp::now().as_millisecond());
+    db.exec(&documented_grant(&role, &password, database)).await;
+    let dir = std::path::PathBuf::from(support::log_dir());
+    std::fs::create_dir_all(&dir).expect("the log directory");
+    let password_file = dir.join(format!("{role}.password"));
+    std::fs::write(&password_file, &password).expect("writing the role's password file");
+    let mut as_role = db.clone();
+    as_role.url = db.url.replacen("postgres://mw@", &format!("postgres://{role}@"), 1);
+    assert_ne!(as_role.url, db.url, "the test database's URL names its admin user mw");
+    as_role.password_file = Some(password_file.display().to_string());
+
+    // The role is as narrow as the page says: a column it was not granted is refused.
+    let options = sqlx::postgres::PgConnectOptions::from_str(&as_role.url).expect("the role's URL").password(&password);
+    let conn = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .expect("logging in as the role");
+    let refused = sqlx::query(r#"UPDATE "Containers" SET hostname = hostname"#).execute(&conn).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.to_string().contains("permission denied")),
+        "the documented role may update Containers.hostname: {refused:?}"
+    );
+    conn.close().await;
+
+    let workloads = ns.api::<ManagedWorkload>();
+    let bridge = Bridge::start(&ns, &as_role, &[]).await;
+    for name in SAMPLES {
+        wait_ready(&workloads, name, Phase::Running).await;
+        let (workloads, db, ns) = (&workloads, &db, &ns);
+        eventually(&format!("row {name} written back under the documented grant"), TIMEOUT, || async move {
+            let mw = workloads.get(name).await.map_err(|e| e.to_string())?;
+            let address = mw.status.and_then(|s| s.address).ok_or("no status.address yet")?;
+            let want = (Some(format!("{}/{name}", ns.name)), Some(address), None);
+            let row = db.written(name).await.ok_or("no row")?;
+            if row == want { Ok(()) } else { Err(format!("row holds {row:?}, want {want:?}")) }
+        })
+        .await;
+    }
+    let wiki = workloads.get("team-wiki").await.unwrap();
+    assert_eq!(wiki.spec.ports.len(), 2, "team-wiki's services were read: {:?}", wiki.spec.ports);
+    let output = bridge.output();
+    assert!(!output.contains("permission denied"), "the bridge was refused something: {}", bridge.log.display());
+    bridge.stop().await;
+    db.exec(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).await;
+    db.close().await;
 }
 
 /// Bad rows: each is reported with its id and reason, counted, and every other row syncs.

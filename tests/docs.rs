@@ -1,9 +1,24 @@
-//! The docs say what the code does (no cluster needed): where a page states something the
-//! code or the shipped files decide, it is compared with them here.
+//! The docs say what the code does: where a page states something the code or the shipped
+//! files decide (a metric, a label value, a flag and its default, a permission, an object's
+//! name, a link), it is derived here from the code or those files and compared, never from a
+//! copy of the wording. No cluster is needed; the chart's object names need helm
+//! (`MW_TEST_HELM`, which `make test` sets).
 
+// The test's own helpers, beside it (a test file is a crate root: its modules resolve from
+// tests/, where a file would be taken for a test target of its own).
+#[path = "docs/exposition.rs"]
+mod exposition;
+#[path = "docs/markdown.rs"]
+mod markdown;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use clap::CommandFactory;
 use mw_operator::check::{
     Component, Crd, Facts, Identity, LeaseScope, Review, asks, checklist, lease_required, required, unwanted,
 };
+use prometheus_client::registry::Registry;
 use serde_json::Value;
 
 fn read(path: &str) -> String {
@@ -210,48 +225,511 @@ fn operations_md_names_stalled_reasons_not_condition_types() {
     }
 }
 
+// ---- Metrics: names, types and label values from the registries themselves ----
+
+/// A metric as a docs table row states it: name, type, and per label the values listed
+/// (`None` when the cell names the label without a closed list of values).
+#[derive(Debug)]
+struct DocMetric {
+    name: String,
+    kind: String,
+    labels: BTreeMap<String, Option<BTreeSet<String>>>,
+}
+
+/// The labels cell: `` `controller="managedworkload"`, `result` (`success`, `error`) ``. A
+/// list with `…` is open: only its named values are checked.
+fn doc_labels(cell: &str) -> BTreeMap<String, Option<BTreeSet<String>>> {
+    let mut labels = BTreeMap::new();
+    let mut rest = cell;
+    while let Some(open) = rest.find('`') {
+        let Some(len) = rest[open + 1..].find('`') else { break };
+        let token = &rest[open + 1..open + 1 + len];
+        rest = &rest[open + len + 2..];
+        if let Some((name, value)) = token.split_once("=\"") {
+            labels.insert(name.to_string(), Some(BTreeSet::from([value.trim_end_matches('"').to_string()])));
+            continue;
+        }
+        let after = rest.trim_start();
+        let values = after.strip_prefix('(').and_then(|inner| {
+            let list = &inner[..inner.find(')')?];
+            let named: BTreeSet<String> = markdown::backticked(list).into_iter().map(String::from).collect();
+            (!named.is_empty() && !list.contains('…')).then_some(named)
+        });
+        if after.starts_with('(') {
+            rest = &after[after.find(')').map_or(after.len(), |i| i + 1)..];
+        }
+        labels.insert(token.to_string(), values);
+    }
+    labels
+}
+
+/// The metrics table of a page: `| metric | type | labels | meaning |`.
+fn doc_metrics(page: &str, marker: &str) -> Vec<DocMetric> {
+    markdown::table(&read(page), marker, "| metric | type | labels |")
+        .into_iter()
+        .map(|row| DocMetric {
+            name: markdown::backticked(&row[0]).first().unwrap_or_else(|| panic!("{page}: {row:?}")).to_string(),
+            kind: row[1].clone(),
+            labels: doc_labels(&row[2]),
+        })
+        .collect()
+}
+
+/// Every metric of `page`'s table is exported by `registry` under that name and type, with
+/// those labels and exactly the label values listed, and every exported metric is in the table.
+fn metrics_table_is_the_registry(page: &str, marker: &str, registry: &Registry) {
+    let exported = exposition::families(registry);
+    let documented = doc_metrics(page, marker);
+    let names: BTreeSet<&str> = documented.iter().map(|m| m.name.as_str()).collect();
+    let real: BTreeSet<&str> = exported.keys().map(String::as_str).collect();
+    assert_eq!(names, real, "{page}'s metrics table against what the registry exports");
+    for metric in &documented {
+        let family = &exported[&metric.name];
+        assert_eq!(metric.kind, family.kind, "{page}: the type of {}", metric.name);
+        if !family.sampled {
+            continue;
+        }
+        let labels: BTreeSet<&String> = metric.labels.keys().collect();
+        assert_eq!(labels, family.labels.keys().collect(), "{page}: the labels of {}", metric.name);
+        for (label, values) in &metric.labels {
+            if let Some(values) = values {
+                assert_eq!(values, &family.labels[label], "{page}: the values of {}'s {label}", metric.name);
+            }
+        }
+    }
+}
+
+/// The operator's registry as it is once running: every family registered, and the series
+/// that are set at start-up (not leading yet, no workloads counted yet) or on the first
+/// reconcile.
+fn operator_registry() -> Registry {
+    let mut registry = Registry::default();
+    let metrics = mw_operator::metrics::Metrics::register(&mut registry);
+    metrics.set_leader(mw_operator::metrics::DEFAULT_LEASE, false);
+    metrics.set_workloads(&Default::default());
+    metrics.set_max_concurrent(1);
+    metrics.reconcile_started().finish(true);
+    registry
+}
+
 #[test]
-fn the_readme_leads_with_installing_and_says_no_image_is_published() {
-    let readme = read("README.md");
-    let install = readme.find("## Install on your cluster").expect("an install section");
-    let no_image = readme.find("No image is published").expect("says no image is published");
-    let build = readme.find("docker build").expect("how to build the image");
-    let push = readme.find("docker push").expect("how to push it");
-    let local = readme.find("make demo").expect("local development");
-    assert!(
-        install < no_image && no_image < build && build < push && push < local,
-        "install first, then local development"
-    );
-    let first_section = readme.find("\n## ").unwrap();
-    assert_eq!(first_section + 1, install, "the first section is the install");
+fn operations_md_lists_every_metric_and_label_value_the_operator_exports() {
+    metrics_table_is_the_registry("docs/operations.md", "## Metrics", &operator_registry());
+}
+
+fn bridge_registry() -> Registry {
+    let mut registry = Registry::default();
+    let metrics = mw_operator::bridge::metrics::Metrics::register(&mut registry);
+    metrics.set_leader(mw_operator::bridge::DEFAULT_LEASE, false);
+    registry
+}
+
+#[test]
+fn bridge_md_lists_every_metric_and_label_value_the_bridge_exports() {
+    metrics_table_is_the_registry("docs/bridge.md", "## Metrics and probes", &bridge_registry());
+    // `reason` takes exactly the values of the row errors table.
+    let reasons: BTreeSet<String> = markdown::table(&read("docs/bridge.md"), "## Row errors", "| reason |")
+        .iter()
+        .map(|row| markdown::backticked(&row[0])[0].to_string())
+        .collect();
+    let exported = &exposition::families(&bridge_registry())["mw_bridge_row_errors_total"].labels["reason"];
+    assert_eq!(&reasons, exported, "docs/bridge.md's row errors table against the reasons the bridge counts");
+}
+
+// ---- Watches: what /readyz waits for and the architecture's watch table ----
+
+#[test]
+fn readyz_and_the_watch_table_name_every_watch() {
+    let watched = mw_operator::metrics::WATCHED;
+    // Each watch by its resource (`persistentvolumeclaims`), as the kind's plural is written.
+    let named = |text: &str| -> Vec<&str> {
+        let lower = text.to_lowercase();
+        watched.iter().copied().filter(|w| lower.contains(w)).collect()
+    };
+    let table: Vec<String> =
+        markdown::table(&read("docs/architecture.md"), "## Watches and what triggers a reconcile", "| watch |")
+            .into_iter()
+            .map(|row| row[0].clone())
+            .collect();
+    assert_eq!(named(&table.join(" ")), watched, "docs/architecture.md's watch table names every watch");
+    assert_eq!(table.len(), watched.len(), "docs/architecture.md's watch table: one row per watch");
+    let readyz = markdown::table(&read("docs/operations.md"), "## Probes", "| path |")
+        .into_iter()
+        .find(|row| row[0].contains("/readyz"))
+        .expect("the /readyz row");
+    assert_eq!(named(&readyz[1]), watched, "docs/operations.md's /readyz row names every watch");
+}
+
+// ---- Flags, defaults and environment variables from clap ----
+
+fn cli() -> clap::Command {
+    let mut cli = mw_operator::cli::Cli::command();
+    // Propagates the global flags (--log-format) and --help into the subcommands.
+    cli.build();
+    cli
+}
+
+fn subcommand(name: &str) -> clap::Command {
+    cli().find_subcommand(name).unwrap_or_else(|| panic!("no subcommand {name}")).clone()
+}
+
+/// The long flags of a subcommand, without --help and --version.
+fn flags(command: &clap::Command) -> BTreeMap<String, clap::Arg> {
+    command
+        .get_arguments()
+        .filter(|a| !matches!(a.get_action(), clap::ArgAction::Help | clap::ArgAction::Version))
+        .filter_map(|a| Some((format!("--{}", a.get_long()?), a.clone())))
+        .collect()
+}
+
+/// The `--flags` of a command line written after `mw-operator <sub>`, until the line ends.
+fn invocations(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut lines: Vec<String> = markdown::code_blocks(text).iter().flat_map(|b| b.lines().map(String::from)).collect();
+    lines.extend(markdown::inline_code(text));
+    let mut out = Vec::new();
+    for line in lines {
+        for (i, _) in line.match_indices("mw-operator ") {
+            let mut words = line[i + "mw-operator ".len()..].split_whitespace();
+            let Some(sub) = words.next().filter(|w| ["run", "check", "bridge", "crd"].contains(w)) else { continue };
+            let used = words
+                .take_while(|w| !["|", "&&", ";", "#"].contains(w))
+                .map(|w| w.trim_start_matches('['))
+                .filter(|w| w.starts_with("--"))
+                .map(|w| w.split('=').next().unwrap().trim_end_matches([',', ')', '`']).to_string())
+                .collect();
+            out.push((sub.to_string(), used));
+        }
+    }
+    out
+}
+
+fn pages() -> Vec<String> {
+    let mut pages: Vec<String> =
+        ["README.md", "CONTRIBUTING.md", "CHANGELOG.md"].iter().map(|s| s.to_string()).collect();
+    let mut docs: Vec<String> =
+        std::fs::read_dir("docs").unwrap().map(|e| e.unwrap().path().display().to_string()).collect();
+    docs.sort();
+    pages.extend(docs.into_iter().filter(|p| p.ends_with(".md")));
+    pages
+}
+
+#[test]
+fn every_mw_operator_command_line_in_the_docs_uses_real_flags() {
+    let mut seen = 0;
+    for page in pages() {
+        for (sub, used) in invocations(&read(&page)) {
+            let known = flags(&subcommand(&sub));
+            for flag in used {
+                let builtin = flag == "--help"; // clap's, on every subcommand
+                assert!(
+                    known.contains_key(&flag) || builtin,
+                    "{page}: `mw-operator {sub} {flag}`: {sub} has no such flag"
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 10, "only {seen} flags found in the docs' command lines: is the parser broken?");
+}
+
+#[test]
+fn operations_md_names_run_flags_that_all_have_an_environment_variable() {
+    let run = flags(&subcommand("run"));
+    let operations = read("docs/operations.md");
+    let prose = operations.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(prose.contains("The flags below are `mw-operator run`'s; each has an environment variable"));
+    for (flag, arg) in &run {
+        assert!(arg.get_env().is_some(), "run {flag} has no environment variable, which docs/operations.md promises");
+    }
+    for span in markdown::inline_code(&operations) {
+        let Some(flag) = span.split_whitespace().next().filter(|w| w.starts_with("--")) else { continue };
+        assert!(run.contains_key(flag), "docs/operations.md names {flag}, which `run` does not take");
+    }
+}
+
+#[test]
+fn install_md_says_which_of_runs_flags_check_takes() {
+    let install = read("docs/install.md").split_whitespace().collect::<Vec<_>>().join(" ");
+    let start = install.find("`mw-operator check` takes").expect("install.md says which flags check takes");
+    let sentence = &install[start..start + install[start..].find(". ").expect("the sentence's end")];
+    // "takes A, B and C …; it does not take D, E or F, …"
+    let (takes, lacks) = sentence.split_once("not").expect("then what it does not take");
+    let named = |part: &str| -> BTreeSet<String> {
+        markdown::backticked(part).into_iter().filter(|s| s.starts_with("--")).map(String::from).collect()
+    };
+    let (run, check) = (flags(&subcommand("run")), flags(&subcommand("check")));
+    let global: BTreeSet<String> = flags(&cli()).into_keys().collect();
+    let shared: BTreeSet<String> =
+        check.keys().filter(|f| run.contains_key(*f) && !global.contains(*f)).cloned().collect();
+    let missing: BTreeSet<String> = run.keys().filter(|f| !check.contains_key(*f)).cloned().collect();
+    assert_eq!(named(takes), shared, "docs/install.md: the flags check takes from run");
+    assert_eq!(named(lacks), missing, "docs/install.md: run's flags check does not take");
+}
+
+/// The default column of a flags table as clap would say it.
+fn stated_default(arg: &clap::Arg) -> Option<String> {
+    if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+        return Some("off".into());
+    }
+    if arg.is_required_set() {
+        return Some("required".into());
+    }
+    let defaults: Vec<String> = arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+    match defaults.as_slice() {
+        [] => None,
+        [d] if d.is_empty() => Some("empty".into()),
+        [d] => Some(format!("`{d}`")),
+        more => panic!("{:?} has several defaults {more:?}", arg.get_id()),
+    }
+}
+
+#[test]
+fn bridge_md_flags_table_is_the_bridge_command_line() {
+    let bridge = flags(&subcommand("bridge"));
+    let rows = markdown::table(&read("docs/bridge.md"), "## 4. Flags", "| flag | env | default |");
+    let mut documented = BTreeSet::new();
+    for row in &rows {
+        let names: Vec<&str> = markdown::backticked(&row[0]);
+        let envs: Vec<&str> = markdown::backticked(&row[1]);
+        let defaults: Vec<&str> = row[2].split(" / ").collect();
+        for (i, name) in names.iter().enumerate() {
+            let flag = name.split_whitespace().next().unwrap().to_string();
+            let arg = bridge.get(&flag).unwrap_or_else(|| panic!("docs/bridge.md lists {flag}, which bridge lacks"));
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(envs.get(i).map(|e| e.to_string()), env, "docs/bridge.md: the environment variable of {flag}");
+            if let Some(default) = stated_default(arg) {
+                assert_eq!(
+                    defaults.get(i).map(|d| d.trim()),
+                    Some(default.as_str()),
+                    "docs/bridge.md: default of {flag}"
+                );
+            }
+            documented.insert(flag);
+        }
+    }
+    let all: BTreeSet<String> = bridge.into_keys().collect();
+    assert_eq!(documented, all, "docs/bridge.md's flags table against `mw-operator bridge`'s flags");
+}
+
+// ---- RBAC: install.md's tables are the shipped roles ----
+
+/// (API group, resource, resourceNames, verb) of every rule in a shipped Role.
+fn granted(path: &str) -> BTreeSet<(String, String, String, String)> {
+    let role = documents(path).remove(0);
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        let strings = |key: &str| -> Vec<String> {
+            rule[key]
+                .as_array()
+                .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+                .unwrap_or_default()
+        };
+        let names = strings("resourceNames").join(",");
+        for group in strings("apiGroups") {
+            for resource in strings("resources") {
+                for verb in strings("verbs") {
+                    out.insert((group.clone(), resource.clone(), names.clone(), verb));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The same from a table of install.md: `| API group | resource | [names |] verbs | why |`.
+fn documented_grants(marker: &str) -> BTreeSet<(String, String, String, String)> {
+    let install = read("docs/install.md");
+    let mut out = BTreeSet::new();
+    for row in markdown::table(&install, marker, "| API group |") {
+        // The core group, `""` in the table, is "" in a Role.
+        let group = markdown::backticked(&row[0])[0].trim_matches('"').to_string();
+        let resource = markdown::backticked(&row[1])[0].to_string();
+        let (names, verbs) =
+            if row.len() == 5 { (markdown::backticked(&row[2]).join(","), &row[3]) } else { (String::new(), &row[2]) };
+        for verb in verbs.split(',') {
+            out.insert((group.clone(), resource.clone(), names.clone(), verb.trim().to_string()));
+        }
+    }
+    out
+}
+
+#[test]
+fn install_md_rbac_tables_are_the_shipped_roles() {
+    for (marker, role) in [
+        ("### The operator", "config/rbac/role.yaml"),
+        ("### Leader election", "config/rbac/leader-election-role.yaml"),
+        ("### The bridge", "config/rbac/bridge-role.yaml"),
+        ("### The bridge's leader election", "config/rbac/bridge-leader-election-role.yaml"),
+    ] {
+        assert_eq!(documented_grants(marker), granted(role), "docs/install.md \"{marker}\" against {role}");
+    }
+    // The cluster-wide forms grant the same.
+    assert_eq!(granted("config/rbac/cluster-role.yaml"), granted("config/rbac/role.yaml"));
+    assert_eq!(granted("config/rbac/bridge-cluster-role.yaml"), granted("config/rbac/bridge-role.yaml"));
+}
+
+// ---- Object names: what the chart renders ----
+
+/// `helm template` of the chart for `release`, bridge and ServiceMonitors on: every (kind, name).
+fn rendered_names(release: &str) -> BTreeSet<(String, String)> {
+    let helm = std::env::var("MW_TEST_HELM")
+        .expect("MW_TEST_HELM: the helm binary (make test sets it; `bash hack/helm.sh` prints or builds one)");
+    let out = std::process::Command::new(&helm)
+        .args(["template", release, "charts/mw-operator", "--namespace", "mw-system"])
+        .args(["--set", "bridge.enabled=true", "--set", "bridge.nodes[0].node=k8s-lab-1"])
+        .args(["--set", "bridge.nodes[0].namespace=workloads", "--set", "bridge.database.urlSecret.name=db"])
+        .args(["--set", "metrics.serviceMonitor.enabled=true"])
+        .output()
+        .unwrap_or_else(|e| panic!("running {helm}: {e}"));
+    assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .split("\n---")
+        .filter_map(|doc| serde_saphyr::from_str::<Value>(doc).ok())
+        .filter_map(|doc| Some((doc["kind"].as_str()?.to_string(), doc["metadata"]["name"].as_str()?.to_string())))
+        .collect()
+}
+
+#[test]
+fn object_names_in_the_docs_are_what_the_chart_renders() {
+    // `<full name>` as the docs define it: the release's name when it contains mw-operator
+    // (the README's `helm install mw-operator`), else `<release>-mw-operator`.
+    let install = read("docs/install.md").split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(install.contains(
+        "`<full name>` is the release name when that contains `mw-operator` (as in `helm install mw-operator`), \
+         else the release name followed by `-mw-operator`"
+    ));
+    let releases = [("mw-operator", "mw-operator"), ("prod", "prod-mw-operator")];
+    let renders: Vec<BTreeSet<String>> =
+        releases.iter().map(|(release, _)| rendered_names(release).into_iter().map(|(_, n)| n).collect()).collect();
+    for ((_, full), names) in releases.iter().zip(&renders) {
+        assert!(names.contains(*full), "the operator's objects are named {full}: {names:?}");
+    }
+    let mut checked = 0;
+    for page in pages() {
+        for span in markdown::inline_code(&read(&page)) {
+            for (placeholder, i) in [("<full name>", 1), ("<release>", 0)] {
+                let Some(suffix) = span.strip_prefix(placeholder) else { continue };
+                for ((release, full), names) in releases.iter().zip(&renders) {
+                    let name = format!("{}{suffix}", [*release, *full][i]);
+                    assert!(
+                        names.contains(&name),
+                        "{page}: `{span}` is {name} for release {release}, which the chart does not render: {names:?}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        // A name the README's release (mw-operator) gets, written out.
+        for span in markdown::inline_code(&read(&page)) {
+            if span.starts_with("mw-operator-") && !span.contains([' ', '/', '.', '<']) {
+                assert!(
+                    renders[0].contains(&span),
+                    "{page}: `{span}` is not an object the chart renders for release mw-operator"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 5, "only {checked} chart object names found in the docs");
+}
+
+// ---- Links and anchors ----
+
+#[test]
+fn every_relative_link_and_anchor_resolves() {
+    let mut checked = 0;
+    for page in pages() {
+        let text = read(&page);
+        let dir = Path::new(&page).parent().unwrap();
+        for (line, target) in markdown::links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (file, anchor) = match target.split_once('#') {
+                Some((file, anchor)) => (file, Some(anchor)),
+                None => (target.as_str(), None),
+            };
+            let path = if file.is_empty() { Path::new(&page).to_path_buf() } else { dir.join(file) };
+            assert!(path.exists(), "{page}:{line} links to {target}: {} does not exist", path.display());
+            if let Some(anchor) = anchor.filter(|_| path.extension().is_some_and(|e| e == "md")) {
+                let anchors = markdown::anchors(&read(&path.display().to_string()));
+                assert!(
+                    anchors.contains(anchor),
+                    "{page}:{line} links to {target}: {} has no heading with anchor #{anchor}; it has {anchors:?}",
+                    path.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 50, "only {checked} links found: is the parser broken?");
+}
+
+#[test]
+fn no_table_is_split_by_a_blank_line() {
+    for page in pages() {
+        let split = markdown::split_tables(&read(&page));
+        assert!(split.is_empty(), "{page}: a blank line inside a table at line(s) {split:?} ends the table there");
+    }
 }
 
 #[test]
 fn the_docs_stand_alone() {
-    let mut pages = vec!["README.md".to_string()];
-    for entry in std::fs::read_dir("docs").unwrap() {
-        pages.push(entry.unwrap().path().display().to_string());
-    }
-    for page in &pages {
-        let text = read(page);
-        let lower = text.to_lowercase();
-        for phrase in ["design brief", "the brief", "the design lists", "design.md"] {
+    for page in pages() {
+        let lower = read(&page).to_lowercase();
+        for phrase in ["design brief", "the brief", "the design", "design.md"] {
             assert!(!lower.contains(phrase), "{page} cites {phrase:?}, which is not in the repository");
         }
-        // Every relative link points at a file of the repository.
-        let dir = std::path::Path::new(page).parent().unwrap();
-        for (i, _) in text.match_indices("](") {
-            let rest = &text[i + 2..];
-            let target = &rest[..rest.find(')').unwrap()];
-            // Not a link: `](` inside code (a regular expression, say).
-            let path_like = target.chars().all(|c| c.is_ascii_alphanumeric() || "._/#-".contains(c));
-            if !path_like || target.starts_with("http") || target.starts_with('#') {
-                continue;
-            }
-            let file = target.split('#').next().unwrap();
-            assert!(dir.join(file).exists(), "{page} links to {target}, which does not exist");
-        }
     }
+}
+
+#[test]
+fn the_license_file_is_the_one_cargo_toml_names() {
+    let manifest = read("Cargo.toml");
+    let license = manifest.lines().find_map(|l| l.strip_prefix("license = ")).expect("Cargo.toml names a license");
+    assert_eq!(license, "\"MIT\"", "the test below checks for the MIT license text");
+    let license = read("LICENSE");
+    assert!(license.starts_with("MIT License\n"), "LICENSE is not the MIT license");
+    assert!(license.contains("Permission is hereby granted, free of charge"));
+}
+
+// ---- The README ----
+
+#[test]
+fn the_readme_takes_a_newcomer_from_prerequisites_to_a_verified_install() {
+    let readme = read("README.md");
+    let at = |needle: &str| readme.find(needle).unwrap_or_else(|| panic!("README.md lacks {needle:?}"));
+    let order = [
+        "## Prerequisites",
+        "## Install",
+        "No image is published",
+        "docker build",
+        "docker push",
+        "helm install",
+        "## Verify",
+        "mw-operator check",
+        "## Using it from Manager",
+        "## Try it locally",
+        "make demo",
+        "make test",
+    ];
+    for pair in order.windows(2) {
+        assert!(at(pair[0]) < at(pair[1]), "README.md: {:?} comes before {:?}", pair[0], pair[1]);
+    }
+    // The stock-Manager limits come before any instructions.
+    assert!(at("Manager v2026.7.4") < at("## Prerequisites"), "README.md: the Manager version and its limits first");
+    // The demo output shows the columns `kubectl get mw -o wide` prints.
+    let crd = documents("crds/managedworkloads.opensource-server.mieweb.org.yaml").remove(0);
+    let columns: Vec<String> = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_uppercase())
+        .collect();
+    let header = format!("NAME {}", columns.join(" "));
+    let output = block_after(&readme, "`make demo` ends with");
+    let shown = output.lines().find(|l| l.starts_with("NAME")).expect("a kubectl get header");
+    assert_eq!(shown.split_whitespace().collect::<Vec<_>>().join(" "), header, "README.md's demo output header");
 }
 
 #[test]

@@ -43,6 +43,26 @@ pub enum RowError {
 }
 
 impl RowError {
+    /// Every `reason()`, in the order of docs/bridge.md's table: the label values of
+    /// `mw_bridge_row_errors_total`, each exported from the start.
+    pub const REASONS: [&'static str; 15] = [
+        "missing_image",
+        "bad_service",
+        "bad_image",
+        "bad_hostname",
+        "bad_env_json",
+        "bad_env_key",
+        "bad_entrypoint",
+        "bad_resource",
+        "unmapped_node",
+        "name_taken",
+        "hostname_collision",
+        "secret_taken",
+        "rejected",
+        "replacing",
+        "unique_violation",
+    ];
+
     /// A short, stable label for the per-reason counter and logs.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -102,5 +122,37 @@ pub enum BridgeError {
 impl BridgeError {
     pub fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> BridgeError {
         move |source| BridgeError::Database { operation, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_lists_every_reason_once() {
+        let s = String::new;
+        let every = [
+            RowError::MissingImage,
+            RowError::BadImage { template: s(), why: "" },
+            RowError::BadService { kind: s(), port: 0, why: "" },
+            RowError::BadHostname(s()),
+            RowError::EnvNotJson(s()),
+            RowError::EnvKey(s()),
+            RowError::BadEntrypoint(s()),
+            RowError::BadResource { resource: "cpus", value: 0 },
+            RowError::UnmappedNode { node_id: 0 },
+            RowError::NameTaken { namespace: s(), name: s() },
+            RowError::HostnameCollision { namespace: s(), name: s(), other: s() },
+            RowError::SecretTaken { namespace: s(), name: s() },
+            RowError::Rejected { object: s(), message: s() },
+            RowError::Replacing { namespace: s(), name: s() },
+            RowError::UniqueWriteBack { constraint: s() },
+        ];
+        let mut reasons: Vec<&str> = every.iter().map(RowError::reason).collect();
+        let mut listed = RowError::REASONS.to_vec();
+        reasons.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(reasons, listed);
     }
 }

@@ -6,7 +6,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::error::RowError;
+
 type Labels = Vec<(&'static str, String)>;
+
+/// The `kind` label of `mw_bridge_writes_total`: four API writes and the database's.
+pub const WRITE_KINDS: [&str; 5] = ["workload_apply", "secret_apply", "workload_delete", "secret_delete", "row_update"];
+
+/// The `result` label of `mw_bridge_sync_passes_total`.
+pub const RESULTS: [&str; 2] = ["ok", "error"];
 
 #[derive(Debug)]
 pub struct Metrics {
@@ -69,6 +77,17 @@ impl Metrics {
             "1 while this replica holds the bridge's Lease (and so syncs and writes), else 0",
             m.leader.clone(),
         );
+        // Every known series from the start, at 0 (as the operator's, see crate::metrics):
+        // the first row error or failed pass is a change `increase()` sees, not a new series.
+        for reason in RowError::REASONS {
+            let _ = m.row_errors.get_or_create(&label("reason", reason));
+        }
+        for kind in WRITE_KINDS {
+            let _ = m.writes.get_or_create(&label("kind", kind));
+        }
+        for result in RESULTS {
+            let _ = m.passes.get_or_create(&label("result", result));
+        }
         std::sync::Arc::new(m)
     }
 
@@ -77,14 +96,20 @@ impl Metrics {
     }
 
     pub fn row_error(&self, reason: &'static str) {
-        self.row_errors.get_or_create(&vec![("reason", reason.to_string())]).inc();
+        debug_assert!(RowError::REASONS.contains(&reason), "row error {reason:?} is missing from RowError::REASONS");
+        self.row_errors.get_or_create(&label("reason", reason)).inc();
     }
 
     pub fn wrote(&self, kind: &'static str) {
-        self.writes.get_or_create(&vec![("kind", kind.to_string())]).inc();
+        debug_assert!(WRITE_KINDS.contains(&kind), "write {kind:?} is missing from WRITE_KINDS");
+        self.writes.get_or_create(&label("kind", kind)).inc();
     }
 
     pub fn pass(&self, ok: bool) {
-        self.passes.get_or_create(&vec![("result", if ok { "ok" } else { "error" }.to_string())]).inc();
+        self.passes.get_or_create(&label("result", if ok { RESULTS[0] } else { RESULTS[1] })).inc();
     }
+}
+
+fn label(name: &'static str, value: &str) -> Labels {
+    vec![(name, value.to_string())]
 }
