@@ -229,7 +229,9 @@ class KubernetesApi {
       this.settings,
     );
     if (o.containerId == null) throw new m.MappingError('createLxc needs containerId (Containers.id)');
-    workload.spec.state = o.start === false ? 'Stopped' : 'Running';
+    // Running is the default: a spec without `state` is what the bridge makes too, so a node
+    // moved between them keeps its workloads' generation.
+    if (o.start === false) workload.spec.state = 'Stopped';
     const providerId = this.providerId(o.hostname);
     let existing = await this.#get(providerId);
     if (existing) {

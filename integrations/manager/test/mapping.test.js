@@ -5,40 +5,17 @@
 
 const { describe, test } = require('node:test');
 const assert = require('node:assert/strict');
-const fs = require('node:fs');
-const path = require('node:path');
 
 const m = require('../lib/mapping');
 const { rootfsGb } = require('../lib/kubernetes-api');
 
-const table = JSON.parse(fs.readFileSync(path.join(__dirname, '..', 'mapping-cases.json'), 'utf8'));
-
-/** What Manager's create job passes createLxc for the case's row (patched Kubernetes path). */
-function managerCall(c) {
-  return {
-    namespace: c.context.namespace,
-    nodeId: c.row.nodeId,
-    containerId: c.row.id,
-    hostname: c.row.hostname,
-    username: c.row.username,
-    image: c.row.template,
-    entrypoint: c.row.entrypoint,
-    // buildLxcEnvConfig's NUL-joined string, in Manager's merge order.
-    env: Object.entries(c.managerEnv).map(([k, v]) => `${k}=${v}`).join('\0'),
-    // `approvedResources.cpus || 4` and so on, as the job computes them.
-    cores: c.grants.cpus || m.DEFAULT_CPUS,
-    memory: c.grants.memory || m.DEFAULT_MEMORY_MB,
-    rootfs: c.grants.rootfs || m.DEFAULT_ROOTFS_GB,
-    nvidia: c.row.nvidiaRequested,
-    services: c.services,
-  };
-}
+const { table, managerCall } = require('../testing/cases');
 
 describe('the shared mapping table', () => {
   for (const c of table.cases) {
     test(c.name, () => {
       assert.ok(c.expect, 'the case has its expectation');
-      const { workload, secret, env } = m.desired(managerCall(c), c.context);
+      const { workload, secret, env } = m.desired({ ...managerCall(c), namespace: c.context.namespace, nodeId: c.row.nodeId }, c.context);
       assert.deepEqual(workload.spec, c.expect.spec);
       const { [m.PROVIDER_LABEL]: mark, ...identity } = workload.metadata.labels;
       assert.equal(mark, m.PROVIDER_VALUE);

@@ -6,9 +6,12 @@
 const { after, before, describe, test } = require('node:test');
 const assert = require('node:assert/strict');
 
+const k8s = require('@kubernetes/client-node');
+
 const { KubernetesApi } = require('..');
 const m = require('../lib/mapping');
 const { Cluster, waitUntil } = require('../testing/cluster');
+const { table, managerCall } = require('../testing/cases');
 
 const kubeconfigPath = process.env.MW_TEST_KUBECONFIG;
 if (!kubeconfigPath) {
@@ -204,6 +207,47 @@ describe('KubernetesApi as Manager calls it', () => {
     assert.equal(after.metadata.generation, 1, 'unchanged');
     assert.equal(await cluster.secret('bridged-manager-env'), null, 'no Secret written for it');
     assert.deepEqual((await api.clusterResources('lxc')).map((r) => r.name), ['web'], 'not listed as Manager’s');
+  });
+
+  test('a node moved from the bridge: the same workload, no new generation, no rollout', async () => {
+    // What the bridge makes for this container: the shared table's case, which cargo test
+    // checks against the bridge's own mapping.
+    const c = table.cases.find((x) => x.name.startsWith('no volume and no Service'));
+    const moved = { id: c.row.nodeId, name: 'k8s-moved' };
+    const mapi = apiFor(moved, c.context);
+    const bridgeLabels = { ...c.expect.labels, [m.SYNCED_BY_LABEL]: 'mw-bridge' };
+    const namespace = cluster.namespace;
+    await cluster.core.createNamespacedSecret({
+      namespace,
+      body: { metadata: { name: c.expect.secretName, labels: bridgeLabels }, data: {} },
+    });
+    await cluster.custom.createNamespacedCustomObject({
+      group: m.GROUP, version: m.VERSION, plural: m.PLURAL, namespace,
+      body: { apiVersion: `${m.GROUP}/${m.VERSION}`, kind: m.KIND, metadata: { name: c.row.hostname, labels: bridgeLabels }, spec: c.expect.spec },
+    });
+    const running = await waitUntil('the bridge-made workload to run', () => cluster.workload(c.row.hostname), (w) => w?.status?.phase === 'Running');
+    const pods = (await cluster.pods(c.row.hostname)).map((p) => p.metadata.uid);
+    const deployment = await cluster.apps.readNamespacedDeployment({ name: c.row.hostname, namespace });
+
+    // Served by the bridge: refused. Then handed over as docs/manager.md says (labels only).
+    await assert.rejects(mapi.stopLxc(moved.name, mapi.providerId(c.row.hostname)), /served by the bridge/);
+    const relabel = { metadata: { labels: { [m.SYNCED_BY_LABEL]: null, [m.PROVIDER_LABEL]: m.PROVIDER_VALUE } } };
+    const merge = k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch);
+    await cluster.custom.patchNamespacedCustomObject({ group: m.GROUP, version: m.VERSION, plural: m.PLURAL, namespace, name: c.row.hostname, body: relabel }, merge);
+    await cluster.core.patchNamespacedSecret({ name: c.expect.secretName, namespace, body: relabel }, merge);
+
+    // Manager's create job for the same container (a retried one) finds it identical.
+    const task = await mapi.createLxc(moved.name, managerCall(c));
+    await mapi.waitForTask(moved.name, task, 200, 60_000);
+    const after = await cluster.workload(c.row.hostname);
+    assert.equal(after.metadata.generation, running.metadata.generation, 'no new generation');
+    const deploymentAfter = await cluster.apps.readNamespacedDeployment({ name: c.row.hostname, namespace });
+    assert.equal(deploymentAfter.metadata.generation, deployment.metadata.generation, 'no rollout');
+    assert.deepEqual((await cluster.pods(c.row.hostname)).map((p) => p.metadata.uid), pods, 'the same Pod');
+    // And Manager's jobs serve it from now on.
+    await mapi.waitForTask(moved.name, await mapi.stopLxc(moved.name, mapi.providerId(c.row.hostname)), 200, 60_000);
+    assert.deepEqual((await mapi.clusterResources('lxc')).map((r) => [r.name, r.managerStatus]), [[c.row.hostname, 'offline']]);
+    await mapi.deleteContainer(moved.name, mapi.providerId(c.row.hostname));
   });
 
   test('delete: the workload goes, the disk stays (Retain)', async () => {
