@@ -125,6 +125,15 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
     });
     assert.equal(made.status, 'creating');
     lastJob = made.jobId;
+    // What Manager shows while its job runs: creating, then running; never unknown or missing.
+    const seen = new Set();
+    await waitUntil(
+      'Manager to show it running',
+      async () => (await manager.ok('GET', `/sites/${site.id}/containers/${made.containerId}`)).status,
+      (status) => seen.add(status) && status === 'running',
+      120_000,
+    );
+    assert.deepEqual([...seen], ['creating', 'running']);
     const job = await manager.succeeds(made.jobId);
     assert.match(job.output, /Container provider ID .*\/web stored/);
 
