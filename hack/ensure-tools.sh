@@ -2,8 +2,8 @@
 # What a fresh machine needs before anything builds: rustfmt and clippy for the Rust
 # toolchain, Go for the control plane, openssl/curl/python3 for its start-up, and for the
 # database-bridge tests a PostgreSQL server (hack/postgres.sh) and the sqlite3 CLI, and Node.js
-# >= 20 with npm for the Manager backend examples (examples/manager-node; hack/test.sh installs
-# their packages with `npm ci`). Installs what is missing; does nothing when all is there.
+# >= 20 with npm for Manager's provider (integrations/manager; hack/test.sh installs its
+# packages with `npm ci`) and Manager itself (hack/manager-e2e.sh). Installs what is missing; does nothing when all is there.
 set -euo pipefail
 log() { printf '[tools] %s\n' "$*" >&2; }
 
@@ -38,5 +38,5 @@ fi
 node_major=$(node --version | sed -E 's/^v([0-9]+).*/\1/')
 if [ "${node_major:-0}" -lt 20 ]; then
   # @kubernetes/client-node 1.x and `node --test` need Node.js 20 or newer.
-  log "Node.js $(node --version) is too old for examples/manager-node; install Node.js 20 or newer"; exit 1
+  log "Node.js $(node --version) is too old for integrations/manager and Manager; install Node.js 20 or newer"; exit 1
 fi

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use mw_operator::bridge::mapping::{ENV_DIGEST_ANNOTATION, SYNCED_BY_LABEL};
+use mw_operator::bridge::mapping::{ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, SYNCED_BY_LABEL};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::json;
 use support::bridge::Bridge;
@@ -319,6 +319,72 @@ async fn postgres_under_the_documented_grant() {
 
 /// Bad rows: each is reported with its id and reason, counted, and every other row syncs.
 /// A fixed row syncs at once; a row blocked by someone else's CR syncs once that CR goes.
+/// A node handed to Manager's own provider (integrations/manager) half-way: its workload and
+/// Secret carry the provider's label beside the bridge's own, and the node is still in the
+/// bridge's `--node` list. The bridge must not fight Manager's jobs: no update when the row
+/// changes, no deletion when it goes, nothing written back.
+#[tokio::test]
+async fn a_workload_handed_to_managers_provider_is_never_touched() {
+    let ns = TestNamespace::new("bridge-provider").await;
+    let db = ManagerDb::new(Engine::Sqlite).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let secrets = ns.api::<Secret>();
+    let bridge = Bridge::start(&ns, &db, &[]).await;
+    for name in SAMPLES {
+        wait_ready(&workloads, name, Phase::Running).await;
+    }
+    wait_row(&db, &workloads, "team-wiki", true).await;
+
+    let label = Patch::Merge(json!({"metadata": {"labels": {PROVIDER_LABEL: "manager"}}}));
+    let handed = workloads.patch("team-wiki", &PatchParams::default(), &label).await.unwrap();
+    let secret = secrets.patch("team-wiki-manager-env", &PatchParams::default(), &label).await.unwrap();
+    let touched = || {
+        audit::writes_by("mw-bridge", &ns.name)
+            .into_iter()
+            .filter(|w| matches!(w.name.as_deref(), Some("team-wiki" | "team-wiki-manager-env")))
+            .count()
+    };
+    let before = touched();
+
+    // Its row changes: reported, not applied.
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "environmentVars" = '{{"GREETING":"hello"}}', "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
+        now()
+    ))
+    .await;
+    bridge.wait_for_line(&["row not synced", "hostname=team-wiki", "reason=name_taken"], TIMEOUT).await;
+    // Its row goes, and with it another row changes: once that one is applied and a full
+    // resync (which collects orphans) has finished after it, the bridge has had its chance.
+    let pg = workloads.get("pg-analytics").await.unwrap();
+    db.exec(r#"UPDATE "Containers" SET "creationJobId" = NULL WHERE hostname = 'team-wiki'"#).await;
+    db.exec(&format!(
+        r#"DELETE FROM "Containers" WHERE hostname = 'team-wiki';
+           UPDATE "Containers" SET "environmentVars" = '{{"PG_MAJOR":"16","MARK":"1"}}', "updatedAt" = '{}'
+           WHERE hostname = 'pg-analytics'"#,
+        now()
+    ))
+    .await;
+    wait_until(&workloads, "pg-analytics", "the marker change", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| mw.metadata.generation > pg.metadata.generation)
+    })
+    .await
+    .unwrap();
+    let resyncs = || bridge.output().matches("full resync done").count();
+    let seen = resyncs();
+    eventually("a full resync after the deletion", TIMEOUT, || async {
+        if resyncs() > seen { Ok(()) } else { Err("none yet".to_string()) }
+    })
+    .await;
+
+    let still = workloads.get("team-wiki").await.expect("the handed-over workload is still there");
+    assert_eq!((still.uid(), still.metadata.generation), (handed.uid(), handed.metadata.generation));
+    let still_secret = secrets.get("team-wiki-manager-env").await.expect("its Secret is still there");
+    assert_eq!(still_secret.data, secret.data, "its env is Manager's now");
+    assert_eq!(touched(), before, "the bridge wrote to a workload Manager's provider holds");
+    bridge.stop().await;
+    db.close().await;
+}
+
 async fn bad_rows(engine: Engine) {
     let ns = TestNamespace::new(&format!("bridge-bad-{engine:?}")).await;
     let db = ManagerDb::new(engine).await;

@@ -154,24 +154,45 @@ fn install_and_operations_md_state_the_charts_replicas_and_strategy() {
 }
 
 #[test]
-fn manager_md_imports_modules_that_exist() {
+fn manager_md_names_the_provider_as_shipped() {
     let manager = read("docs/manager.md");
-    let mut modules = Vec::new();
-    for quote in ['\'', '"'] {
-        let open = format!("{quote}./");
-        for (i, _) in manager.match_indices(&open) {
-            let rest = &manager[i + 1..];
-            let name = &rest[..rest.find(quote).unwrap()];
-            if name.ends_with(".js") {
-                modules.push(name.to_string());
-            }
+    // Every file of the provider it links exists.
+    let mut links = 0;
+    for (i, _) in manager.match_indices("](../integrations/manager/") {
+        let rest = &manager[i + 5..];
+        let path = &rest[..rest.find(')').unwrap()];
+        assert!(std::path::Path::new(path).exists(), "docs/manager.md links {path}, which does not exist");
+        links += 1;
+    }
+    assert!(links >= 4, "docs/manager.md links the provider's files");
+    // The package name, the tarball `npm pack` makes of it, and the patch file.
+    let package: Value = serde_json::from_str(&read("integrations/manager/package.json")).unwrap();
+    let name = package["name"].as_str().unwrap();
+    assert!(manager.contains(&format!("require('{name}')")), "docs/manager.md does not name the package {name}");
+    let tarball =
+        format!("{}-{}.tgz", name.trim_start_matches('@').replace('/', "-"), package["version"].as_str().unwrap());
+    assert!(manager.contains(&tarball), "docs/manager.md does not name {tarball}");
+    assert!(read("integrations/manager/lib/kubernetes-api.js").contains("module.exports"));
+    let patch = "integrations/manager/patches/manager-v2026.7.4.patch";
+    assert!(manager.contains(patch) && std::path::Path::new(patch).exists(), "{patch}");
+    // Each provider setting it lists is read by the provider and is also the bridge's flag.
+    let mapping = read("integrations/manager/lib/mapping.js");
+    let bridge = read("src/bridge/mod.rs");
+    let table = &manager[manager.find("| `MW_ROOTFS_MOUNT_PATH`").expect("the settings table")..];
+    let mut settings = 0;
+    for line in table.lines().map(str::trim_start).take_while(|l| l.starts_with('|')) {
+        for var in line.split('`').filter(|w| w.starts_with("MW_")) {
+            assert!(mapping.contains(&format!("env.{var}")), "the provider does not read {var}");
+            // The bridge's Service annotations are a repeated flag, not an environment variable.
+            let flag = match var {
+                "MW_SERVICE_ANNOTATIONS" => "long = \"service-annotation\"".to_string(),
+                _ => format!("env = \"{var}\""),
+            };
+            assert!(bridge.contains(&flag), "the bridge has no flag for {var}");
+            settings += 1;
         }
     }
-    assert!(!modules.is_empty(), "no module named in docs/manager.md");
-    for module in &modules {
-        let path = std::path::Path::new("examples/manager-node").join(module);
-        assert!(path.exists(), "docs/manager.md imports {module}, which examples/manager-node/ does not have");
-    }
+    assert!(settings >= 6, "{settings} settings");
     // And it does not send users to `check` with a Manager node's credentials.
     assert!(!manager.contains("check --kubeconfig <node's kubeconfig>"), "docs/manager.md");
 }

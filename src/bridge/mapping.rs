@@ -23,6 +23,10 @@ use crate::resource::{
 /// Says which bridge (by its field manager) made a CR or Secret. The bridge touches nothing
 /// without it: it never adopts, overwrites or deletes another's objects.
 pub const SYNCED_BY_LABEL: &str = "opensource-server.mieweb.org/synced-by";
+/// Marks what Manager's own jobs made through its Kubernetes provider (`integrations/manager`).
+/// The bridge never touches an object that carries it, even one with its own label (a node
+/// moved from the bridge to the provider): a node is served by one or the other, never both.
+pub const PROVIDER_LABEL: &str = "opensource-server.mieweb.org/provider";
 /// The row's `createdAt`: with the id labels it tells a re-used SQLite id from the container
 /// the CR was made for.
 pub const ROW_CREATED_ANNOTATION: &str = "opensource-server.mieweb.org/row-created-at";
@@ -274,6 +278,12 @@ pub fn labels(key: RowKey, field_manager: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// Whether an object with these labels is this bridge's: labelled with its field manager and
+/// not taken over by Manager's provider. The one ownership test for CRs and Secrets alike.
+pub fn made_by_bridge(labels: &BTreeMap<String, String>, field_manager: &str) -> bool {
+    labels.get(SYNCED_BY_LABEL).map(String::as_str) == Some(field_manager) && !labels.contains_key(PROVIDER_LABEL)
+}
+
 /// The row a bridge-made object stands for, read back from its labels.
 pub fn key_of(labels: &BTreeMap<String, String>) -> Option<RowKey> {
     Some(RowKey {
@@ -334,5 +344,7 @@ pub fn is_dns_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
+#[cfg(test)]
+mod shared_cases;
 #[cfg(test)]
 mod tests;

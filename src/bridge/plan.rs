@@ -8,7 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::error::RowError;
-use super::mapping::{BRIDGE_HASH_ANNOTATION, Desired, ROW_CREATED_ANNOTATION, SECRET_SUFFIX, SYNCED_BY_LABEL, key_of};
+use super::mapping::{BRIDGE_HASH_ANNOTATION, Desired, ROW_CREATED_ANNOTATION, SECRET_SUFFIX, key_of, made_by_bridge};
 use super::rows::{RowKey, RowState};
 use crate::resource::{DesiredState, ManagedWorkload, Phase, ServiceType};
 
@@ -34,7 +34,7 @@ impl Existing {
             uid: mw.uid(),
             namespace: mw.namespace(),
             name: mw.name_any(),
-            ours: mw.labels().get(SYNCED_BY_LABEL).map(String::as_str) == Some(field_manager),
+            ours: made_by_bridge(mw.labels(), field_manager),
             key: key_of(mw.labels()),
             created_at: mw.annotations().get(ROW_CREATED_ANNOTATION).cloned(),
             hash: mw.annotations().get(BRIDGE_HASH_ANNOTATION).cloned(),
@@ -57,7 +57,7 @@ impl Existing {
 /// The row a CR stands for and that row's `createdAt`, when this bridge made the CR. The
 /// cheap part of `Existing::of`, for the passes that look at every CR (write-back).
 pub fn made_for<'a>(mw: &'a ManagedWorkload, field_manager: &str) -> Option<(RowKey, Option<&'a str>)> {
-    if mw.labels().get(SYNCED_BY_LABEL).map(String::as_str) != Some(field_manager) {
+    if !made_by_bridge(mw.labels(), field_manager) {
         return None;
     }
     Some((key_of(mw.labels())?, mw.annotations().get(ROW_CREATED_ANNOTATION).map(String::as_str)))
@@ -207,7 +207,7 @@ pub fn orphan_secrets<'a>(
         .into_iter()
         .filter(|meta| {
             meta.owner_references.as_ref().is_none_or(Vec::is_empty)
-                && meta.labels.as_ref().and_then(|l| l.get(SYNCED_BY_LABEL)).map(String::as_str) == Some(field_manager)
+                && meta.labels.as_ref().is_some_and(|l| made_by_bridge(l, field_manager))
                 && meta.creation_timestamp.as_ref().is_some_and(|t| t.0 < created_before)
         })
         .filter(|meta| match (&meta.namespace, &meta.name) {
@@ -256,7 +256,7 @@ pub fn is_orphan(
 mod tests {
     use super::*;
     use crate::bridge::env::DefaultEnv;
-    use crate::bridge::mapping::{self, Context};
+    use crate::bridge::mapping::{self, Context, PROVIDER_LABEL, SYNCED_BY_LABEL};
     use crate::bridge::rows::{ContainerRow, Grants};
     use crate::resource::{ManagedWorkloadStatus, ServiceStatus};
 
@@ -337,6 +337,14 @@ mod tests {
         assert!(!Existing::of(&d.workload, "another-bridge").ours);
         assert_eq!(made_for(&d.workload, "mw-bridge"), Some((d.key, Some(d.created_at.as_str()))));
         assert_eq!(made_for(&d.workload, "another-bridge"), None);
+        // Taken over by Manager's provider (a node moved to it): the bridge's label is still
+        // there, the provider's refuses it.
+        let mut taken = d.workload.clone();
+        taken.labels_mut().insert(PROVIDER_LABEL.into(), "manager".into());
+        assert!(!Existing::of(&taken, "mw-bridge").ours);
+        assert_eq!(plan(&d, Some(&Existing::of(&taken, "mw-bridge")), true, |_| false).reason(), Some("name_taken"));
+        assert_eq!(made_for(&taken, "mw-bridge"), None);
+        assert!(!is_orphan(&Existing::of(&taken, "mw-bridge"), |_| true, |_| None), "never deleted as an orphan");
     }
 
     #[test]
@@ -503,6 +511,17 @@ mod tests {
             meta("a", "y-manager-env", "mw-bridge", old, true),  // owned: goes by garbage collection
             meta("a", "z-manager-env", "other", old, false),     // another bridge's
             meta("a", "w-manager-env", "mw-bridge", cutoff, false), // too young
+            ObjectMeta {
+                // Manager's provider took it over
+                labels: Some(
+                    [
+                        (SYNCED_BY_LABEL.to_string(), "mw-bridge".to_string()),
+                        (PROVIDER_LABEL.to_string(), "manager".into()),
+                    ]
+                    .into(),
+                ),
+                ..meta("c", "v-manager-env", "mw-bridge", old, false)
+            },
         ];
         let orphans = orphan_secrets(&secrets, [("a".to_string(), "x".to_string())], "mw-bridge", cutoff);
         assert_eq!(orphans.len(), 1);

@@ -24,7 +24,7 @@ use super::cluster::Cluster;
 use super::db::{self, Database, WriteBackError};
 use super::env::{self, DefaultEnv};
 use super::error::{BridgeError, RowError};
-use super::mapping::{self, Context, Desired, SYNCED_BY_LABEL};
+use super::mapping::{self, Context, Desired};
 use super::metrics::Metrics;
 use super::plan::{self, DeleteGuard, Existing, Plan};
 use super::rows::{ContainerRow, Fingerprint, Grants, RowKey};
@@ -722,7 +722,7 @@ async fn try_sync_one(
             .await
             .map_err(api(&format!("reading Secret {ns}/{}", d.secret_name)))?
     {
-        if meta.labels().get(SYNCED_BY_LABEL).map(String::as_str) != Some(fm) {
+        if !mapping::made_by_bridge(meta.labels(), fm) {
             return Ok(Outcome::Row(RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() }));
         }
         secret_present = true;

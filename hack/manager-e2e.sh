@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Manager itself on the operator: copies Manager's tree (MANAGER_SRC, v2026.7.4), applies
+# integrations/manager/patches/manager-v2026.7.4.patch, installs it and the provider package,
+# starts Manager's server.js and job-runner.js on a throwaway PostgreSQL, and runs
+# integrations/manager/e2e/manager.e2e.js, which drives Manager's REST API as a user would.
+#
+#   MW_TEST_KUBECONFIG=<admin kubeconfig> hack/manager-e2e.sh
+#
+# Needs a control plane with the CRD installed and the operator running (hack/test.sh's, or
+# `hack/controlplane.sh up NAME && install-operator NAME && start-operator NAME BIN`).
+#   MANAGER_SRC        Manager's tree (default: ../shared/manager/opensource-server beside the repo)
+#   MW_MANAGER_E2E_PG  the PostgreSQL's name for hack/postgres.sh (default: manager-e2e)
+#   MW_MANAGER_E2E_KEEP=1  keep the work directory and its logs
+# Exit status: 0 passed, 1 failed, 3 not run (no Manager tree at MANAGER_SRC: CI reports that
+# as "not run", never as passed).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+NOT_RUN=3
+MANAGER_SRC=${MANAGER_SRC:-$REPO/../shared/manager/opensource-server}
+if [ ! -f "$MANAGER_SRC/create-a-container/server.js" ]; then
+  echo "manager-e2e: NOT RUN: no Manager tree at MANAGER_SRC=$MANAGER_SRC (set MANAGER_SRC to a checkout of v2026.7.4)"
+  exit "$NOT_RUN"
+fi
+: "${MW_TEST_KUBECONFIG:?MW_TEST_KUBECONFIG: the admin kubeconfig of a control plane with the operator running}"
+PG=${MW_MANAGER_E2E_PG:-manager-e2e}
+PATCH="$REPO/integrations/manager/patches/manager-v2026.7.4.patch"
+
+log() { printf '[manager-e2e] %s\n' "$*" >&2; }
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/mw-manager-e2e.XXXXXX")
+PIDS=()
+cleanup() {
+  local rc=$?
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  bash "$HERE/postgres.sh" down "$PG" >/dev/null 2>&1 || true
+  if [ "$rc" != 0 ] || [ -n "${MW_MANAGER_E2E_KEEP:-}" ]; then
+    log "Manager's logs: $WORK/server.log, $WORK/job-runner.log"
+  else
+    rm -rf "$WORK"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "Manager from $MANAGER_SRC, patched"
+cp -r "$MANAGER_SRC" "$WORK/manager"
+(cd "$WORK/manager" && git apply --check "$PATCH" && git apply "$PATCH")
+APP="$WORK/manager/create-a-container"
+
+log "npm ci (Manager), and the provider package as Manager's administrator installs it"
+(cd "$APP" && npm ci --omit=dev --no-audit --no-fund --loglevel=error >"$WORK/npm.log" 2>&1) ||
+  { cat "$WORK/npm.log" >&2; exit 1; }
+PACKAGE=$(cd "$WORK" && npm pack --silent "$REPO/integrations/manager")
+(cd "$APP" && npm install --no-save --omit=dev --no-audit --no-fund --loglevel=error "$WORK/$PACKAGE" >>"$WORK/npm.log" 2>&1) ||
+  { cat "$WORK/npm.log" >&2; exit 1; }
+
+log "PostgreSQL '$PG'"
+bash "$HERE/postgres.sh" down "$PG" >/dev/null 2>&1 || true
+bash "$HERE/postgres.sh" up "$PG"
+bash "$HERE/postgres.sh" psql "$PG" -v ON_ERROR_STOP=1 -c 'CREATE DATABASE cluster_manager' >/dev/null
+PG_URL=$(bash "$HERE/postgres.sh" url "$PG")
+PG_PORT=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.urlparse(sys.argv[1]).port)' "$PG_URL")
+# The suite makes this StorageClass (claims bind to hostPath volumes on kwok); Manager's jobs
+# read its name from the environment, as the provider's settings come in production.
+STORAGE_CLASS="manager-e2e-$$-sc"
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat >"$APP/.env" <<EOF
+DATABASE_DIALECT=postgres
+POSTGRES_HOST=127.0.0.1
+POSTGRES_PORT=$PG_PORT
+POSTGRES_USER=mw
+POSTGRES_PASSWORD=$(cat "$(bash "$HERE/postgres.sh" password-file "$PG")")
+POSTGRES_DATABASE=cluster_manager
+JOB_RUNNER_POLL_MS=500
+MW_ROOTFS_STORAGE_CLASS=$STORAGE_CLASS
+EOF
+
+# server.js listens on port 3000, fixed; a preload moves it to a free port so that two runs
+# (or a Manager already on 3000) never meet.
+cat >"$WORK/port.js" <<'EOF'
+const http = require('http');
+const listen = http.Server.prototype.listen;
+http.Server.prototype.listen = function (port, ...rest) {
+  return listen.call(this, port === 3000 ? Number(process.env.MANAGER_PORT) : port, ...rest);
+};
+EOF
+log "server.js on :$PORT, job-runner.js"
+(cd "$APP" && MANAGER_PORT=$PORT exec node -r "$WORK/port.js" server.js >"$WORK/server.log" 2>&1) &
+PIDS+=($!)
+# Up once it answers at all (it migrates first).
+up=
+for _ in $(seq 1 240); do
+  if curl -s -o /dev/null "http://127.0.0.1:$PORT/"; then up=1; break; fi
+  kill -0 "${PIDS[0]}" 2>/dev/null || { cat "$WORK/server.log" >&2; exit 1; }
+  sleep 0.5
+done
+[ -n "$up" ] || { log "server.js did not answer within 2 minutes"; cat "$WORK/server.log" >&2; exit 1; }
+# The job runner after the server: the server applies the migrations.
+(cd "$APP" && exec node job-runner.js >"$WORK/job-runner.log" 2>&1) &
+PIDS+=($!)
+
+log "the suite (node --test)"
+MANAGER_URL="http://127.0.0.1:$PORT" MANAGER_LOGS="$WORK" MW_E2E_STORAGE_CLASS="$STORAGE_CLASS" \
+  node --test --test-reporter=spec "$REPO/integrations/manager/e2e/manager.e2e.js"

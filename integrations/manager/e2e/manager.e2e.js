@@ -1,0 +1,244 @@
+// Manager itself, patched, on the operator: hack/manager-e2e.sh starts Manager's server.js and
+// job-runner.js (MANAGER_URL) and runs this file. Everything goes through Manager's REST API
+// as a user would; the cluster is only read, to check what Manager's jobs made.
+'use strict';
+
+const { after, before, describe, test } = require('node:test');
+const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
+
+const m = require('../lib/mapping');
+const { Cluster, waitUntil } = require('../testing/cluster');
+
+const { MANAGER_URL, MANAGER_LOGS, MW_TEST_KUBECONFIG, MW_E2E_STORAGE_CLASS } = process.env;
+if (!MANAGER_URL || !MW_TEST_KUBECONFIG || !MANAGER_LOGS || !MW_E2E_STORAGE_CLASS) {
+  console.error('run by hack/manager-e2e.sh (MANAGER_URL, MANAGER_LOGS, MW_TEST_KUBECONFIG, MW_E2E_STORAGE_CLASS)');
+  process.exit(2);
+}
+
+/** Manager's REST API with the session of the user who logged in. */
+class Manager {
+  constructor(url) {
+    this.url = url;
+    this.cookie = null;
+  }
+
+  async call(method, route, body) {
+    const res = await fetch(`${this.url}/api/v1${route}`, {
+      method,
+      headers: { 'content-type': 'application/json', ...(this.cookie ? { cookie: this.cookie } : {}) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const setCookie = res.headers.get('set-cookie');
+    if (setCookie) this.cookie = setCookie.split(';')[0];
+    const text = await res.text();
+    let json;
+    try {
+      json = JSON.parse(text);
+    } catch {
+      json = { raw: text };
+    }
+    return { status: res.status, body: json };
+  }
+
+  async ok(method, route, body) {
+    const r = await this.call(method, route, body);
+    assert.ok(r.status >= 200 && r.status < 300, `${method} ${route}: ${r.status} ${JSON.stringify(r.body)}`);
+    return r.body.data;
+  }
+
+  /** Wait for a job to finish; its status and its whole output. */
+  async job(id, timeoutMs = 120_000) {
+    const job = await waitUntil(
+      `job ${id} to finish`,
+      () => this.call('GET', `/jobs/${id}`).then((r) => r.body.data),
+      (j) => j && !['pending', 'running'].includes(j.status),
+      timeoutMs,
+    );
+    const rows = await this.ok('GET', `/jobs/${id}/status`);
+    return { status: job.status, command: job.command, output: rows.map((r) => r.output).join('') };
+  }
+
+  async succeeds(id) {
+    const job = await this.job(id);
+    assert.equal(job.status, 'success', `${job.command}:\n${job.output}`);
+    return job;
+  }
+}
+
+describe('Manager, patched, runs its containers on Kubernetes', () => {
+  const manager = new Manager(MANAGER_URL);
+  const cluster = new Cluster(MW_TEST_KUBECONFIG, 't-manager-e2e', { storageClass: MW_E2E_STORAGE_CLASS, capacity: '100Gi' });
+  let site;
+  let web;
+  let lastJob = 0;
+
+  before(async () => {
+    await cluster.setUp(3);
+    const kubeconfig = path.join(MANAGER_LOGS, 'manager.kubeconfig');
+    fs.writeFileSync(kubeconfig, await cluster.managerKubeconfig(), { mode: 0o600 });
+    // The first user to register is Manager's administrator.
+    await manager.ok('POST', '/auth/register', { uid: 'admin', givenName: 'Ada', sn: 'Admin', mail: 'admin@example.org', userPassword: 'correct-horse-battery' });
+    await manager.ok('POST', '/auth/login', { username: 'admin', password: 'correct-horse-battery' });
+    site = await manager.ok('POST', '/sites', {
+      name: 'e2e',
+      internalDomain: 'e2e.internal',
+      dhcpRange: '10.0.0.100-10.0.0.200',
+      subnetMask: '255.255.255.0',
+      gateway: '10.0.0.1',
+      dnsForwarders: '8.8.8.8',
+    });
+    cluster.kubeconfigFile = kubeconfig;
+  });
+  after(() => cluster.tearDown());
+
+  test('a kubernetes node: accepted, its connection never returned', async () => {
+    const refused = await manager.call('POST', `/sites/${site.id}/nodes`, { name: 'k8s', nodeType: 'kubernetes' });
+    assert.equal(refused.status, 400);
+    assert.equal(refused.body.error.code, 'invalid_kube_namespace');
+    const node = await manager.ok('POST', `/sites/${site.id}/nodes`, {
+      name: 'k8s',
+      nodeType: 'kubernetes',
+      kubeconfigPath: cluster.kubeconfigFile,
+      kubeNamespace: cluster.namespace,
+    });
+    assert.equal(node.nodeType, 'kubernetes');
+    assert.equal(node.hasKubeconfig, true);
+    for (const field of ['kubeconfigPath', 'kubeContext', 'kubeNamespace']) assert.ok(!(field in node), `${field} is not returned`);
+    const listed = await manager.ok('GET', `/sites/${site.id}/nodes`);
+    assert.ok(!JSON.stringify(listed).includes(cluster.kubeconfigFile));
+    cluster.nodeId = node.id;
+  });
+
+  test('create: job → workload → running, with the address and provider id stored', async () => {
+    const made = await manager.ok('POST', `/sites/${site.id}/containers`, {
+      hostname: 'web',
+      template: 'custom',
+      customTemplate: 'docker.io/library/nginx:latest',
+      environmentVars: [
+        { key: 'GREETING', value: 'hello' },
+        { key: 'API_TOKEN', value: 't0p-s3cret' },
+      ],
+      entrypoint: `nginx -g 'daemon off;'`,
+      services: { 0: { type: 'tcp', internalPort: 22 } },
+    });
+    assert.equal(made.status, 'creating');
+    lastJob = made.jobId;
+    // What Manager shows while its job runs: creating, then running; never unknown or missing.
+    const seen = new Set();
+    await waitUntil(
+      'Manager to show it running',
+      async () => (await manager.ok('GET', `/sites/${site.id}/containers/${made.containerId}`)).status,
+      (status) => seen.add(status) && status === 'running',
+      120_000,
+    );
+    assert.deepEqual([...seen], ['creating', 'running']);
+    const job = await manager.succeeds(made.jobId);
+    assert.match(job.output, /Container provider ID .*\/web stored/);
+
+    web = await manager.ok('GET', `/sites/${site.id}/containers/${made.containerId}`);
+    const mw = await cluster.workload('web');
+    assert.equal(web.status, 'running');
+    assert.equal(web.containerId, `${cluster.namespace}/web`);
+    assert.equal(web.ipv4Address, mw.status.address);
+    assert.equal(web.macAddress, null);
+    assert.equal(mw.status.phase, 'Running');
+    assert.deepEqual(mw.spec.command, ['nginx', '-g', 'daemon off;']);
+    assert.equal(mw.metadata.labels[m.NODE_ID_LABEL], String(cluster.nodeId));
+    assert.equal(mw.metadata.labels[m.CONTAINER_ID_LABEL], String(made.containerId));
+    assert.deepEqual(mw.spec.ports, [{ containerPort: 22, name: 'tcp-22', protocol: 'TCP' }]);
+    assert.equal(mw.spec.volumes[0].size, `${m.DEFAULT_ROOTFS_GB}Gi`, "Manager's default disk");
+    assert.ok(!JSON.stringify(mw).includes('t0p-s3cret'), 'env values are not in the CR');
+    const secret = await cluster.secret('web-manager-env');
+    assert.equal(Buffer.from(secret.data.API_TOKEN, 'base64').toString(), 't0p-s3cret');
+    // Manager's list shows it too (one clusterResources call per node).
+    const list = await manager.ok('GET', `/sites/${site.id}/containers`);
+    assert.deepEqual(list.map((c) => [c.hostname, c.status]), [['web', 'running']]);
+  });
+
+  test('env change and resources: a rollout each, the same disk', async () => {
+    const claim = await waitUntil('the rootfs claim to be Bound', () => cluster.claim('web-rootfs'), (c) => c?.status?.phase === 'Bound');
+    const before = await cluster.workload('web');
+    const podsBefore = (await cluster.pods('web')).map((p) => p.metadata.uid);
+    const put = await manager.ok('PUT', `/sites/${site.id}/containers/${web.id}`, {
+      environmentVars: [{ key: 'GREETING', value: 'bonjour' }],
+      entrypoint: `nginx -g 'daemon off;'`,
+    });
+    assert.ok(put.jobId, 'a reconfigure job');
+    lastJob = put.jobId;
+    await manager.succeeds(put.jobId);
+    const after = await cluster.workload('web');
+    assert.equal(after.metadata.generation, before.metadata.generation + 1, 'one change, one rollout');
+    assert.equal(after.status.phase, 'Running');
+    const secret = await cluster.secret('web-manager-env');
+    const env = Object.fromEntries(Object.entries(secret.data).map(([k, v]) => [k, Buffer.from(v, 'base64').toString()]));
+    assert.equal(env.GREETING, 'bonjour');
+    assert.ok(!('API_TOKEN' in env), 'API_TOKEN removed: the whole env is replaced');
+    // The effective env: Manager's seeded system defaults are merged in, as on Proxmox.
+    assert.ok('WAZUH_MANAGER' in env && 'SSSD_LDAP_URI' in env, `system defaults: ${Object.keys(env)}`);
+    assert.ok((await cluster.pods('web')).every((p) => !podsBefore.includes(p.metadata.uid)), 'new Pods');
+
+    // Memory through a resource request (an administrator's is approved at once), then disk.
+    await manager.ok('POST', '/resource-requests', { siteId: site.id, hostname: 'web', resourceType: 'memory', value: 1024 });
+    lastJob += 1;
+    const memJob = await manager.succeeds(lastJob);
+    assert.match(memJob.command, /--memory=1024/);
+    let mw = await cluster.workload('web');
+    assert.equal(mw.spec.resources.limits.memory, '1024Mi');
+    assert.equal(mw.status.phase, 'Running');
+    await manager.ok('POST', '/resource-requests', { siteId: site.id, hostname: 'web', resourceType: 'rootfs', value: m.DEFAULT_ROOTFS_GB + 1 });
+    lastJob += 1;
+    await manager.succeeds(lastJob);
+    mw = await cluster.workload('web');
+    assert.equal(mw.spec.volumes[0].size, `${m.DEFAULT_ROOTFS_GB + 1}Gi`);
+    const grown = await cluster.claim('web-rootfs');
+    assert.equal(grown.metadata.uid, claim.metadata.uid, 'the same disk');
+    assert.equal(grown.spec.resources.requests.storage, `${m.DEFAULT_ROOTFS_GB + 1}Gi`);
+    const now = await manager.ok('GET', `/sites/${site.id}/containers/${web.id}`);
+    assert.equal(now.status, 'running');
+    assert.equal(now.ipv4Address, mw.status.address, 'the Service’s address, unchanged by rollouts');
+  });
+
+  test('stop and start: Manager’s restart', async () => {
+    const podsBefore = (await cluster.pods('web')).map((p) => p.metadata.uid);
+    const put = await manager.ok('PUT', `/sites/${site.id}/containers/${web.id}`, { restart: true });
+    lastJob = put.jobId;
+    const job = await manager.succeeds(put.jobId);
+    assert.match(job.output, /No change: restarting/);
+    assert.match(job.output, /web Stopped/);
+    assert.match(job.output, /web Running/);
+    const pods = await cluster.pods('web');
+    assert.equal(pods.length, 1);
+    assert.ok(!podsBefore.includes(pods[0].metadata.uid), 'a new Pod');
+    assert.equal((await manager.ok('GET', `/sites/${site.id}/containers/${web.id}`)).status, 'running');
+  });
+
+  test('a bad image: failed in Manager, the reason in the job’s output', async () => {
+    const made = await manager.ok('POST', `/sites/${site.id}/containers`, {
+      hostname: 'broken',
+      template: 'custom',
+      // Manager stores it as kwok.example/library/image-pull-backoff:latest, which kwok
+      // (hack/kwok/stages.yaml) never lets pull.
+      customTemplate: 'kwok.example/image-pull-backoff',
+    });
+    lastJob = made.jobId;
+    const job = await manager.job(made.jobId);
+    assert.equal(job.status, 'failure');
+    assert.match(job.output, /broken failed: ImagePullBackOff/);
+    const broken = await manager.ok('GET', `/sites/${site.id}/containers/${made.containerId}`);
+    assert.equal(broken.status, 'failed');
+    assert.equal(broken.containerId, `${cluster.namespace}/broken`, 'stored as soon as the workload existed');
+    await manager.ok('DELETE', `/sites/${site.id}/containers/${made.containerId}`);
+    assert.equal(await cluster.workload('broken'), null);
+  });
+
+  test('delete: the workload goes, the disk stays (Retain)', async () => {
+    const claim = await cluster.claim('web-rootfs');
+    await manager.ok('DELETE', `/sites/${site.id}/containers/${web.id}`);
+    assert.equal(await cluster.workload('web'), null);
+    await waitUntil('the env Secret to go', () => cluster.secret('web-manager-env'), (s) => s === null);
+    assert.equal((await cluster.claim('web-rootfs')).metadata.uid, claim.metadata.uid, 'retained');
+    assert.deepEqual(await manager.ok('GET', `/sites/${site.id}/containers`), []);
+  });
+});

@@ -1,0 +1,506 @@
+'use strict';
+// Manager's provider for nodes of type `kubernetes`: what `node.api()` returns for them. It has
+// the surface Manager's callers use on a ProxmoxApi (bin/create-container.js,
+// bin/reconfigure-container.js, routers/api/v1/containers.js, utils/container-status.js) and
+// does each call on a ManagedWorkload, which mw-operator runs as a one-replica Deployment.
+//
+// Every method takes Manager's (nodeName, providerId) arguments; the provider id is
+// "namespace/name", permanent for the container's life. A write returns a task id naming the
+// workload and the generation it made, and `waitForTask` waits until the operator reports
+// Ready for that generation, so a job process that only holds the id can wait for it.
+
+const k8s = require('@kubernetes/client-node');
+const m = require('./mapping');
+
+const MERGE_PATCH = k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch);
+const DELETE_TIMEOUT_MS = 60_000;
+
+/** A call Kubernetes answered with an error, in the API server's own words. */
+class KubernetesError extends Error {
+  constructor(message, { code, reason } = {}) {
+    super(message);
+    this.name = 'KubernetesError';
+    this.code = code;
+    // The workload's reason (ImagePullBackOff, Unschedulable, ClaimRejected, ...) when the
+    // error is about what the workload does.
+    this.reason = reason;
+  }
+}
+
+function explain(err, what) {
+  if (err instanceof k8s.ApiException) {
+    let message;
+    try {
+      message = JSON.parse(err.body).message;
+    } catch {
+      message = typeof err.body === 'object' ? err.body?.message : String(err.body || '');
+    }
+    return new KubernetesError(`${what}: Kubernetes API ${err.code}: ${message || 'no message'}`, { code: err.code });
+  }
+  if (err instanceof m.MappingError || err instanceof KubernetesError) return err;
+  return new KubernetesError(`${what}: ${err.message}`);
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** The condition of `type` when it was computed for `generation` or later. */
+function conditionAt(mw, type, generation) {
+  if ((mw.status?.observedGeneration ?? -1) < generation) return undefined;
+  return (mw.status.conditions || []).find((c) => c.type === type && (c.observedGeneration ?? -1) >= generation);
+}
+
+/** Cores and memory (MB) as the spec's limits hold them. */
+function limitsOf(spec) {
+  const limits = spec.resources?.limits || {};
+  const cores = Number(limits.cpu);
+  const mem = /^(\d+)Mi$/.exec(limits.memory || '');
+  return {
+    cores: Number.isInteger(cores) && cores > 0 ? cores : m.DEFAULT_CPUS,
+    memory: mem ? Number(mem[1]) : m.DEFAULT_MEMORY_MB,
+  };
+}
+
+/** Proxmox's `rootfs` forms: "storage:GB", "storage:vol,size=NG", a number of GB. */
+function rootfsGb(value) {
+  if (typeof value === 'number') return value;
+  const s = String(value);
+  const size = /size=(\d+)G?/i.exec(s);
+  if (size) return Number(size[1]);
+  const last = /(?:^|:)(\d+)$/.exec(s);
+  if (last) return Number(last[1]);
+  throw new m.MappingError(`rootfs ${JSON.stringify(value)} names no size in GB`);
+}
+
+class KubernetesApi {
+  /**
+   * @param {object} node the Node row: id, name, kubeconfigPath, kubeContext, kubeNamespace
+   * @param {object} [opts]
+   * @param {string} [opts.kubeconfig] a kubeconfig's text, instead of node.kubeconfigPath
+   * @param {object} [opts.settings] how containers map (default: settingsFromEnv(process.env))
+   * @param {function} [opts.log] progress lines (default console.log: a job's output)
+   */
+  constructor(node, opts = {}) {
+    if (!node || node.id == null) throw new m.MappingError('a kubernetes node needs its id');
+    this.node = node;
+    this.kc = new k8s.KubeConfig();
+    // Without a path: $KUBECONFIG, ~/.kube/config, or the in-cluster ServiceAccount.
+    if (opts.kubeconfig) this.kc.loadFromString(opts.kubeconfig);
+    else if (node.kubeconfigPath) this.kc.loadFromFile(node.kubeconfigPath);
+    else this.kc.loadFromDefault();
+    if (node.kubeContext) this.kc.setCurrentContext(node.kubeContext);
+    this.namespace = node.kubeNamespace || this.kc.getContextObject(this.kc.getCurrentContext())?.namespace || 'default';
+    this.settings = opts.settings || m.settingsFromEnv(process.env);
+    this.log = opts.log || ((line) => console.log(line));
+    this.custom = this.kc.makeApiClient(k8s.CustomObjectsApi);
+    this.core = this.kc.makeApiClient(k8s.CoreV1Api);
+  }
+
+  /** The provider id of a container of this node. */
+  providerId(hostname) {
+    return `${this.namespace}/${hostname}`;
+  }
+
+  #ref(providerId) {
+    const { namespace, name } = m.parseProviderId(providerId);
+    if (namespace !== this.namespace) {
+      throw new m.MappingError(`${providerId} is not in this node's namespace (${this.namespace})`);
+    }
+    return { group: m.GROUP, version: m.VERSION, plural: m.PLURAL, namespace, name };
+  }
+
+  async #get(providerId) {
+    try {
+      return await this.custom.getNamespacedCustomObject(this.#ref(providerId));
+    } catch (err) {
+      if (err.code === 404) return null;
+      throw explain(err, `reading ${providerId}`);
+    }
+  }
+
+  /** The workload, which must be this provider's: the bridge's are never touched. */
+  async #ours(providerId) {
+    const mw = await this.#get(providerId);
+    if (!mw) throw new KubernetesError(`${providerId} does not exist`, { code: 404 });
+    this.#mustBeOurs(mw, providerId);
+    return mw;
+  }
+
+  #mustBeOurs(obj, what) {
+    const l = obj.metadata?.labels || {};
+    if (l[m.SYNCED_BY_LABEL]) {
+      throw new KubernetesError(
+        `${what} is served by the bridge (label ${m.SYNCED_BY_LABEL}=${l[m.SYNCED_BY_LABEL]}); ` +
+          'a node is served by the bridge or by Manager\'s jobs, not both (docs/manager.md)',
+        { code: 409 },
+      );
+    }
+    if (l[m.PROVIDER_LABEL] !== m.PROVIDER_VALUE || l[m.NODE_ID_LABEL] !== String(this.node.id)) {
+      throw new KubernetesError(`${what} was not made by Manager for node ${this.node.id}; it is left alone`, { code: 409 });
+    }
+  }
+
+  async #secret(name) {
+    try {
+      return await this.core.readNamespacedSecret({ name, namespace: this.namespace });
+    } catch (err) {
+      if (err.code === 404) return null;
+      throw explain(err, `reading Secret ${this.namespace}/${name}`);
+    }
+  }
+
+  /** Create or replace the env Secret (only ever ours), owned by the workload once it exists. */
+  async #writeSecret(secret, owner) {
+    const body = structuredClone(secret);
+    if (owner) {
+      body.metadata.ownerReferences = [
+        { apiVersion: owner.apiVersion, kind: owner.kind, name: owner.metadata.name, uid: owner.metadata.uid },
+      ];
+    }
+    const { name } = body.metadata;
+    const existing = await this.#secret(name);
+    try {
+      if (!existing) {
+        await this.core.createNamespacedSecret({ namespace: this.namespace, body });
+        return;
+      }
+      this.#mustBeOurs(existing, `Secret ${this.namespace}/${name}`);
+      body.metadata.resourceVersion = existing.metadata.resourceVersion;
+      if (!owner && existing.metadata.ownerReferences) body.metadata.ownerReferences = existing.metadata.ownerReferences;
+      await this.core.replaceNamespacedSecret({ name, namespace: this.namespace, body });
+    } catch (err) {
+      throw explain(err, `writing Secret ${this.namespace}/${name}`);
+    }
+  }
+
+  /** The env the workload's Secret holds. */
+  async #env(mw) {
+    const secret = await this.#secret(`${mw.metadata.name}${m.SECRET_SUFFIX}`);
+    const env = {};
+    for (const [k, v] of Object.entries(secret?.data || {})) env[k] = Buffer.from(v, 'base64').toString();
+    return env;
+  }
+
+  async #replace(mw) {
+    try {
+      return await this.custom.replaceNamespacedCustomObject({ ...this.#ref(`${mw.metadata.namespace}/${mw.metadata.name}`), body: mw });
+    } catch (err) {
+      throw explain(err, `updating ${mw.metadata.namespace}/${mw.metadata.name}`);
+    }
+  }
+
+  // --- Manager's NodeApi surface -----------------------------------------------------------
+
+  /** Kubernetes has no VMIDs: the provider id is namespace/name (from createLxc). */
+  async nextId() {
+    throw new m.MappingError('a kubernetes node allocates no VMID; the provider id is namespace/name');
+  }
+
+  /** No Proxmox storages: the rootfs is a PersistentVolumeClaim of the cluster's class. */
+  async datastores() {
+    return [];
+  }
+
+  /**
+   * Create the container's workload and env Secret, running (`start: false` makes it stopped).
+   * Idempotent: a retried job finds the workload it made for the same container.
+   * @param {string} nodeName
+   * @param {object} o hostname, image (or template), entrypoint, env (Manager's NUL-joined env),
+   *   cores, memory (MB), rootfs (GB or "storage:GB"), nvidia, services ([{type, internalPort,
+   *   protocol}]), containerId (Containers.id), tags (the owner), start
+   * @returns {Promise<string>} a task id; the provider id is `providerId(hostname)`
+   */
+  async createLxc(nodeName, o = {}) {
+    const { workload, secret } = m.desired(
+      {
+        namespace: this.namespace,
+        nodeId: this.node.id,
+        containerId: o.containerId,
+        hostname: o.hostname,
+        username: o.tags || o.username,
+        image: o.image || o.template,
+        entrypoint: o.entrypoint,
+        env: o.env,
+        cores: o.cores,
+        memory: o.memory,
+        rootfs: o.rootfs == null ? undefined : rootfsGb(o.rootfs),
+        nvidia: o.nvidia,
+        services: o.services,
+      },
+      this.settings,
+    );
+    if (o.containerId == null) throw new m.MappingError('createLxc needs containerId (Containers.id)');
+    // Running is the default: a spec without `state` is what the bridge makes too, so a node
+    // moved between them keeps its workloads' generation.
+    if (o.start === false) workload.spec.state = 'Stopped';
+    const providerId = this.providerId(o.hostname);
+    let existing = await this.#get(providerId);
+    if (existing) {
+      this.#mustBeOurs(existing, providerId);
+      if (existing.metadata.labels[m.CONTAINER_ID_LABEL] !== String(o.containerId)) {
+        throw new KubernetesError(
+          `${providerId} belongs to container ${existing.metadata.labels[m.CONTAINER_ID_LABEL]}, not ${o.containerId}`,
+          { code: 409 },
+        );
+      }
+    }
+    // The Secret first, so the Pod never starts without its env.
+    await this.#writeSecret(secret, existing);
+    let made;
+    if (existing) {
+      made = await this.#replace({ ...workload, metadata: { ...existing.metadata, ...workload.metadata, resourceVersion: existing.metadata.resourceVersion } });
+    } else {
+      try {
+        made = await this.custom.createNamespacedCustomObject({
+          group: m.GROUP,
+          version: m.VERSION,
+          plural: m.PLURAL,
+          namespace: this.namespace,
+          body: workload,
+        });
+      } catch (err) {
+        throw explain(err, `creating ${providerId}`);
+      }
+      // Now the Secret goes with the workload when it is deleted.
+      await this.#writeSecret(secret, made);
+    }
+    this.log(`Kubernetes: ${existing ? 'updated' : 'created'} ManagedWorkload ${providerId} (generation ${made.metadata.generation})`);
+    return m.taskId('create', this.namespace, o.hostname, made.metadata.generation);
+  }
+
+  /**
+   * Manager's config update (Proxmox semantics): `env` is the whole effective env,
+   * NUL-joined; `entrypoint` one string; `delete` lists what to unset (env, entrypoint);
+   * `cores`, `memory` (MB) and `rootfs` ("storage:GB", grow only) resize. `tags` is the owner.
+   * `swap`, `hookscript`, `features` and the like have no Kubernetes meaning and are ignored.
+   * @returns {Promise<string>} a task id for the resulting generation
+   */
+  async updateLxcConfig(nodeName, providerId, config = {}) {
+    const mw = await this.#ours(providerId);
+    const name = mw.metadata.name;
+    const deleted = new Set(String(config.delete || '').split(',').map((s) => s.trim()).filter(Boolean));
+    let spec = { ...mw.spec };
+    const touchesEnv = config.env !== undefined || deleted.has('env');
+    if (touchesEnv) {
+      const env = deleted.has('env') ? {} : m.parseEnv(config.env);
+      const secret = m.secret(
+        { namespace: this.namespace, nodeId: this.node.id, containerId: mw.metadata.labels[m.CONTAINER_ID_LABEL], hostname: name },
+        env,
+      );
+      await this.#writeSecret(secret, mw);
+      spec = m.envFields(spec, env, secret.metadata.name);
+    }
+    if (deleted.has('entrypoint')) delete spec.command;
+    else if (config.entrypoint !== undefined) {
+      const words = String(config.entrypoint).trim() ? m.shellSplit(String(config.entrypoint).trim()) : [];
+      if (words.length) spec.command = words;
+      else delete spec.command;
+    }
+    if (config.cores !== undefined || config.memory !== undefined) {
+      const now = limitsOf(spec);
+      const cores = config.cores !== undefined ? Number(config.cores) : now.cores;
+      const memory = config.memory !== undefined ? Number(config.memory) : now.memory;
+      if (!Number.isInteger(cores) || cores < 1) throw new m.MappingError(`cores (${config.cores}) is not a positive whole number`);
+      if (!Number.isInteger(memory) || memory < 1) throw new m.MappingError(`memory (${config.memory}) is not a positive whole number`);
+      spec.resources = m.resources(cores, memory, !!spec.resources?.gpus, this.settings.requestsPercent);
+    }
+    if (config.rootfs !== undefined) {
+      const gb = rootfsGb(config.rootfs);
+      const volumes = (spec.volumes || []).map((v) => (v.name === m.ROOTFS_VOLUME ? { ...v, size: `${gb}Gi` } : v));
+      if (!volumes.some((v) => v.name === m.ROOTFS_VOLUME)) {
+        throw new m.MappingError(`${providerId} has no rootfs volume to resize (MW_ROOTFS_MOUNT_PATH is none)`);
+      }
+      spec.volumes = volumes;
+    }
+    const metadata = { ...mw.metadata };
+    if (config.tags !== undefined) metadata.annotations = { ...(metadata.annotations || {}), [m.OWNER_ANNOTATION]: String(config.tags) };
+    const updated = await this.#replace({ ...mw, metadata, spec, status: undefined });
+    const changed = updated.metadata.generation !== mw.metadata.generation;
+    this.log(`Kubernetes: ${providerId} ${changed ? `changed (generation ${updated.metadata.generation})` : 'unchanged'}`);
+    return m.taskId('update', this.namespace, name, updated.metadata.generation);
+  }
+
+  /**
+   * The workload's configuration in the shapes Manager parses: `hostname` (the delete check),
+   * `cores`, `memory` (MB), `rootfs` ("claim,size=NG", parseRootfsSizeGb), `env` (NUL-joined,
+   * parseLxcEnvString) and `entrypoint`.
+   */
+  async lxcConfig(nodeName, providerId) {
+    const mw = await this.#get(providerId);
+    if (!mw) throw new KubernetesError(`${providerId} does not exist`, { code: 404 });
+    const { cores, memory } = limitsOf(mw.spec);
+    const rootfs = (mw.spec.volumes || []).find((v) => v.name === m.ROOTFS_VOLUME);
+    const size = rootfs ? /^(\d+)Gi$/.exec(rootfs.size) : null;
+    const env = await this.#env(mw);
+    return {
+      hostname: mw.spec.hostname || mw.metadata.name,
+      image: mw.spec.image,
+      cores,
+      memory,
+      swap: 0,
+      ...(size ? { rootfs: `${mw.metadata.name}-${m.ROOTFS_VOLUME},size=${size[1]}G` } : {}),
+      ...(Object.keys(env).length ? { env: m.joinEnv(env) } : {}),
+      ...(mw.spec.command?.length ? { entrypoint: m.shellJoin(mw.spec.command) } : {}),
+      tags: mw.metadata.annotations?.[m.OWNER_ANNOTATION],
+      nvidia: !!mw.spec.resources?.gpus,
+    };
+  }
+
+  async #setState(providerId, state, op) {
+    await this.#ours(providerId);
+    let mw;
+    try {
+      mw = await this.custom.patchNamespacedCustomObject({ ...this.#ref(providerId), body: { spec: { state } } }, MERGE_PATCH);
+    } catch (err) {
+      throw explain(err, `${op} ${providerId}`);
+    }
+    this.log(`Kubernetes: ${providerId} ${state} (generation ${mw.metadata.generation})`);
+    return m.taskId(op, mw.metadata.namespace, mw.metadata.name, mw.metadata.generation);
+  }
+
+  startLxc(nodeName, providerId) {
+    return this.#setState(providerId, 'Running', 'start');
+  }
+
+  stopLxc(nodeName, providerId) {
+    return this.#setState(providerId, 'Stopped', 'stop');
+  }
+
+  /** `{status}` as Proxmox words it: `running` while the workload runs or is on its way. */
+  async getLxcStatus(nodeName, providerId) {
+    const mw = await this.#get(providerId);
+    if (!mw) throw new KubernetesError(`${providerId} does not exist`, { code: 404 });
+    const word = m.managerStatus(mw);
+    return {
+      status: mw.spec.state === 'Stopped' ? 'stopped' : 'running',
+      managerStatus: word,
+      phase: mw.status?.phase ?? null,
+      vmid: providerId,
+    };
+  }
+
+  /**
+   * Wait for a task: until the operator reports Ready for the task's generation (running and
+   * available, or fully stopped), or for a delete until the workload is gone. Fails at once
+   * with the workload's reason when it is Failed (ImagePullBackOff, ClaimRejected, ...), and at
+   * the time limit with what it still waits on (Unschedulable and the scheduler's words,
+   * ClaimPending, ...), never a bare timeout.
+   */
+  async waitForTask(nodeName, id, pollInterval = 2000, timeout = 300000) {
+    const t = m.parseTaskId(id);
+    const providerId = `${t.namespace}/${t.name}`;
+    const deadline = Date.now() + timeout;
+    let said = '';
+    for (;;) {
+      const mw = await this.#get(providerId);
+      if (t.op === 'delete') {
+        if (!mw) return { status: 'stopped', exitstatus: 'OK' };
+      } else {
+        if (!mw) throw new KubernetesError(`${providerId} was deleted while waiting for it`, { code: 404 });
+        // A later write supersedes this task; its result is what there is to wait for.
+        const generation = Math.max(t.generation, mw.metadata.generation);
+        const stalled = conditionAt(mw, 'Stalled', generation);
+        if (stalled?.status === 'True') {
+          throw new KubernetesError(`${providerId} failed: ${stalled.reason}: ${stalled.message}`, { reason: stalled.reason });
+        }
+        const ready = conditionAt(mw, 'Ready', generation);
+        if (ready?.status === 'True') {
+          this.log(`Kubernetes: ${providerId} ${mw.status.phase}`);
+          return { status: 'stopped', exitstatus: 'OK', phase: mw.status.phase };
+        }
+        const progress = this.#progress(mw, generation);
+        if (progress !== said) {
+          this.log(`Kubernetes: ${providerId} ${progress}`);
+          said = progress;
+        }
+      }
+      if (Date.now() >= deadline) {
+        const what = mw ? this.#progress(mw, Math.max(t.generation, mw.metadata.generation)) : 'gone';
+        const reason = mw ? conditionAt(mw, 'Reconciling', t.generation)?.reason : undefined;
+        throw new KubernetesError(`${providerId} not ${t.op === 'delete' ? 'deleted' : 'ready'} after ${timeout} ms: ${what}`, { reason });
+      }
+      await sleep(pollInterval);
+    }
+  }
+
+  #progress(mw, generation) {
+    if ((mw.status?.observedGeneration ?? -1) < generation) {
+      return `waiting for mw-operator to act on generation ${generation} (is it running and watching ${mw.metadata.namespace}?)`;
+    }
+    const reconciling = conditionAt(mw, 'Reconciling', generation);
+    const why = reconciling?.status === 'True' ? `: ${reconciling.reason}: ${reconciling.message}` : '';
+    return `${mw.status.phase}${why}`;
+  }
+
+  /** No MAC: a Pod has none worth routing to. Manager stores NULL. */
+  async getLxcMacAddress() {
+    return null;
+  }
+
+  /** `status.address`: the Service's stable address, else the serving Pod's IP; null when none. */
+  async getLxcIpAddress(nodeName, providerId) {
+    const mw = await this.#get(providerId);
+    if (!mw || mw.spec.state === 'Stopped') return null;
+    return mw.status?.address ?? null;
+  }
+
+  async getLxcNetworkInfo(nodeName, providerId) {
+    return { macAddress: null, ipv4Address: await this.getLxcIpAddress(nodeName, providerId) };
+  }
+
+  /**
+   * Delete the workload; its Deployment, Pods, Service and env Secret go by garbage collection,
+   * its rootfs claim as MW_ROOTFS_ON_DELETE says (retain: kept for a workload of the same name).
+   * Resolves once it is gone; a missing one counts as deleted.
+   */
+  async deleteContainer(nodeName, providerId) {
+    const mw = await this.#get(providerId);
+    if (mw) {
+      this.#mustBeOurs(mw, providerId);
+      try {
+        await this.custom.deleteNamespacedCustomObject({ ...this.#ref(providerId), propagationPolicy: 'Background' });
+      } catch (err) {
+        if (err.code !== 404) throw explain(err, `deleting ${providerId}`);
+      }
+    }
+    const { name } = m.parseProviderId(providerId);
+    await this.waitForTask(nodeName, m.taskId('delete', this.namespace, name, 0), 500, DELETE_TIMEOUT_MS);
+    return { data: null };
+  }
+
+  /**
+   * This node's workloads, as Manager's status resolver reads a Proxmox cluster snapshot:
+   * `vmid` the provider id; `status` running/stopped; `managerStatus` the word Manager shows
+   * (creating, running, offline, failed) and `reason` why, from the operator's conditions.
+   */
+  async clusterResources(type = null) {
+    if (type && type !== 'lxc') return [];
+    let list;
+    try {
+      list = await this.custom.listNamespacedCustomObject({
+        group: m.GROUP,
+        version: m.VERSION,
+        plural: m.PLURAL,
+        namespace: this.namespace,
+        labelSelector: `${m.NODE_ID_LABEL}=${this.node.id},${m.PROVIDER_LABEL}=${m.PROVIDER_VALUE}`,
+      });
+    } catch (err) {
+      throw explain(err, `listing ${this.namespace}'s workloads`);
+    }
+    return list.items.map((mw) => {
+      const managerStatus = m.managerStatus(mw);
+      const generation = mw.metadata.generation;
+      const cause = conditionAt(mw, 'Stalled', generation)?.status === 'True' ? conditionAt(mw, 'Stalled', generation) : conditionAt(mw, 'Reconciling', generation);
+      return {
+        vmid: `${mw.metadata.namespace}/${mw.metadata.name}`,
+        name: mw.metadata.name,
+        type: 'lxc',
+        status: managerStatus === 'running' ? 'running' : 'stopped',
+        managerStatus,
+        reason: cause?.status === 'True' ? cause.reason : null,
+        node: this.node.name,
+      };
+    });
+  }
+}
+
+module.exports = { KubernetesApi, KubernetesError, rootfsGb };
