@@ -349,14 +349,15 @@ pub fn is_orphan(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::bridge::env::DefaultEnv;
     use crate::bridge::mapping::{self, Context};
     use crate::bridge::rows::{ContainerRow, Grants};
     use crate::resource::{ManagedWorkloadStatus, ServiceStatus};
 
-    fn row() -> ContainerRow {
+    /// A row of the sample's shape (the other modules' tests start from it too).
+    pub(crate) fn row() -> ContainerRow {
         ContainerRow {
             id: 3,
             node_id: 1,

@@ -968,23 +968,8 @@ mod tests {
 
     #[test]
     fn the_bridges_own_stamps_never_move_the_watermark() {
-        let mut row = ContainerRow {
-            id: 1,
-            node_id: 1,
-            site_id: 1,
-            hostname: "app".into(),
-            username: "u".into(),
-            template: None,
-            environment_vars: None,
-            entrypoint: None,
-            nvidia_requested: 0,
-            container_id: None,
-            ipv4_address: None,
-            mac_address: None,
-            created_at: "2026-01-01 00:00:00.000 +00:00".into(),
-            updated_at: "2026-01-01 00:05:00.000 +00:00".into(),
-            services: vec![],
-        };
+        let mut row = plan::tests::row();
+        row.updated_at = "2026-01-01 00:05:00.000 +00:00".into();
         let manager = db::parse_timestamp(&row.updated_at);
         assert!(manager.is_some());
         assert_eq!(manager_stamp(&row, None), manager, "Manager's stamp moves it");
