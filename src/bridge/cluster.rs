@@ -222,6 +222,15 @@ impl Write {
     }
 }
 
+/// Did a write find another object than the one it was for? A create-only apply, one that
+/// exists (409); an update naming the UID it read, one deleted and made again since (the API
+/// server refuses to change `metadata.uid`: 409, or 422 on that field).
+pub fn found_another(err: &kube::Error) -> bool {
+    let kube::Error::Api(status) = err else { return false };
+    let on_uid = || status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"));
+    status.code == 409 || (status.code == 422 && on_uid())
+}
+
 /// An HTTP `Date` header (RFC 9110's IMF-fixdate, `Tue, 15 Nov 1994 08:12:31 GMT`).
 pub fn parse_http_date(text: &str) -> Option<Timestamp> {
     k8s_openapi::jiff::fmt::rfc2822::DateTimeParser::new().parse_timestamp(text.trim()).ok()
@@ -269,6 +278,20 @@ mod tests {
         assert_eq!(parse_http_date("Tue, 15 Nov 1994 08:12:31 GMT"), Some("1994-11-15T08:12:31Z".parse().unwrap()));
         assert_eq!(parse_http_date("Tue, 21 Jul 2026 09:12:40 GMT "), Some("2026-07-21T09:12:40Z".parse().unwrap()));
         assert_eq!(parse_http_date("yesterday"), None);
+    }
+
+    #[test]
+    fn another_object_is_a_conflict_or_a_refused_uid() {
+        // As the API server answers (the 422 of a changed UID names the field).
+        let status = |code: u16, field: &str| {
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                "details": {"causes": [{"reason": "FieldValueInvalid", "field": field}]}});
+            kube::Error::Api(Box::new(serde_json::from_value(status).unwrap()))
+        };
+        assert!(found_another(&status(409, "")));
+        assert!(found_another(&status(422, "metadata.uid")));
+        assert!(!found_another(&status(422, "spec.image")), "a refused spec is the row's error");
+        assert!(!found_another(&status(500, "")));
     }
 
     #[test]

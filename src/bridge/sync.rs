@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use super::cluster::{Cluster, Write};
+use super::cluster::{Cluster, Write, found_another};
 use super::db::{self, Database, WriteBackError};
 use super::env::{self, DefaultEnv};
 use super::error::{BridgeError, RowError};
@@ -851,11 +851,10 @@ async fn try_sync_one(
     let secret_taken = || RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() };
     // The API server's 409 on a create-only write (an object of that name exists after all)
     // or on a write for a UID the object no longer has (it was deleted and made again).
-    let appeared = |taken: RowError| {
-        move |f: Failure| match f {
-            Failure::Api(_, kube::Error::Api(s)) if s.code == 409 => Failure::Appeared(taken),
-            other => other,
-        }
+    // A write that found another object than it was for (`cluster::found_another`) is not
+    // the row's error yet: whose the object is, a fresh read tells.
+    let write = |what: String, taken: RowError| {
+        move |e: kube::Error| if found_another(&e) { Failure::Appeared(taken) } else { classify(e, what) }
     };
     // The Secret is ours when it exists (`secret_present`): then it is updated, else created.
     let secret_write = if secret_present { Write::Update } else { Write::Create };
@@ -881,13 +880,11 @@ async fn try_sync_one(
             cluster
                 .apply_secret(&secret, secret_write)
                 .await
-                .map_err(api(&format!("creating Secret {ns}/{}", d.secret_name)))
-                .map_err(appeared(secret_taken()))?;
+                .map_err(write(format!("creating Secret {ns}/{}", d.secret_name), secret_taken()))?;
             let applied = cluster
                 .apply_workload(&d.workload, Write::Create)
                 .await
-                .map_err(api(&format!("creating ManagedWorkload {ns}/{name}")))
-                .map_err(appeared(name_taken()))?;
+                .map_err(write(format!("creating ManagedWorkload {ns}/{name}"), name_taken()))?;
             let owned = mapping::secret(d, fm, mapping::owner_reference(&applied));
             cluster
                 .apply_secret(&owned, Write::Update)
@@ -904,15 +901,13 @@ async fn try_sync_one(
             cluster
                 .apply_secret(&secret, secret_write)
                 .await
-                .map_err(api(&format!("applying Secret {ns}/{}", d.secret_name)))
-                .map_err(appeared(secret_taken()))?;
+                .map_err(write(format!("applying Secret {ns}/{}", d.secret_name), secret_taken()))?;
             // For the object read, by its UID: a CR deleted and made again by someone else
             // since (a stale cache) answers 409 instead of being forced over.
             cluster
                 .apply_workload(&owner, Write::Update)
                 .await
-                .map_err(api(&format!("applying ManagedWorkload {ns}/{name}")))
-                .map_err(appeared(name_taken()))?;
+                .map_err(write(format!("applying ManagedWorkload {ns}/{name}"), name_taken()))?;
             info!("updated ManagedWorkload {ns}/{name}");
             Ok(Outcome::Synced)
         }
