@@ -592,13 +592,7 @@ async fn future_stamps(engine: Engine) {
     let ns = TestNamespace::new(&format!("bridge-clock-{engine:?}")).await;
     let db = ManagerDb::new(engine).await;
     let workloads = ns.api::<ManagedWorkload>();
-    let bridge = Bridge::spawn(
-        &ns,
-        &db,
-        &support::bridge::kubeconfig(),
-        &["--poll-interval", support::bridge::POLL, "--resync-interval", "1h", "--requests-percent", "1"],
-    )
-    .await;
+    let bridge = Bridge::start(&ns, &db, &["--resync-interval", "1h"]).await;
     let command = |name: &'static str, want: &'static [&'static str]| {
         let workloads = workloads.clone();
         async move {
@@ -707,7 +701,12 @@ async fn wrong_database(engine: Engine) {
     // whose CR is held say why, and the bridge stays ready.
     wait_until(&workloads, "staging-only", "the new row's CR", TIMEOUT, |mw: Option<&ManagedWorkload>| mw.is_some())
         .await;
-    wait_written(&wrong, "staging-only", (Some(format!("{}/staging-only", ns.name)), None, None)).await;
+    let provider_id = Some(format!("{}/staging-only", ns.name));
+    eventually("staging-only's row to be written back", TIMEOUT, || async {
+        let row = wrong.written("staging-only").await.ok_or("no row")?;
+        if row.0 == provider_id { Ok(()) } else { Err(format!("row holds {row:?}")) }
+    })
+    .await;
     second.wait_for_line(&["row not synced", "hostname=team-wiki", "reason=awaiting_deletion"], TIMEOUT).await;
     let (status, _) = second.http_get("/readyz").await;
     assert_eq!(status, 200, "held deletions do not stop the bridge");
@@ -818,13 +817,7 @@ async fn mass_replacement_between_resyncs_is_held() {
     let ns = TestNamespace::new("bridge-mass-replace").await;
     let db = ManagerDb::new(Engine::Sqlite).await;
     let workloads = ns.api::<ManagedWorkload>();
-    let args = |extra: &'static [&'static str]| {
-        let mut args =
-            vec!["--poll-interval", support::bridge::POLL, "--resync-interval", "1h", "--requests-percent", "1"];
-        args.extend_from_slice(extra);
-        args
-    };
-    let bridge = Bridge::spawn(&ns, &db, &support::bridge::kubeconfig(), &args(&[])).await;
+    let bridge = Bridge::start(&ns, &db, &["--resync-interval", "1h"]).await;
     let mut made = Vec::new();
     for name in SAMPLES {
         let mw = wait_until(&workloads, name, "the bridge's CR", TIMEOUT, |mw: Option<&ManagedWorkload>| mw.is_some())
@@ -848,7 +841,7 @@ async fn mass_replacement_between_resyncs_is_held() {
     bridge.stop().await;
 
     // The flag's way: the set is still confirmed by two reads, then deleted and replaced.
-    let bridge = Bridge::spawn(&ns, &db, &support::bridge::kubeconfig(), &args(&["--max-delete-percent", "100"])).await;
+    let bridge = Bridge::start(&ns, &db, &["--resync-interval", "1h", "--max-delete-percent", "100"]).await;
     for mw in &made {
         wait_until(
             &workloads,
@@ -1087,13 +1080,7 @@ async fn write_backs_do_not_move_the_watermark(engine: Engine) {
     let ns = TestNamespace::new(&format!("bridge-watermark-{engine:?}")).await;
     let db = ManagerDb::new(engine).await;
     let workloads = ns.api::<ManagedWorkload>();
-    let bridge = Bridge::spawn(
-        &ns,
-        &db,
-        &support::bridge::kubeconfig(),
-        &["--poll-interval", support::bridge::POLL, "--resync-interval", "1h", "--requests-percent", "1"],
-    )
-    .await;
+    let bridge = Bridge::start(&ns, &db, &["--resync-interval", "1h"]).await;
     for name in SAMPLES {
         wait_ready(&workloads, name, Phase::Running).await;
         wait_row(&db, &workloads, name, true).await;
@@ -1193,13 +1180,14 @@ async fn the_bridges_writes_never_take_over_a_hand_made_object() {
     bridge_secret.metadata.labels = Some([(SYNCED_BY_LABEL.to_string(), "mw-bridge".to_string())].into());
     refused(cluster.apply_secret(&bridge_secret, Write::Create).await);
 
+    // (The operator writes its status: the bridge, nothing.)
     let now = workloads.get("app").await.unwrap();
-    assert_eq!(now.metadata.resource_version, hand_made.metadata.resource_version, "the hand-made CR was written");
+    assert_eq!(now.uid(), hand_made.uid());
     assert_eq!(now.labels().get(SYNCED_BY_LABEL), None);
+    let managers: Vec<_> = now.managed_fields().iter().filter_map(|f| f.manager.clone()).collect();
+    assert!(!managers.iter().any(|m| m == "mw-bridge"), "the bridge manages fields of the hand-made CR: {managers:?}");
     let now = secrets.get("app-manager-env").await.unwrap();
     assert_eq!(now.metadata.resource_version, hand_made_secret.metadata.resource_version);
-    let writes = audit::writes_by("mw-bridge", &ns.name);
-    assert!(writes.iter().all(|w| w.name.as_deref() != Some("app")), "{writes:?}");
 
     // Where nothing exists, the create creates (the precondition is for stored objects only).
     let mut fresh = desired.clone();
@@ -1207,6 +1195,14 @@ async fn the_bridges_writes_never_take_over_a_hand_made_object() {
     fresh.metadata.name = Some("fresh".into());
     let created = cluster.apply_workload(&fresh, Write::Create).await.expect("creating where none exists");
     assert_eq!(created.labels()[SYNCED_BY_LABEL], "mw-bridge");
+    // The audit log, up to that accepted write, holds no accepted write to the hand-made ones.
+    let accepted = || audit::timed_accepted_writes_by("mw-bridge", &ns.name).into_iter().map(|(_, w)| w);
+    eventually("the audit log to hold the accepted create", TIMEOUT, || async {
+        if accepted().any(|w| w.name.as_deref() == Some("fresh")) { Ok(()) } else { Err("not yet".to_string()) }
+    })
+    .await;
+    let taken: Vec<_> = accepted().filter(|w| w.name.as_deref() != Some("fresh")).collect();
+    assert!(taken.is_empty(), "{taken:?}");
 
     // The API server's clock: what it stamps on what it creates, to the second.
     let mut marker = ConfigMap::default();

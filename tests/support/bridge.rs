@@ -92,11 +92,19 @@ impl Bridge {
 
     /// The same, reaching the API server through `kubeconfig` (e.g. a cuttable proxy).
     pub async fn start_with(ns: &TestNamespace, db: &ManagerDb, kubeconfig: &str, extra: &[&str]) -> Bridge {
-        let mut args = vec!["--poll-interval", POLL, "--resync-interval", RESYNC, "--requests-percent", "1"];
-        // No rootfs volume unless a test asks for one: the test control plane has no default
-        // StorageClass, so its claims would never bind.
-        if !extra.iter().any(|a| a.starts_with("--rootfs-mount-path")) {
-            args.extend_from_slice(&["--rootfs-mount-path", ""]);
+        // Each default unless the test gives that flag itself. No rootfs volume unless a test
+        // asks for one: the test control plane has no default StorageClass, so its claims
+        // would never bind.
+        let mut args = vec![];
+        for (flag, value) in [
+            ("--poll-interval", POLL),
+            ("--resync-interval", RESYNC),
+            ("--requests-percent", "1"),
+            ("--rootfs-mount-path", ""),
+        ] {
+            if !extra.iter().any(|a| a.starts_with(flag)) {
+                args.extend_from_slice(&[flag, value]);
+            }
         }
         args.extend_from_slice(extra);
         Self::spawn(ns, db, kubeconfig, &args).await
