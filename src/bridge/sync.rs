@@ -3,8 +3,10 @@
 //! Each poll (default 2 s) reads a cheap fingerprint and the rows changed since the last
 //! `updatedAt` seen, maps the changed ones and applies what differs. A full resync (on a
 //! timer, or at once when the fingerprint shows a deleted row or a changed node, setting or
-//! resource request) re-reads everything and deletes the CRs whose row is gone. After each
-//! pass, and whenever a watched CR changes, the CRs' provider id and Pod IP are written back.
+//! resource request) re-reads everything and deletes the CRs whose row is gone, once the
+//! deletion guard (`plan::DeleteGuard`) lets it: a second full read agrees and the set is
+//! within the share or approved; nothing else waits for that. After each pass, and whenever
+//! a watched CR changes, the CRs' provider id and Pod IP are written back.
 //!
 //! Nothing is lost on failure: changed rows stay pending in memory until they are synced, and
 //! a failed pass (database or API server down) is retried with exponential backoff.
@@ -789,11 +791,11 @@ async fn sync_one(
     known: Known<'_>,
 ) -> Outcome {
     let mut result = try_sync_one(cluster, fm, &desired, cached, secret_cached, known).await;
-    if let Err(Failure::Appeared(what)) = &result {
+    if let Err(Failure::Appeared(likely)) = &result {
         // A create found an object of that name after all (made since the cache or the GET
         // said there was none), or an update found another object than the one it read:
         // whose it is, a fresh read tells (someone else's is `name_taken`/`secret_taken`).
-        debug!(error = %what, "an object appeared while writing; reading it again");
+        debug!(likely = %likely, "an object appeared while writing; reading it again");
         result = try_sync_one(cluster, fm, &desired, None, false, known).await;
     }
     match result {
@@ -807,8 +809,8 @@ async fn sync_one(
 
 enum Failure {
     Row(RowError),
-    /// A create-only write found an object (409), or an update found another object than the
-    /// one it was for; with the row error it most likely means (`NameTaken`, `SecretTaken`).
+    /// A write found another object than it was for (`cluster::found_another`); with the row
+    /// error that most likely means (`NameTaken`, `SecretTaken`).
     Appeared(RowError),
     Api(String, kube::Error),
 }
