@@ -384,9 +384,10 @@ async fn database_outage(engine: Engine) {
         }
         None => {
             // The lock is taken first; the CR stops while the bridge cannot read or write.
-            let hold = db.lock_sqlite_for(OUTAGE, &insert);
+            let (locked, lock_held) = tokio::sync::oneshot::channel();
+            let hold = db.lock_sqlite_for(OUTAGE, &insert, locked);
             let change = async {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                lock_held.await.expect("the write lock taken");
                 stop().await;
             };
             tokio::join!(hold, change);
