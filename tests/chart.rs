@@ -424,7 +424,7 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
             "--concurrency=16",
             "--pass-timeout=5m",
             "--max-delete-percent=50",
-            "--delete-guard-minimum=3",
+            "--delete-guard-minimum=2",
             "--rootfs-mount-path=/data",
             "--rootfs-storage-class=",
             "--rootfs-on-delete=retain",
@@ -810,7 +810,10 @@ fn documented_helm_commands(dir: &std::path::Path) -> Vec<(String, Vec<String>)>
                 continue;
             }
             let mut args = vec!["template".to_string()];
-            let mut rest = w[2..].iter().filter(|a| *a != "--install" && *a != "--create-namespace");
+            // Flags of an install or upgrade that `helm template` has no use for (with
+            // --reuse-values the upgrade adds to the earlier values: the defaults, here).
+            let install_only = ["--install", "--create-namespace", "--reuse-values"];
+            let mut rest = w[2..].iter().filter(|a| !install_only.contains(&a.as_str()));
             while let Some(arg) = rest.next() {
                 args.push(arg.clone());
                 if arg == "-f" || arg == "--values" {
@@ -874,7 +877,7 @@ fn exported() -> Exported {
     bridge.full_resync_seconds.observe(1.0);
     bridge.rows.set(1);
     bridge.rows_failing.set(0);
-    bridge.deletions_refused.inc();
+    bridge.set_deletions_pending(1, 1);
 
     let mut text = String::new();
     for registry in [&operator_registry, &bridge_registry] {

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, Preconditions, PropagationPolicy};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
 use tokio::sync::Notify;
 use tracing::warn;
 
@@ -133,23 +134,36 @@ impl Cluster {
         Api::<Secret>::namespaced(self.client.clone(), namespace).get_metadata_opt(name).await
     }
 
-    /// Server-side apply under the bridge's field manager. Without `force`, a field another
-    /// manager owns is a 409 Conflict: that is how creating over someone else's object that
-    /// appeared since the last look fails instead of taking it over.
-    pub async fn apply_workload(&self, mw: &ManagedWorkload, force: bool) -> Result<ManagedWorkload, kube::Error> {
+    /// Server-side apply under the bridge's field manager, as `write` says.
+    pub async fn apply_workload(&self, mw: &ManagedWorkload, write: Write) -> Result<ManagedWorkload, kube::Error> {
         let (namespace, name) = names(&mw.metadata);
         let api = Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace);
-        let applied = api.patch(name, &self.apply_params(force), &Patch::Apply(mw)).await?;
+        let applied = api.patch(name, &self.apply_params(write), &Patch::Apply(write.prepare(mw))).await?;
         self.metrics.wrote("workload_apply");
         Ok(applied)
     }
 
-    pub async fn apply_secret(&self, secret: &Secret, force: bool) -> Result<(), kube::Error> {
+    pub async fn apply_secret(&self, secret: &Secret, write: Write) -> Result<(), kube::Error> {
         let (namespace, name) = names(&secret.metadata);
         let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
-        api.patch(name, &self.apply_params(force), &Patch::Apply(secret)).await?;
+        api.patch(name, &self.apply_params(write), &Patch::Apply(write.prepare(secret))).await?;
         self.metrics.wrote("secret_apply");
         Ok(())
+    }
+
+    /// The API server's clock now, from the `Date` header of its answer to `GET /version`
+    /// (which every authenticated user may read), to the second.
+    pub async fn server_time(&self) -> Result<Timestamp, BridgeError> {
+        let failed = |why: String| BridgeError::Config(format!("reading the API server's clock: {why}"));
+        let request =
+            hyper::Request::get("/version").body(kube::client::Body::empty()).map_err(|e| failed(e.to_string()))?;
+        let response = self.client.send(request).await.map_err(|source| BridgeError::Kube {
+            operation: "reading the API server's clock (GET /version)".into(),
+            source,
+        })?;
+        let date = response.headers().get(hyper::header::DATE).ok_or_else(|| failed("no Date header".into()))?;
+        let date = date.to_str().map_err(|e| failed(e.to_string()))?;
+        parse_http_date(date).ok_or_else(|| failed(format!("the Date header {date:?} is not an HTTP date")))
     }
 
     /// Delete a ManagedWorkload if it is still the object `uid` names (never one someone
@@ -174,10 +188,52 @@ impl Cluster {
         ignore_gone(api.delete(name, &params).await.map(|_| self.metrics.wrote("secret_delete")))
     }
 
-    fn apply_params(&self, force: bool) -> PatchParams {
+    fn apply_params(&self, write: Write) -> PatchParams {
         let params = PatchParams::apply(&self.field_manager);
-        if force { params.force() } else { params }
+        if write == Write::Update { params.force() } else { params }
     }
+}
+
+/// How an apply may touch what is there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Create, and only create: not forced, and with the resourceVersion precondition "1",
+    /// which no stored object has (etcd's first write is revision 2) and which is ignored
+    /// when the object is created. An object of that name made since the bridge looked
+    /// (someone's own ManagedWorkload or Secret) answers 409 instead of being merged into and
+    /// taken over, as a plain apply would where its fields agree. (The operator creates its
+    /// objects the same way: `operator::apply`.)
+    Create,
+    /// Update the bridge's own object, forced: the fields it sets are its own. The object's
+    /// `metadata.uid`, when set, must be the stored one's (else 409).
+    Update,
+}
+
+impl Write {
+    fn prepare<K: Resource + Clone>(self, object: &K) -> std::borrow::Cow<'_, K> {
+        match self {
+            Write::Create => {
+                let mut create_only = object.clone();
+                create_only.meta_mut().resource_version = Some("1".into());
+                std::borrow::Cow::Owned(create_only)
+            }
+            Write::Update => std::borrow::Cow::Borrowed(object),
+        }
+    }
+}
+
+/// Did a write find another object than the one it was for? A create-only apply, one that
+/// exists (409); an update naming the UID it read, one deleted and made again since (the API
+/// server refuses to change `metadata.uid`: 409, or 422 on that field).
+pub fn found_another(err: &kube::Error) -> bool {
+    let kube::Error::Api(status) = err else { return false };
+    let on_uid = || status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"));
+    status.code == 409 || (status.code == 422 && on_uid())
+}
+
+/// An HTTP `Date` header (RFC 9110's IMF-fixdate, `Tue, 15 Nov 1994 08:12:31 GMT`).
+pub fn parse_http_date(text: &str) -> Option<Timestamp> {
+    k8s_openapi::jiff::fmt::rfc2822::DateTimeParser::new().parse_timestamp(text.trim()).ok()
 }
 
 fn names(meta: &kube::api::ObjectMeta) -> (&str, &str) {
@@ -211,4 +267,38 @@ where
             ),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_dates() {
+        assert_eq!(parse_http_date("Tue, 15 Nov 1994 08:12:31 GMT"), Some("1994-11-15T08:12:31Z".parse().unwrap()));
+        assert_eq!(parse_http_date("Tue, 21 Jul 2026 09:12:40 GMT "), Some("2026-07-21T09:12:40Z".parse().unwrap()));
+        assert_eq!(parse_http_date("yesterday"), None);
+    }
+
+    #[test]
+    fn another_object_is_a_conflict_or_a_refused_uid() {
+        // As the API server answers (the 422 of a changed UID names the field).
+        let status = |code: u16, field: &str| {
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                "details": {"causes": [{"reason": "FieldValueInvalid", "field": field}]}});
+            kube::Error::Api(Box::new(serde_json::from_value(status).unwrap()))
+        };
+        assert!(found_another(&status(409, "")));
+        assert!(found_another(&status(422, "metadata.uid")));
+        assert!(!found_another(&status(422, "spec.image")), "a refused spec is the row's error");
+        assert!(!found_another(&status(500, "")));
+    }
+
+    #[test]
+    fn create_only_never_matches_a_stored_object() {
+        let mut mw = ManagedWorkload::new("x", Default::default());
+        mw.metadata.resource_version = Some("4711".into());
+        assert_eq!(Write::Create.prepare(&mw).metadata.resource_version.as_deref(), Some("1"));
+        assert_eq!(Write::Update.prepare(&mw).metadata.resource_version.as_deref(), Some("4711"));
+    }
 }

@@ -38,6 +38,11 @@ pub enum RowError {
     Rejected { object: String, message: String },
     #[error("ManagedWorkload {namespace}/{name} of an earlier container is still being deleted; retrying")]
     Replacing { namespace: String, name: String },
+    #[error(
+        "ManagedWorkload {namespace}/{name} stands for a container whose row is gone; this row's workload is created \
+         once the deletion guard lets that one go (see the bridge's log)"
+    )]
+    AwaitingDeletion { namespace: String, name: String, uid: String },
     #[error("writing back containerId/ipv4Address violates {constraint}: another row holds the same value; retrying")]
     UniqueWriteBack { constraint: String },
 }
@@ -80,6 +85,7 @@ impl RowError {
             RowError::SecretTaken { .. } => "secret_taken",
             RowError::Rejected { .. } => "rejected",
             RowError::Replacing { .. } => "replacing",
+            RowError::AwaitingDeletion { .. } => "awaiting_deletion",
             RowError::UniqueWriteBack { .. } => "unique_violation",
         }
     }
@@ -110,13 +116,6 @@ pub enum BridgeError {
         "the sync pass did not finish within {limit:?} and was abandoned (a hung database or API server connection?)"
     )]
     PassTimeout { limit: std::time::Duration },
-    /// The deletion guard (`--max-delete-percent`, `--delete-guard-minimum`) held a pass back.
-    #[error(
-        "refusing to delete {deleting} of the bridge's {owned} ManagedWorkloads in one pass (more than {max_percent}%): \
-         is this the right Manager database? If the rows really are gone, run the bridge with --max-delete-percent 100 \
-         until the pass is done"
-    )]
-    DeletionRefused { deleting: usize, owned: usize, max_percent: u32 },
 }
 
 impl BridgeError {

@@ -38,6 +38,9 @@ pub use crate::resource::OWNER_ANNOTATION;
 /// SHA-256 of the env Secret's data, on the pod template: a changed value rolls out a new
 /// Pod although the CR only references the Secret (the Helm `checksum/secret` pattern).
 pub const ENV_DIGEST_ANNOTATION: &str = "opensource-server.mieweb.org/env-sha256";
+/// Set by an administrator on each CR of a held mass deletion, with the token the bridge logs
+/// for that set, to let the bridge delete exactly that set (see `plan::DeleteGuard`).
+pub const APPROVE_DELETION_ANNOTATION: &str = "opensource-server.mieweb.org/approve-deletion";
 /// Suffix of the per-workload env Secret's name.
 pub const SECRET_SUFFIX: &str = "-manager-env";
 

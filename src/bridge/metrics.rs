@@ -30,8 +30,10 @@ pub struct Metrics {
     /// Rows of served nodes the bridge tracks, and how many of them are failing.
     pub rows: Gauge,
     pub rows_failing: Gauge,
-    /// Passes whose deletions the deletion guard refused.
-    pub deletions_refused: Counter,
+    /// CRs whose row is gone that the deletion guard holds, by stage: `confirmation` (found
+    /// by one full read, waiting for a second that agrees) or `approval` (confirmed, beyond
+    /// the share: waiting for an administrator).
+    pub deletions_pending: Family<Labels, Gauge>,
     /// 1 while this replica holds the bridge's Lease, by Lease name.
     pub leader: Family<Labels, Gauge>,
 }
@@ -45,7 +47,7 @@ impl Default for Metrics {
             full_resync_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 16)),
             rows: Gauge::default(),
             rows_failing: Gauge::default(),
-            deletions_refused: Counter::default(),
+            deletions_pending: Family::default(),
             leader: Family::default(),
         }
     }
@@ -67,9 +69,9 @@ impl Metrics {
         r.register("rows", "Rows of served nodes tracked", m.rows.clone());
         r.register("rows_failing", "Tracked rows that currently fail to sync", m.rows_failing.clone());
         r.register(
-            "deletions_refused",
-            "Passes refused because they would delete more than --max-delete-percent of the bridge's workloads",
-            m.deletions_refused.clone(),
+            "deletions_pending",
+            "ManagedWorkloads whose row is gone that the deletion guard holds, by stage (confirmation, approval)",
+            m.deletions_pending.clone(),
         );
         // Unprefixed, as the operator's (and controller-runtime's): one alert rule serves both.
         registry.register(
@@ -103,6 +105,15 @@ impl Metrics {
     pub fn wrote(&self, kind: &'static str) {
         debug_assert!(WRITE_KINDS.contains(&kind), "write {kind:?} is missing from WRITE_KINDS");
         self.writes.get_or_create(&label("kind", kind)).inc();
+    }
+
+    /// How many CRs the deletion guard holds at each stage now.
+    pub fn set_deletions_pending(&self, confirmation: usize, approval: usize) {
+        for (stage, n) in [("confirmation", confirmation), ("approval", approval)] {
+            self.deletions_pending
+                .get_or_create(&vec![("stage", stage.to_string())])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn pass(&self, ok: bool) {

@@ -103,18 +103,24 @@ pub struct BridgeArgs {
     /// and retried with backoff, so a hung database or API server connection cannot pin it.
     #[arg(long, default_value = "5m", env = "MW_BRIDGE_PASS_TIMEOUT", value_parser = parse_duration)]
     pub pass_timeout: Duration,
-    /// Refuse a pass that would delete more than this percentage of the bridge's workloads
-    /// (a wrong database makes every workload look orphaned). 100 lets every deletion through.
+    /// Hold back, until an administrator approves them, confirmed deletions of more than this
+    /// percentage of the bridge's workloads (a wrong database makes every workload look
+    /// orphaned). 100 lets every confirmed deletion through.
     #[arg(long, default_value_t = 50, env = "MW_BRIDGE_MAX_DELETE_PERCENT", value_parser = clap::value_parser!(u32).range(0..=100))]
     pub max_delete_percent: u32,
-    /// A pass deleting fewer workloads than this is never refused, whatever their share.
-    #[arg(long, default_value_t = 3, env = "MW_BRIDGE_DELETE_GUARD_MINIMUM", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Confirmed deletions of fewer workloads than this go through whatever their share (the
+    /// default, 2: one container deleted in Manager goes even from an install of one).
+    #[arg(long, default_value_t = 2, env = "MW_BRIDGE_DELETE_GUARD_MINIMUM", value_parser = clap::value_parser!(u32).range(1..))]
     pub delete_guard_minimum: u32,
     /// Leader election among the bridge's replicas, on a Lease of its own (`mw-bridge` unless
     /// --lease-name says otherwise), fenced as the operator's.
     #[command(flatten)]
     pub election: crate::election::ElectionArgs,
 }
+
+/// The least time between the full read that finds CRs to delete and the one that confirms
+/// them (never more than the resync interval).
+pub const DELETE_CONFIRM_AFTER: Duration = Duration::from_secs(30);
 
 /// The bridge's Lease unless --lease-name names another.
 pub const DEFAULT_LEASE: &str = "mw-bridge";
@@ -233,6 +239,7 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         delete_guard: plan::DeleteGuard {
             max_percent: args.max_delete_percent,
             minimum: usize::try_from(args.delete_guard_minimum).unwrap_or(usize::MAX),
+            confirm_after: DELETE_CONFIRM_AFTER.min(args.resync_interval),
         },
     };
     // /healthz fails once the loop has finished no pass for longer than a healthy one can go;
@@ -253,6 +260,7 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         resync = ?args.resync_interval,
         pass_timeout = ?args.pass_timeout,
         max_delete_percent = args.max_delete_percent,
+        delete_guard_minimum = args.delete_guard_minimum,
         field_manager = %args.field_manager,
         "bridge started"
     );

@@ -1,11 +1,13 @@
 //! What to do about one row, one CR, one write-back: pure decisions over what was observed,
 //! so every ownership rule of DESIGN §5 is unit-tested without a cluster or a database.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
+use sha2::{Digest, Sha256};
 
 use super::error::RowError;
 use super::mapping::{BRIDGE_HASH_ANNOTATION, Desired, ROW_CREATED_ANNOTATION, SECRET_SUFFIX, key_of, made_by_bridge};
@@ -173,34 +175,128 @@ pub fn write_back_target(cr: Option<&ManagedWorkload>, written: &RowState, sourc
     }
 }
 
-/// The deletion guard: a pass may delete up to `minimum - 1` workloads at any rate, and more
-/// only while they are at most `max_percent` of the bridge's workloads. A wrong database
-/// (restored, staging, new, with a node of the same name) makes every workload look
-/// orphaned; a real clean-up rarely removes most workloads at once, and can be let through
-/// with `max_percent` 100.
+/// The deletion guard (DESIGN §5, docs/bridge.md "Deletion guard"). A CR whose row is gone is
+/// deleted only once two full reads of the database, at least `confirm_after` apart, found the
+/// same set of CRs to delete: a database in flux (a restore under way, a failover to a lagging
+/// replica) shows one read's set, not two agreeing ones. A confirmed set is deleted when it is
+/// fewer than `minimum` CRs, or at most `max_percent` of the bridge's workloads, or when every
+/// CR of it carries the approval annotation with the set's token; otherwise all of it is held,
+/// and the bridge says so. Held sets are all or nothing: approving part of one deletes nothing,
+/// so approving some CRs never shrinks the rest of a wrong database's set into the share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeleteGuard {
     pub max_percent: u32,
     pub minimum: usize,
+    /// The least time between the full read that finds a set and the one that confirms it.
+    pub confirm_after: Duration,
 }
 
-impl DeleteGuard {
-    /// May one pass delete `deleting` of the `owned` workloads this bridge made?
-    pub fn allows(&self, deleting: usize, owned: usize) -> bool {
-        deleting < self.minimum || deleting.saturating_mul(100) <= owned.saturating_mul(self.max_percent as usize)
+/// The CRs one full read found to delete (by UID), and when that set was first found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sighting {
+    pub uids: BTreeSet<String>,
+    pub at: Instant,
+}
+
+/// What the guard says about the CRs one full read found to delete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Judgement {
+    /// Nothing to delete.
+    Nothing,
+    /// Found, not confirmed: a first sighting, a set other than the earlier read's, or the
+    /// same set read again too soon. Delete nothing; read everything again at `recheck_at`.
+    Unconfirmed { sighting: Sighting, recheck_at: Instant },
+    /// Two reads agree, and the set is within the share or approved: delete all of it.
+    Delete { sighting: Sighting },
+    /// Two reads agree, but the set is beyond the share: delete none of it until every CR of
+    /// it carries `token` (`approved` of them do now).
+    Held { sighting: Sighting, token: String, approved: usize },
+}
+
+impl Judgement {
+    /// The sighting to compare the next full read with: none once the set is deleted (what
+    /// a later read finds is a new set).
+    pub fn sighting(&self) -> Option<&Sighting> {
+        match self {
+            Judgement::Nothing | Judgement::Delete { .. } => None,
+            Judgement::Unconfirmed { sighting, .. } | Judgement::Held { sighting, .. } => Some(sighting),
+        }
     }
 }
 
+impl DeleteGuard {
+    /// Would deleting `deleting` of the `owned` workloads this bridge made stay within the
+    /// share (or below the minimum), with no approval?
+    pub fn within_share(&self, deleting: usize, owned: usize) -> bool {
+        deleting < self.minimum || deleting.saturating_mul(100) <= owned.saturating_mul(self.max_percent as usize)
+    }
+
+    /// Judge the CRs a full read found to delete at `now`: `found` maps each one's UID to the
+    /// value of its approval annotation, `earlier` is what the last full read found (the
+    /// previous judgement's sighting), `owned` how many workloads this bridge has.
+    pub fn judge(
+        &self,
+        earlier: Option<&Sighting>,
+        found: &BTreeMap<String, Option<String>>,
+        owned: usize,
+        now: Instant,
+    ) -> Judgement {
+        if found.is_empty() {
+            return Judgement::Nothing;
+        }
+        let uids: BTreeSet<String> = found.keys().cloned().collect();
+        // A set is confirmed by a later read only, never by the read that found it.
+        let sighting = match earlier {
+            Some(earlier) if earlier.uids == uids => earlier.clone(),
+            _ => {
+                let sighting = Sighting { uids, at: now };
+                return Judgement::Unconfirmed { recheck_at: now + self.confirm_after, sighting };
+            }
+        };
+        let recheck_at = sighting.at + self.confirm_after;
+        if now < recheck_at {
+            return Judgement::Unconfirmed { sighting, recheck_at };
+        }
+        let token = approval_token(&sighting.uids);
+        let approved = found.values().filter(|v| v.as_deref() == Some(token.as_str())).count();
+        if self.within_share(found.len(), owned) || approved == found.len() {
+            Judgement::Delete { sighting }
+        } else {
+            Judgement::Held { sighting, token, approved }
+        }
+    }
+}
+
+/// The token that approves deleting exactly this set of CRs: the first 16 hex digits of the
+/// SHA-256 of their sorted UIDs. Bound to the set, so an approval left on a CR approves no
+/// other deletion later.
+pub fn approval_token(uids: &BTreeSet<String>) -> String {
+    let mut hasher = Sha256::new();
+    for uid in uids {
+        hasher.update(uid.as_bytes());
+        hasher.update(b"\n");
+    }
+    hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// How old an env Secret without its CR must be before it is deleted: older than any
+/// Secret-then-CR write in flight.
+pub const ORPHAN_SECRET_GRACE: SignedDuration = SignedDuration::from_mins(5);
+
 /// The env Secrets of this bridge that lost their way: labelled by `field_manager`, owned by
-/// nothing, created before `created_before`, and with no ManagedWorkload of the matching name
-/// in their namespace (a crash between writing the Secret and the CR). `workloads` are the
-/// (namespace, name) of the CRs that exist. Linear: one set of names, one look-up per Secret.
+/// nothing, created more than `ORPHAN_SECRET_GRACE` before `server_now`, and with no
+/// ManagedWorkload of the matching name in their namespace (a crash between writing the
+/// Secret and the CR). `server_now` is the API server's clock: the one that stamped the
+/// Secrets' creationTimestamp (the bridge's own may be off from it by any amount).
+/// `workloads` are the (namespace, name) of the CRs that exist. Linear: one set of names,
+/// one look-up per Secret.
 pub fn orphan_secrets<'a>(
     secrets: impl IntoIterator<Item = &'a ObjectMeta>,
     workloads: impl IntoIterator<Item = (String, String)>,
     field_manager: &str,
-    created_before: Timestamp,
+    server_now: Timestamp,
 ) -> Vec<&'a ObjectMeta> {
+    let created_before = server_now.saturating_sub(ORPHAN_SECRET_GRACE).unwrap_or(Timestamp::UNIX_EPOCH);
     let expected: HashSet<(String, String)> =
         workloads.into_iter().map(|(ns, name)| (ns, format!("{name}{SECRET_SUFFIX}"))).collect();
     secrets
@@ -253,14 +349,15 @@ pub fn is_orphan(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::bridge::env::DefaultEnv;
     use crate::bridge::mapping::{self, Context, PROVIDER_LABEL, SYNCED_BY_LABEL};
     use crate::bridge::rows::{ContainerRow, Grants};
     use crate::resource::{ManagedWorkloadStatus, ServiceStatus};
 
-    fn row() -> ContainerRow {
+    /// A row of the sample's shape (the other modules' tests start from it too).
+    pub(crate) fn row() -> ContainerRow {
         ContainerRow {
             id: 3,
             node_id: 1,
@@ -480,23 +577,90 @@ mod tests {
     }
 
     #[test]
-    fn the_deletion_guard() {
-        let guard = DeleteGuard { max_percent: 50, minimum: 3 };
-        assert!(guard.allows(0, 0));
-        assert!(guard.allows(2, 2), "below the minimum, any share");
-        assert!(guard.allows(5, 10), "half is allowed");
-        assert!(!guard.allows(6, 10));
-        assert!(!guard.allows(3, 3), "every workload at once: refused");
-        assert!(!guard.allows(3, 0), "more than it owns (a stale count): refused");
-        assert!(DeleteGuard { max_percent: 100, minimum: 3 }.allows(1000, 1000), "100 lets everything through");
-        assert!(!DeleteGuard { max_percent: 0, minimum: 1 }.allows(1, 1000));
+    fn the_share() {
+        let guard = DeleteGuard { max_percent: 50, minimum: 2, confirm_after: Duration::from_secs(30) };
+        assert!(guard.within_share(0, 0));
+        assert!(guard.within_share(1, 1), "one deletion goes at any share (once confirmed)");
+        assert!(!guard.within_share(2, 2), "a small install's every workload at once: held");
+        assert!(guard.within_share(5, 10), "half is allowed");
+        assert!(!guard.within_share(6, 10));
+        assert!(!guard.within_share(2, 0), "more than it owns (a stale count): held");
+        let open = DeleteGuard { max_percent: 100, ..guard };
+        assert!(open.within_share(1000, 1000), "100 lets everything through");
+        assert!(!DeleteGuard { max_percent: 0, minimum: 1, ..guard }.within_share(1, 1000));
+    }
+
+    /// UID → approval annotation value, as a full read finds them.
+    fn found(uids: &[(&str, Option<&str>)]) -> BTreeMap<String, Option<String>> {
+        uids.iter().map(|(u, a)| (u.to_string(), a.map(str::to_string))).collect()
+    }
+
+    #[test]
+    fn deletions_wait_for_a_second_read_that_agrees() {
+        let guard = DeleteGuard { max_percent: 50, minimum: 2, confirm_after: Duration::from_secs(30) };
+        let t0 = Instant::now();
+        let later = |s: u64| t0 + Duration::from_secs(s);
+        let one = found(&[("a", None)]);
+        // Even one of one waits: the read that finds it never confirms it.
+        let first = guard.judge(None, &one, 1, t0);
+        let Judgement::Unconfirmed { sighting, recheck_at } = first.clone() else { panic!("{first:?}") };
+        assert_eq!(recheck_at, later(30));
+        // Read again too soon: still waiting, the first sighting's time kept.
+        let soon = guard.judge(Some(&sighting), &one, 1, later(10));
+        assert_eq!(soon, Judgement::Unconfirmed { sighting: sighting.clone(), recheck_at: later(30) });
+        // A later read that agrees: a real deletion of one container goes through.
+        let deleted = guard.judge(soon.sighting(), &one, 1, later(31));
+        assert_eq!(deleted, Judgement::Delete { sighting: sighting.clone() });
+        assert_eq!(deleted.sighting(), None, "what a later read finds is a new set");
+        // A later read that found another set starts over (a database in flux).
+        let two = found(&[("a", None), ("b", None)]);
+        let moved = guard.judge(Some(&sighting), &two, 4, later(31));
+        let Judgement::Unconfirmed { sighting: second, recheck_at } = moved else { panic!("{moved:?}") };
+        assert_eq!((second.uids.len(), second.at, recheck_at), (2, later(31), later(61)));
+        assert_eq!(guard.judge(Some(&second), &two, 4, later(61)), Judgement::Delete { sighting: second.clone() });
+        // Nothing to delete forgets the sighting.
+        assert_eq!(guard.judge(Some(&second), &found(&[]), 4, later(62)), Judgement::Nothing);
+        assert_eq!(Judgement::Nothing.sighting(), None);
+    }
+
+    #[test]
+    fn a_mass_deletion_waits_for_the_approval_of_all_of_it() {
+        let guard = DeleteGuard { max_percent: 50, minimum: 2, confirm_after: Duration::from_secs(30) };
+        let t0 = Instant::now();
+        let all = found(&[("a", None), ("b", None), ("c", None)]);
+        let Judgement::Unconfirmed { sighting, .. } = guard.judge(None, &all, 3, t0) else { panic!() };
+        let confirmed = t0 + Duration::from_secs(30);
+        let held = guard.judge(Some(&sighting), &all, 3, confirmed);
+        let token = approval_token(&sighting.uids);
+        assert_eq!(held, Judgement::Held { sighting: sighting.clone(), token: token.clone(), approved: 0 });
+        // Approving part of it deletes none of it (approving some never shrinks the rest into
+        // the share), nor does another set's token, an old approval left on a CR.
+        let part = found(&[("a", Some(&token)), ("b", Some(&token)), ("c", Some("0123456789abcdef"))]);
+        assert_eq!(
+            guard.judge(Some(&sighting), &part, 3, confirmed),
+            Judgement::Held { sighting: sighting.clone(), token: token.clone(), approved: 2 }
+        );
+        let approved = found(&[("a", Some(&token)), ("b", Some(&token)), ("c", Some(&token))]);
+        assert_eq!(
+            guard.judge(Some(&sighting), &approved, 3, confirmed),
+            Judgement::Delete { sighting: sighting.clone() }
+        );
+        // The flag's way: 100 % lets the confirmed set through.
+        let open = DeleteGuard { max_percent: 100, ..guard };
+        assert_eq!(open.judge(Some(&sighting), &all, 3, confirmed), Judgement::Delete { sighting: sighting.clone() });
+        // The token is the set's: stable, and another set's differs.
+        assert_eq!(token.len(), 16);
+        assert_eq!(approval_token(&sighting.uids), token);
+        assert_ne!(approval_token(&["a".to_string(), "b".to_string()].into()), token);
     }
 
     #[test]
     fn orphan_secrets_linear_and_exact() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
         let old = Timestamp::UNIX_EPOCH;
-        let cutoff = Timestamp::from_second(1_000_000).unwrap();
+        // The API server's clock; the grace before it is the cutoff.
+        let server_now = Timestamp::from_second(1_000_000).unwrap();
+        let cutoff = server_now - ORPHAN_SECRET_GRACE;
         let meta = |ns: &str, name: &str, fm: &str, at: Timestamp, owned: bool| ObjectMeta {
             namespace: Some(ns.into()),
             name: Some(name.into()),
@@ -523,7 +687,7 @@ mod tests {
                 ..meta("c", "v-manager-env", "mw-bridge", old, false)
             },
         ];
-        let orphans = orphan_secrets(&secrets, [("a".to_string(), "x".to_string())], "mw-bridge", cutoff);
+        let orphans = orphan_secrets(&secrets, [("a".to_string(), "x".to_string())], "mw-bridge", server_now);
         assert_eq!(orphans.len(), 1);
         assert_eq!((orphans[0].namespace.as_deref(), orphans[0].name.as_deref()), (Some("b"), Some("x-manager-env")));
 
@@ -533,9 +697,29 @@ mod tests {
         let many: Vec<ObjectMeta> =
             (0..n).map(|i| meta("a", &format!("w{i}{SECRET_SUFFIX}"), "mw-bridge", old, false)).collect();
         let started = std::time::Instant::now();
-        let orphans = orphan_secrets(&many, (1..n).map(|i| ("a".to_string(), format!("w{i}"))), "mw-bridge", cutoff);
+        let orphans =
+            orphan_secrets(&many, (1..n).map(|i| ("a".to_string(), format!("w{i}"))), "mw-bridge", server_now);
         assert_eq!(orphans.iter().map(|m| m.name.as_deref()).collect::<Vec<_>>(), [Some("w0-manager-env")]);
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_secrets_age_is_judged_by_the_api_servers_clock() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        // A Secret the API server created a minute ago, its CR not (yet) there, judged on a
+        // machine whose clock runs an hour ahead of the API server's: not old enough.
+        let server_now = Timestamp::now() - SignedDuration::from_hours(1);
+        let meta = |age: SignedDuration| ObjectMeta {
+            namespace: Some("a".into()),
+            name: Some("x-manager-env".into()),
+            labels: Some([(SYNCED_BY_LABEL.to_string(), "mw-bridge".to_string())].into()),
+            creation_timestamp: Some(Time(server_now - age)),
+            ..Default::default()
+        };
+        let young = [meta(SignedDuration::from_mins(1))];
+        assert!(orphan_secrets(&young, [], "mw-bridge", server_now).is_empty());
+        let old = [meta(SignedDuration::from_mins(6))];
+        assert_eq!(orphan_secrets(&old, [], "mw-bridge", server_now).len(), 1);
     }
 
     impl Plan {

@@ -3,8 +3,10 @@
 //! Each poll (default 2 s) reads a cheap fingerprint and the rows changed since the last
 //! `updatedAt` seen, maps the changed ones and applies what differs. A full resync (on a
 //! timer, or at once when the fingerprint shows a deleted row or a changed node, setting or
-//! resource request) re-reads everything and deletes the CRs whose row is gone. After each
-//! pass, and whenever a watched CR changes, the CRs' provider id and Pod IP are written back.
+//! resource request) re-reads everything and deletes the CRs whose row is gone, once the
+//! deletion guard (`plan::DeleteGuard`) lets it: a second full read agrees and the set is
+//! within the share or approved; nothing else waits for that. After each pass, and whenever
+//! a watched CR changes, the CRs' provider id and Pod IP are written back.
 //!
 //! Nothing is lost on failure: changed rows stay pending in memory until they are synced, and
 //! a failed pass (database or API server down) is retried with exponential backoff.
@@ -20,13 +22,13 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, Write, found_another};
 use super::db::{self, Database, WriteBackError};
 use super::env::{self, DefaultEnv};
 use super::error::{BridgeError, RowError};
-use super::mapping::{self, Context, Desired};
+use super::mapping::{self, APPROVE_DELETION_ANNOTATION, Context, Desired, SYNCED_BY_LABEL};
 use super::metrics::Metrics;
-use super::plan::{self, DeleteGuard, Existing, Plan};
+use super::plan::{self, DeleteGuard, Existing, Judgement, Plan, Sighting};
 use super::rows::{ContainerRow, Fingerprint, Grants, RowKey};
 use crate::retry::Backoff;
 use crate::telemetry::Health;
@@ -88,6 +90,9 @@ struct Tracked {
     write_back_error: Option<RowError>,
     retry_at: Option<Instant>,
     synced_at: Option<Instant>,
+    /// The `updatedAt` the bridge's last write-back to the row stamped: read back, it is the
+    /// bridge's own write, not Manager's, and does not move the watermark.
+    own_stamp: Option<String>,
 }
 
 pub struct Bridge {
@@ -113,8 +118,34 @@ pub struct Bridge {
     db_now: Option<Timestamp>,
     fingerprint: Option<Fingerprint>,
     next_full: Instant,
+    /// What the last full read found to delete, for the deletion guard to compare the next
+    /// with.
+    deletions: Option<Sighting>,
+    /// The token of the held set last reported, so a held set is logged once, not every read.
+    held: Option<String>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+}
+
+/// A CR of this bridge whose row is gone.
+struct Orphan {
+    namespace: String,
+    name: String,
+    uid: String,
+    key: Option<RowKey>,
+    /// Its approval annotation (`APPROVE_DELETION_ANNOTATION`), if set.
+    approval: Option<String>,
+}
+
+/// Up to ten `namespace/name`s of `orphans`, for a log line, and how many more.
+fn named(orphans: &[Orphan]) -> String {
+    const SHOWN: usize = 10;
+    let mut text =
+        orphans.iter().take(SHOWN).map(|o| format!("{}/{}", o.namespace, o.name)).collect::<Vec<_>>().join(", ");
+    if orphans.len() > SHOWN {
+        text.push_str(&format!(" and {} more", orphans.len() - SHOWN));
+    }
+    text
 }
 
 /// How one row's sync ended.
@@ -132,6 +163,8 @@ impl Bridge {
         metrics: Arc<Metrics>,
         health: Arc<Health>,
     ) -> Self {
+        // A term starts knowing of no deletion; the gauges say so from the start.
+        metrics.set_deletions_pending(0, 0);
         Bridge {
             db,
             cluster,
@@ -147,6 +180,8 @@ impl Bridge {
             db_now: None,
             fingerprint: None,
             next_full: Instant::now(),
+            deletions: None,
+            held: None,
             metrics,
             health,
         }
@@ -209,9 +244,6 @@ impl Bridge {
         // is kept (rows are recorded per chunk); the rest stays pending for the next.
         let limit = self.settings.pass_timeout;
         let result = tokio::time::timeout(limit, self.pass()).await.unwrap_or(Err(BridgeError::PassTimeout { limit }));
-        if matches!(result, Err(BridgeError::DeletionRefused { .. })) {
-            self.metrics.deletions_refused.inc();
-        }
         self.metrics.pass(result.is_ok());
         let failing = self.rows.values().filter(|t| t.error.is_some() || t.write_back_error.is_some()).count();
         self.metrics.rows.set(i64::try_from(self.rows.len()).unwrap_or(i64::MAX));
@@ -236,31 +268,30 @@ impl Bridge {
         if full {
             self.full_resync().await?;
         }
-        // Before anything is written: a pass that would delete most of what the bridge made
-        // is more likely a wrong database than a clean-up. Nothing of it is done, and the
-        // bridge says so until it is fixed. Replacing a CR is a deletion too (and the only
-        // kind an incremental pass makes); orphans go on full resyncs.
-        let mut doomed: HashSet<String> = self.replacements().into_iter().collect();
-        if full {
-            doomed.extend(self.orphans().into_iter().map(|(_, _, uid, _)| uid));
-        }
-        let (deleting, owned) = (doomed.len(), self.owned());
-        if !self.settings.delete_guard.allows(deleting, owned) {
-            return Err(BridgeError::DeletionRefused {
-                deleting,
-                owned,
-                max_percent: self.settings.delete_guard.max_percent,
-            });
-        }
+        // Deletions are judged on full reads only (`plan::DeleteGuard`); whatever waits, every
+        // other row is synced and written back meanwhile.
+        let deleting = if full { self.judge_deletions() } else { Vec::new() };
         self.fingerprint = Some(fingerprint);
-        self.sync_pending().await?;
+        let allowed: HashSet<String> = deleting.iter().map(|o| o.uid.clone()).collect();
+        self.sync_pending(&allowed).await?;
         if full {
-            self.collect_orphans().await?;
-            self.next_full = Instant::now() + self.settings.resync_interval;
+            self.collect_orphans(deleting).await?;
+            self.next_full = self.next_full_after(Instant::now());
             self.metrics.full_resync_seconds.observe(started.elapsed().as_secs_f64());
             info!(rows = self.rows.len(), took = ?started.elapsed(), "full resync done");
         }
         self.write_back().await
+    }
+
+    /// When the next full resync is due: after the resync interval, or sooner while the
+    /// deletion guard waits: as soon as a found set may be confirmed, and every
+    /// `confirm_after` while a set is held (so an approval takes effect within that).
+    fn next_full_after(&self, now: Instant) -> Instant {
+        let regular = now + self.settings.resync_interval;
+        let Some(sighting) = &self.deletions else { return regular };
+        let confirm_after = self.settings.delete_guard.confirm_after;
+        let confirmable = Instant::from_std(sighting.at) + confirm_after;
+        regular.min(if confirmable > now { confirmable } else { now + confirm_after })
     }
 
     /// Nodes, settings, resource requests or services changed: every row may map differently.
@@ -369,7 +400,8 @@ impl Bridge {
     /// Remember a row read from the database; it is pending when it is new or changed, or
     /// when `recheck` (a full resync compares every row with the cluster again).
     fn track(&mut self, row: ContainerRow, recheck: bool) {
-        if let Some(at) = db::parse_timestamp(&row.updated_at) {
+        let own_stamp = self.rows.get(&row.key()).and_then(|t| t.own_stamp.as_deref());
+        if let Some(at) = manager_stamp(&row, own_stamp) {
             self.watermark = advance(self.watermark, at, self.db_now);
         }
         let Some(namespace) = self.served.get(&row.node_id).cloned() else { return };
@@ -394,6 +426,7 @@ impl Bridge {
                     write_back_error: None,
                     retry_at: None,
                     synced_at: None,
+                    own_stamp: None,
                 };
                 self.rows.insert(tracked.row.key(), tracked);
             }
@@ -404,12 +437,15 @@ impl Bridge {
     }
 
     /// Map every pending row and apply what differs, a bounded number of requests at once.
-    async fn sync_pending(&mut self) -> Result<(), BridgeError> {
+    /// `deletable`: the UIDs of the CRs the deletion guard lets this pass delete (a CR of a
+    /// row's name that stands for a gone container is replaced only if it is one of them).
+    async fn sync_pending(&mut self, deletable: &HashSet<String>) -> Result<(), BridgeError> {
         if !self.defaults_known {
             return Ok(());
         }
         let now = Instant::now();
         let live: Arc<HashSet<RowKey>> = Arc::new(self.rows.keys().copied().collect());
+        let deletable = Arc::new(deletable.clone());
         let fm = self.settings.field_manager.clone();
         let cr_key = |t: &Tracked| {
             let mw = self.cluster.workload(&t.namespace, &t.row.hostname)?;
@@ -478,11 +514,12 @@ impl Bridge {
             let cluster = self.cluster.clone();
             let results: Vec<(RowKey, Outcome)> = futures::stream::iter(jobs)
                 .map(|(desired, cached, secret)| {
-                    let (cluster, live, fm) = (cluster.clone(), live.clone(), fm.clone());
+                    let (cluster, live, deletable, fm) = (cluster.clone(), live.clone(), deletable.clone(), fm.clone());
                     async move {
                         let key = desired.key;
                         let span = info_span!("row", id = key.id, node = key.node_id, name = %desired.name);
-                        (key, sync_one(&cluster, &fm, desired, cached, secret, &live).instrument(span).await)
+                        let known = Known { live: &live, deletable: &deletable };
+                        (key, sync_one(&cluster, &fm, desired, cached, secret, known).instrument(span).await)
                     }
                 })
                 .buffer_unordered(self.settings.concurrency.max(1))
@@ -512,6 +549,14 @@ impl Bridge {
                     t.synced_at = Some(Instant::now());
                 }
                 Outcome::Row(err) => {
+                    // A CR to replace that no full read has found to delete yet (a row that
+                    // re-uses a gone container's hostname or id, seen by an incremental
+                    // poll): the next pass reads everything, so the guard starts on it.
+                    if let RowError::AwaitingDeletion { uid, .. } = &err
+                        && !self.deletions.as_ref().is_some_and(|s| s.uids.contains(uid))
+                    {
+                        self.next_full = Instant::now();
+                    }
                     // Conditions in the cluster can clear by themselves; a bad row waits for
                     // the row (or a full resync) to change.
                     let retry = matches!(
@@ -520,6 +565,7 @@ impl Bridge {
                             | RowError::SecretTaken { .. }
                             | RowError::HostnameCollision { .. }
                             | RowError::Replacing { .. }
+                            | RowError::AwaitingDeletion { .. }
                     );
                     t.pending = retry;
                     t.retry_at = retry.then(|| Instant::now() + ROW_RETRY);
@@ -533,9 +579,8 @@ impl Bridge {
         transient
     }
 
-    /// The CRs this bridge made whose row is gone (or belongs elsewhere now): (namespace,
-    /// name, uid, row).
-    fn orphans(&self) -> Vec<(String, String, String, Option<RowKey>)> {
+    /// The CRs this bridge made whose row is gone (or belongs elsewhere now).
+    fn orphans(&self) -> Vec<Orphan> {
         let fm = &self.settings.field_manager;
         let target = |key: RowKey| {
             self.rows.get(&key).map(|t| plan::RowTarget {
@@ -550,61 +595,116 @@ impl Bridge {
             if !plan::is_orphan(&existing, |node| self.served.contains_key(&node), target) {
                 continue;
             }
-            if let (Some(ns), Some(uid)) = (mw.namespace(), existing.uid) {
-                orphans.push((ns, mw.name_any(), uid, existing.key));
+            if let (Some(namespace), Some(uid)) = (mw.namespace(), existing.uid) {
+                orphans.push(Orphan {
+                    namespace,
+                    name: mw.name_any(),
+                    uid,
+                    key: existing.key,
+                    approval: mw.annotations().get(APPROVE_DELETION_ANNOTATION).cloned(),
+                });
             }
         }
+        orphans.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         orphans
     }
 
-    /// The UIDs of the CRs of this bridge that syncing the pending rows would delete to
-    /// replace: a CR of the row's name that stands for another container whose row is gone
-    /// (`plan` decides `Replace` for exactly these).
-    fn replacements(&self) -> Vec<String> {
-        let fm = &self.settings.field_manager;
-        self.rows
-            .iter()
-            .filter(|(_, t)| t.pending)
-            .filter_map(|(key, t)| {
-                let mw = self.cluster.workload(&t.namespace, &t.row.hostname)?;
-                let (stands_for, created_at) = plan::made_for(&mw, fm)?;
-                let same = stands_for == *key && created_at == Some(t.row.created_at.as_str());
-                let collision = stands_for != *key && self.rows.contains_key(&stands_for);
-                let deleting = mw.metadata.deletion_timestamp.is_some();
-                if same || collision || deleting { None } else { mw.uid() }
-            })
-            .collect()
-    }
-
-    /// How many CRs of this bridge stand for rows of the nodes it serves: what the deletion
-    /// guard's share is of.
+    /// How many CRs of this bridge, not being deleted, stand for rows of the nodes it serves:
+    /// what the deletion guard's share is of.
     fn owned(&self) -> usize {
         let fm = &self.settings.field_manager;
         self.cluster
             .workloads()
             .iter()
+            .filter(|mw| mw.metadata.deletion_timestamp.is_none())
             .filter(|mw| plan::made_for(mw, fm).is_some_and(|(key, _)| self.served.contains_key(&key.node_id)))
             .count()
     }
 
-    /// Delete the CRs this bridge made whose row is gone, and Secrets it wrote whose CR never
+    /// After a full read: put the CRs whose row is gone before the deletion guard, say what
+    /// it decided (once per change), and return the ones it lets this pass delete.
+    fn judge_deletions(&mut self) -> Vec<Orphan> {
+        let orphans = self.orphans();
+        let found = orphans.iter().map(|o| (o.uid.clone(), o.approval.clone())).collect();
+        let owned = self.owned();
+        let guard = self.settings.delete_guard;
+        let now = Instant::now();
+        let judgement = guard.judge(self.deletions.as_ref(), &found, owned, now.into_std());
+        let names = || named(&orphans);
+        let fresh = |s: &Sighting| self.deletions.as_ref().is_none_or(|d| d.uids != s.uids);
+        match &judgement {
+            Judgement::Nothing => {
+                if self.deletions.is_some() {
+                    info!(
+                        "no ManagedWorkload is to be deleted any more (their rows are back, or they went otherwise); nothing was deleted"
+                    );
+                }
+                self.metrics.set_deletions_pending(0, 0);
+            }
+            Judgement::Unconfirmed { sighting, recheck_at } => {
+                if fresh(sighting) {
+                    info!(
+                        count = orphans.len(),
+                        workloads = %names(),
+                        confirm_in = ?recheck_at.saturating_duration_since(now.into_std()),
+                        "rows are gone; their ManagedWorkloads are deleted once a second full read agrees"
+                    );
+                }
+                self.metrics.set_deletions_pending(orphans.len(), 0);
+            }
+            Judgement::Delete { .. } => self.metrics.set_deletions_pending(0, 0),
+            Judgement::Held { token, approved, .. } => {
+                if self.held.as_ref() != Some(token) {
+                    warn!(
+                        deleting = orphans.len(),
+                        owned,
+                        max_percent = guard.max_percent,
+                        approved,
+                        workloads = %names(),
+                        "holding back the deletion of {} of the bridge's {owned} ManagedWorkloads (more than {}%): is this \
+                         the right Manager database? Everything else goes on syncing. If the rows really are gone, approve \
+                         exactly these deletions with `kubectl annotate mw -A -l {SYNCED_BY_LABEL}={} \
+                         {APPROVE_DELETION_ANNOTATION}={token} --overwrite`, or run the bridge with --max-delete-percent 100",
+                        orphans.len(),
+                        guard.max_percent,
+                        self.settings.field_manager,
+                    );
+                }
+                self.metrics.set_deletions_pending(0, orphans.len());
+            }
+        }
+        self.held = match &judgement {
+            Judgement::Held { token, .. } => Some(token.clone()),
+            _ => None,
+        };
+        self.deletions = judgement.sighting().cloned();
+        if matches!(judgement, Judgement::Delete { .. }) { orphans } else { Vec::new() }
+    }
+
+    /// Delete the CRs the deletion guard let go, and Secrets this bridge wrote whose CR never
     /// came (a crash between the two writes).
-    async fn collect_orphans(&mut self) -> Result<(), BridgeError> {
-        for (ns, name, uid, key) in self.orphans() {
+    async fn collect_orphans(&mut self, deleting: Vec<Orphan>) -> Result<(), BridgeError> {
+        for Orphan { namespace: ns, name, uid, key, .. } in deleting {
             info!(namespace = %ns, name = %name, row = ?key, "row is gone; deleting its ManagedWorkload");
             self.cluster.delete_workload(&ns, &name, &uid).await.map_err(|source| BridgeError::Kube {
                 operation: format!("deleting ManagedWorkload {ns}/{name}"),
                 source,
             })?;
         }
-        let grace = k8s_openapi::jiff::Timestamp::now()
-            .saturating_sub(SignedDuration::from_mins(5))
-            .unwrap_or(Timestamp::UNIX_EPOCH);
+        // A Secret's age is its creationTimestamp, stamped by the API server: judged by the
+        // API server's clock, never this machine's, which may be off from it.
+        let server_now = match self.cluster.server_time().await {
+            Ok(now) => now,
+            Err(err) => {
+                warn!(error = %err, "cannot read the API server's clock; orphaned env Secrets wait for the next full resync");
+                return Ok(());
+            }
+        };
         let secrets = self.cluster.secrets();
         let workloads = self.cluster.workloads();
         let names = workloads.iter().filter_map(|mw| Some((mw.namespace()?, mw.name_any())));
         let orphaned =
-            plan::orphan_secrets(secrets.iter().map(|s| &s.metadata), names, &self.settings.field_manager, grace);
+            plan::orphan_secrets(secrets.iter().map(|s| &s.metadata), names, &self.settings.field_manager, server_now);
         for meta in orphaned {
             let (Some(ns), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid) else { continue };
             info!(namespace = %ns, name = %name, "deleting an env Secret whose ManagedWorkload was never created");
@@ -641,6 +741,7 @@ impl Bridge {
                 Ok(written) => {
                     if let Some(updated_at) = written {
                         info!(row = %key, hostname = %t.row.hostname, container_id = ?target.container_id, ipv4_address = ?target.ipv4_address, "wrote back to Manager");
+                        t.own_stamp = Some(updated_at.clone());
                         t.row.updated_at = updated_at;
                         self.metrics.wrote("row_update");
                     }
@@ -672,6 +773,14 @@ fn report(metrics: &Metrics, key: RowKey, hostname: &str, slot: &mut Option<RowE
     *slot = Some(err);
 }
 
+/// What a row's sync needs to know of the others: which rows exist (`live`), and which CRs
+/// the deletion guard lets this pass delete (`deletable`, by UID).
+#[derive(Clone, Copy)]
+struct Known<'a> {
+    live: &'a HashSet<RowKey>,
+    deletable: &'a HashSet<String>,
+}
+
 /// Sync one mapped row with the cluster.
 async fn sync_one(
     cluster: &Cluster,
@@ -679,17 +788,30 @@ async fn sync_one(
     desired: Desired,
     cached: Option<Existing>,
     secret_cached: bool,
-    live: &HashSet<RowKey>,
+    known: Known<'_>,
 ) -> Outcome {
-    match try_sync_one(cluster, fm, &desired, cached, secret_cached, live).await {
+    let mut result = try_sync_one(cluster, fm, &desired, cached, secret_cached, known).await;
+    if let Err(Failure::Appeared(likely)) = &result {
+        // A create found an object of that name after all (made since the cache or the GET
+        // said there was none), or an update found another object than the one it read:
+        // whose it is, a fresh read tells (someone else's is `name_taken`/`secret_taken`).
+        debug!(likely = %likely, "an object appeared while writing; reading it again");
+        result = try_sync_one(cluster, fm, &desired, None, false, known).await;
+    }
+    match result {
         Ok(outcome) => outcome,
         Err(Failure::Row(err)) => Outcome::Row(err),
+        // Twice in a row: reported as what it most likely is, and retried.
+        Err(Failure::Appeared(err)) => Outcome::Row(err),
         Err(Failure::Api(operation, source)) => Outcome::Transient(BridgeError::Kube { operation, source }),
     }
 }
 
 enum Failure {
     Row(RowError),
+    /// A write found another object than it was for (`cluster::found_another`); with the row
+    /// error that most likely means (`NameTaken`, `SecretTaken`).
+    Appeared(RowError),
     Api(String, kube::Error),
 }
 
@@ -699,7 +821,7 @@ async fn try_sync_one(
     d: &Desired,
     cached: Option<Existing>,
     secret_cached: bool,
-    live: &HashSet<RowKey>,
+    known: Known<'_>,
 ) -> Result<Outcome, Failure> {
     let (ns, name) = (d.namespace.as_str(), d.name.as_str());
     let api = |what: &str| {
@@ -727,21 +849,23 @@ async fn try_sync_one(
         }
         secret_present = true;
     }
-    // A 409 on a non-forced apply: fields of that name are another manager's.
-    let taken = |secret: bool| {
-        move |f: Failure| match f {
-            Failure::Api(_, kube::Error::Api(s)) if s.code == 409 && secret => {
-                Failure::Row(RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() })
-            }
-            Failure::Api(_, kube::Error::Api(s)) if s.code == 409 => {
-                Failure::Row(RowError::NameTaken { namespace: ns.into(), name: name.into() })
-            }
-            other => other,
-        }
+    let name_taken = || RowError::NameTaken { namespace: ns.into(), name: name.into() };
+    let secret_taken = || RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() };
+    // The API server's 409 on a create-only write (an object of that name exists after all)
+    // or on a write for a UID the object no longer has (it was deleted and made again).
+    // A write that found another object than it was for (`cluster::found_another`) is not
+    // the row's error yet: whose the object is, a fresh read tells.
+    let write = |what: String, taken: RowError| {
+        move |e: kube::Error| if found_another(&e) { Failure::Appeared(taken) } else { classify(e, what) }
     };
-    match plan::plan(d, existing.as_ref(), secret_present, |k| live.contains(&k)) {
+    // The Secret is ours when it exists (`secret_present`): then it is updated, else created.
+    let secret_write = if secret_present { Write::Update } else { Write::Create };
+    match plan::plan(d, existing.as_ref(), secret_present, |k| known.live.contains(&k)) {
         Plan::UpToDate => Ok(Outcome::Synced),
         Plan::Blocked(err) => Ok(Outcome::Row(err)),
+        Plan::Replace { uid } if !known.deletable.contains(&uid) => {
+            Ok(Outcome::Row(RowError::AwaitingDeletion { namespace: ns.into(), name: name.into(), uid }))
+        }
         Plan::Replace { uid } => {
             info!("ManagedWorkload {ns}/{name} stands for an earlier container; deleting it to create this one");
             cluster
@@ -751,39 +875,41 @@ async fn try_sync_one(
             Ok(Outcome::Row(RowError::Replacing { namespace: ns.into(), name: name.into() }))
         }
         Plan::Create => {
-            // Secret first, so the Pod never starts without its env; then the CR; then the
-            // Secret's owner, so it goes with the CR.
+            // Secret first, so the Pod never starts without its env; then the CR, created
+            // only where none exists (never merged into one made meanwhile by someone else);
+            // then the Secret's owner, so it goes with the CR.
             let secret = mapping::secret(d, fm, None);
             cluster
-                .apply_secret(&secret, false)
+                .apply_secret(&secret, secret_write)
                 .await
-                .map_err(api(&format!("creating Secret {ns}/{}", d.secret_name)))
-                .map_err(taken(true))?;
+                .map_err(write(format!("creating Secret {ns}/{}", d.secret_name), secret_taken()))?;
             let applied = cluster
-                .apply_workload(&d.workload, false)
+                .apply_workload(&d.workload, Write::Create)
                 .await
-                .map_err(api(&format!("creating ManagedWorkload {ns}/{name}")))
-                .map_err(taken(false))?;
+                .map_err(write(format!("creating ManagedWorkload {ns}/{name}"), name_taken()))?;
             let owned = mapping::secret(d, fm, mapping::owner_reference(&applied));
             cluster
-                .apply_secret(&owned, true)
+                .apply_secret(&owned, Write::Update)
                 .await
                 .map_err(api(&format!("applying Secret {ns}/{}", d.secret_name)))?;
             info!("created ManagedWorkload {ns}/{name}");
             Ok(Outcome::Synced)
         }
         Plan::Update => {
+            let uid = existing.and_then(|e| e.uid);
             let mut owner = d.workload.clone();
-            owner.metadata.uid = existing.and_then(|e| e.uid);
+            owner.metadata.uid = uid.clone();
             let secret = mapping::secret(d, fm, mapping::owner_reference(&owner));
             cluster
-                .apply_secret(&secret, true)
+                .apply_secret(&secret, secret_write)
                 .await
-                .map_err(api(&format!("applying Secret {ns}/{}", d.secret_name)))?;
+                .map_err(write(format!("applying Secret {ns}/{}", d.secret_name), secret_taken()))?;
+            // For the object read, by its UID: a CR deleted and made again by someone else
+            // since (a stale cache) answers 409 instead of being forced over.
             cluster
-                .apply_workload(&d.workload, true)
+                .apply_workload(&owner, Write::Update)
                 .await
-                .map_err(api(&format!("applying ManagedWorkload {ns}/{name}")))?;
+                .map_err(write(format!("applying ManagedWorkload {ns}/{name}"), name_taken()))?;
             info!("updated ManagedWorkload {ns}/{name}");
             Ok(Outcome::Synced)
         }
@@ -800,6 +926,19 @@ fn classify(err: kube::Error, operation: String) -> Failure {
         }
         other => Failure::Api(operation, other),
     }
+}
+
+/// The `updatedAt` of a row read that may move the watermark: Manager's stamp, not the
+/// bridge's own. A write-back is stamped by the database's clock, Manager's edits by Manager's:
+/// were the bridge's stamps to move the watermark, a database clock ahead of Manager's would
+/// put it past the edits Manager stamps meanwhile, and the incremental poll would miss them
+/// until the next full resync. (A row read back with the bridge's stamp but other values is
+/// still seen as changed: `track` compares the whole row.)
+fn manager_stamp(row: &ContainerRow, own_stamp: Option<&str>) -> Option<Timestamp> {
+    if own_stamp == Some(row.updated_at.as_str()) {
+        return None;
+    }
+    db::parse_timestamp(&row.updated_at)
 }
 
 /// The watermark after seeing a row updated at `seen`: the newest seen, but capped at the
@@ -825,6 +964,24 @@ mod tests {
     }
 
     #[test]
+    fn the_bridges_own_stamps_never_move_the_watermark() {
+        let mut row = plan::tests::row();
+        row.updated_at = "2026-01-01 00:05:00.000 +00:00".into();
+        let manager = db::parse_timestamp(&row.updated_at);
+        assert!(manager.is_some());
+        assert_eq!(manager_stamp(&row, None), manager, "Manager's stamp moves it");
+        assert_eq!(
+            manager_stamp(&row, Some("2026-01-01 00:01:00.000 +00:00")),
+            manager,
+            "an earlier write-back's stamp"
+        );
+        // Read back after the bridge wrote it (the database's clock, here a minute ahead of
+        // Manager's): the watermark stays where Manager's stamps put it.
+        row.updated_at = "2026-01-01 00:06:00.000 +00:00".into();
+        assert_eq!(manager_stamp(&row, Some("2026-01-01 00:06:00.000 +00:00")), None);
+    }
+
+    #[test]
     fn the_stall_limit_outlasts_a_timed_out_pass_and_the_longest_backoff() {
         let settings = Settings {
             nodes: vec![],
@@ -837,7 +994,7 @@ mod tests {
             address: Default::default(),
             concurrency: 16,
             pass_timeout: Duration::from_secs(300),
-            delete_guard: DeleteGuard { max_percent: 50, minimum: 3 },
+            delete_guard: DeleteGuard { max_percent: 50, minimum: 2, confirm_after: Duration::from_secs(30) },
         };
         let limit = stall_limit(&settings);
         assert!(limit > settings.pass_timeout + BACKOFF.delay(u32::MAX), "{limit:?}");

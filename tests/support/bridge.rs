@@ -92,11 +92,19 @@ impl Bridge {
 
     /// The same, reaching the API server through `kubeconfig` (e.g. a cuttable proxy).
     pub async fn start_with(ns: &TestNamespace, db: &ManagerDb, kubeconfig: &str, extra: &[&str]) -> Bridge {
-        let mut args = vec!["--poll-interval", POLL, "--resync-interval", RESYNC, "--requests-percent", "1"];
-        // No rootfs volume unless a test asks for one: the test control plane has no default
-        // StorageClass, so its claims would never bind.
-        if !extra.iter().any(|a| a.starts_with("--rootfs-mount-path")) {
-            args.extend_from_slice(&["--rootfs-mount-path", ""]);
+        // Each default unless the test gives that flag itself. No rootfs volume unless a test
+        // asks for one: the test control plane has no default StorageClass, so its claims
+        // would never bind.
+        let mut args = vec![];
+        for (flag, value) in [
+            ("--poll-interval", POLL),
+            ("--resync-interval", RESYNC),
+            ("--requests-percent", "1"),
+            ("--rootfs-mount-path", ""),
+        ] {
+            if !extra.iter().any(|a| a.starts_with(flag)) {
+                args.extend_from_slice(&[flag, value]);
+            }
         }
         args.extend_from_slice(extra);
         Self::spawn(ns, db, kubeconfig, &args).await
@@ -153,19 +161,39 @@ impl Bridge {
 
     /// Wait until the output holds a line containing every one of `needles`.
     pub async fn wait_for_line(&self, needles: &[&str], timeout: Duration) -> String {
+        self.wait_for_lines(needles, 1, timeout).await
+    }
+
+    /// The lines of the output so far that contain every one of `needles`.
+    pub fn lines(&self, needles: &[&str]) -> Vec<String> {
+        self.output().lines().filter(|l| needles.iter().all(|n| l.contains(n))).map(str::to_string).collect()
+    }
+
+    /// Wait until the output holds `count` lines containing every one of `needles`; the last.
+    pub async fn wait_for_lines(&self, needles: &[&str], count: usize, timeout: Duration) -> String {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if let Some(line) = self.output().lines().find(|l| needles.iter().all(|n| l.contains(n))) {
-                return line.to_string();
+            let lines = self.lines(needles);
+            if lines.len() >= count {
+                return lines[count - 1].clone();
             }
             if tokio::time::Instant::now() >= deadline {
                 panic!(
-                    "the bridge did not log a line with {needles:?} within {timeout:?}; its log: {}",
+                    "the bridge logged {} of {count} lines with {needles:?} within {timeout:?}; its log: {}",
+                    lines.len(),
                     self.log.display()
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Wait until the bridge has logged `n` more lines with `needles` than it had when
+    /// called: the evidence that it did a thing again (`n` more full resyncs, polls), in place
+    /// of a sleep that guesses how long that takes.
+    pub async fn wait_for_more(&self, needles: &[&str], n: usize, timeout: Duration) -> String {
+        let seen = self.lines(needles).len();
+        self.wait_for_lines(needles, seen + n, timeout).await
     }
 
     /// GET `path` from the bridge's probe/metrics server: (status code, body).

@@ -277,11 +277,18 @@ impl Drop for OwnPgServer {
 
 impl ManagerDb {
     /// Hold SQLite's write lock for `hold` (Manager's own writers, a backup or a migration do
-    /// this), running `sql` inside the locked transaction; it commits at the end.
-    pub async fn lock_sqlite_for(&self, hold: std::time::Duration, sql: &str) {
+    /// this), running `sql` inside the locked transaction; it commits at the end. `locked` is
+    /// told once the lock is held.
+    pub async fn lock_sqlite_for(
+        &self,
+        hold: std::time::Duration,
+        sql: &str,
+        locked: tokio::sync::oneshot::Sender<()>,
+    ) {
         let Pool::Sqlite(pool) = &self.pool else { panic!("lock_sqlite_for is for SQLite") };
         let mut conn = pool.acquire().await.expect("a SQLite connection");
         sqlx::raw_sql("BEGIN EXCLUSIVE").execute(&mut *conn).await.expect("taking the write lock");
+        let _ = locked.send(());
         sqlx::raw_sql(sql).execute(&mut *conn).await.unwrap_or_else(|e| panic!("running {sql}: {e}"));
         tokio::time::sleep(hold).await;
         sqlx::raw_sql("COMMIT").execute(&mut *conn).await.expect("releasing the write lock");
