@@ -748,7 +748,7 @@ fn the_readme_takes_a_newcomer_from_prerequisites_to_a_verified_install() {
         .map(|c| c["name"].as_str().unwrap().to_uppercase())
         .collect();
     let header = format!("NAME {}", columns.join(" "));
-    let output = block_after(&readme, "`make demo` ends with");
+    let output = block_after(&readme, "`make demo` prints");
     let shown = output.lines().find(|l| l.starts_with("NAME")).expect("a kubectl get header");
     assert_eq!(shown.split_whitespace().collect::<Vec<_>>().join(" "), header, "README.md's demo output header");
 }

@@ -50,7 +50,7 @@ pub enum RowError {
 impl RowError {
     /// Every `reason()`, in the order of docs/bridge.md's table: the label values of
     /// `mw_bridge_row_errors_total`, each exported from the start.
-    pub const REASONS: [&'static str; 15] = [
+    pub const REASONS: [&'static str; 16] = [
         "missing_image",
         "bad_service",
         "bad_image",
@@ -65,6 +65,7 @@ impl RowError {
         "secret_taken",
         "rejected",
         "replacing",
+        "awaiting_deletion",
         "unique_violation",
     ];
 
@@ -146,6 +147,7 @@ mod tests {
             RowError::SecretTaken { namespace: s(), name: s() },
             RowError::Rejected { object: s(), message: s() },
             RowError::Replacing { namespace: s(), name: s() },
+            RowError::AwaitingDeletion { namespace: s(), name: s(), uid: s() },
             RowError::UniqueWriteBack { constraint: s() },
         ];
         let mut reasons: Vec<&str> = every.iter().map(RowError::reason).collect();

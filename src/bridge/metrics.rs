@@ -90,6 +90,7 @@ impl Metrics {
         for result in RESULTS {
             let _ = m.passes.get_or_create(&label("result", result));
         }
+        m.set_deletions_pending(0, 0);
         std::sync::Arc::new(m)
     }
 
