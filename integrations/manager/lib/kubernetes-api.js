@@ -279,6 +279,17 @@ class KubernetesApi {
     const name = mw.metadata.name;
     const deleted = new Set(String(config.delete || '').split(',').map((s) => s.trim()).filter(Boolean));
     let spec = { ...mw.spec };
+    if (config.rootfs !== undefined) {
+      // Checked before anything is written. A claim never shrinks (the operator keeps it as it
+      // is): Manager is told so rather than shown a smaller disk than the container has, as
+      // Proxmox refuses a smaller rootfs too.
+      const current = (spec.volumes || []).find((v) => v.name === m.ROOTFS_VOLUME);
+      const currentGb = current ? Number((/^(\d+)Gi$/.exec(current.size) || [])[1]) : NaN;
+      const gb = rootfsGb(config.rootfs);
+      if (gb < currentGb) {
+        throw new m.MappingError(`rootfs ${gb} GB refused: a disk never shrinks, and ${name}-${m.ROOTFS_VOLUME} is ${currentGb} GB`);
+      }
+    }
     const touchesEnv = config.env !== undefined || deleted.has('env');
     if (touchesEnv) {
       const env = deleted.has('env') ? {} : m.parseEnv(config.env);
