@@ -700,6 +700,9 @@ mod tests {
         unreachable!("the standby takes a Lease nobody renews")
     }
 
+    /// How long the API server takes to read the standby's n-th look.
+    type Latency = Box<dyn Fn(u32) -> Duration>;
+
     #[test]
     fn a_standby_takes_over_only_after_the_leaders_deadline_whatever_the_latencies() {
         let mut early_by_the_old_rule = Vec::new();
@@ -708,7 +711,7 @@ mod tests {
             let bound = e.attempt_timeout();
             let latencies = [Duration::ZERO, Duration::from_millis(100), bound / 2, bound];
             // Every look as slow as the next, or a single slow one among fast looks.
-            let mut reads: Vec<(String, Box<dyn Fn(u32) -> Duration>)> = Vec::new();
+            let mut reads: Vec<(String, Latency)> = Vec::new();
             for latency in latencies {
                 reads.push((format!("every look {latency:?}"), Box::new(move |_| latency)));
                 for k in 0..8 {

@@ -162,24 +162,47 @@ fn exactly_once(counts: &std::collections::BTreeMap<String, usize>, names: &[Str
     assert!(wrong.is_empty(), "{what}: every Deployment written exactly once, but: {wrong:?}");
 }
 
+/// Two operators confined to the test namespace, `a` leading (on `config_a`, with `a_args`)
+/// and `b` ready on standby, and `count` workloads running nginx:1.26 under `a`.
+async fn leader_standby_and_workloads(
+    ns: &TestNamespace,
+    (config_a, a_args): (&std::path::Path, &[&str]),
+    config_b: &std::path::Path,
+    count: usize,
+    timeout: Duration,
+) -> (Operator, Operator, Vec<String>) {
+    let a = Operator::start(&format!("{}-a", ns.name), config_a, &scoped(ns, a_args));
+    a.wait_leader(LEASE, TIMEOUT).await;
+    let b = Operator::start(&format!("{}-b", ns.name), config_b, &scoped(ns, &["--concurrency=4"]));
+    b.wait_ready(TIMEOUT).await;
+    let names: Vec<String> = (0..count).map(|i| format!("w{i:02}")).collect();
+    let workloads = ns.api::<ManagedWorkload>();
+    for name in &names {
+        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
+    }
+    all_converged(ns, &names, "nginx:1.26", timeout).await;
+    (a, b, names)
+}
+
+/// Of `old` (the old leader's writes), those the API server completed at or after the new
+/// leader's first write, which is its taking of the Lease (as a standby it wrote nothing).
+fn written_after_takeover(old: Vec<(Timestamp, Write)>, new_leader: &str, ns: &str) -> Vec<(Timestamp, Write)> {
+    let writes_b = timed_writes_by(new_leader, ns);
+    let (first_b, first) = writes_b.first().expect("the new leader wrote");
+    assert_eq!(first.resource, "leases", "the standby's first write takes the Lease: {writes_b:?}");
+    old.into_iter().filter(|(t, _)| t >= first_b).collect()
+}
+
 #[tokio::test]
 #[ignore = "hack/test.sh runs these alone, after the main suite: they stop control-plane components"]
 async fn the_standby_takes_over_when_the_leader_is_killed_and_wrote_nothing_before() {
     let ns = TestNamespace::new("failover").await;
     let (config_a, _, user_a) = service_account_kubeconfig(&ns, "op-a").await;
     let (config_b, _, user_b) = service_account_kubeconfig(&ns, "op-b").await;
-    let mut a = Operator::start(&format!("{}-a", ns.name), &config_a, &scoped(&ns, &["--concurrency=4"]));
-    a.wait_leader(LEASE, TIMEOUT).await;
-    let b = Operator::start(&format!("{}-b", ns.name), &config_b, &scoped(&ns, &["--concurrency=4"]));
-    b.wait_ready(TIMEOUT).await;
+    let leader = (config_a.as_path(), &["--concurrency=4"][..]);
+    let (mut a, b, names) = leader_standby_and_workloads(&ns, leader, &config_b, 50, Duration::from_secs(180)).await;
     assert_eq!(b.metric(&format!("leader_election_master_status{{name=\"{LEASE}\"}}")).await, Some(0.0));
-
-    let names: Vec<String> = (0..50).map(|i| format!("w{i:02}")).collect();
     let workloads = ns.api::<ManagedWorkload>();
-    for name in &names {
-        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
-    }
-    all_converged(&ns, &names, "nginx:1.26", Duration::from_secs(180)).await;
 
     // The standby is ready, warm and silent: it wrote nothing at all so far.
     let standby = timed_writes_by(&user_b, &ns.name);
@@ -262,17 +285,9 @@ async fn a_black_holed_leader_stops_writing_before_the_standby_takes_over() {
     proxy.kubeconfig(config_a.to_str().unwrap(), &proxied);
     let through = std::fs::read_to_string(&proxied).unwrap();
     assert!(through.contains(&proxy.addr.to_string()), "the leader's kubeconfig points at the proxy: {through}");
-    let a = Operator::start(&format!("{}-a", ns.name), &proxied, &scoped(&ns, &["--concurrency=4"]));
-    a.wait_leader(LEASE, TIMEOUT).await;
-    let b = Operator::start(&format!("{}-b", ns.name), &config_b, &scoped(&ns, &["--concurrency=4"]));
-    b.wait_ready(TIMEOUT).await;
-
-    let names: Vec<String> = (0..10).map(|i| format!("w{i:02}")).collect();
+    let leader = (proxied.as_path(), &["--concurrency=4"][..]);
+    let (a, b, names) = leader_standby_and_workloads(&ns, leader, &config_b, 10, Duration::from_secs(120)).await;
     let workloads = ns.api::<ManagedWorkload>();
-    for name in &names {
-        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
-    }
-    all_converged(&ns, &names, "nginx:1.26", Duration::from_secs(120)).await;
 
     // The leader's path goes dark while workloads keep changing, so it has work it would do.
     proxy.black_hole();
@@ -301,10 +316,9 @@ async fn a_black_holed_leader_stops_writing_before_the_standby_takes_over() {
     all_converged(&ns, &names, "nginx:1.27", Duration::from_secs(120)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
+    let late = written_after_takeover(timed_accepted_writes_by(&user_a, &ns.name), &user_b, &ns.name);
+    assert!(late.is_empty(), "the black-holed leader wrote after the standby's first write: {late:?}");
     let writes_b = timed_writes_by(&user_b, &ns.name);
-    let first_b = writes_b.first().expect("the new leader wrote").0;
-    let late: Vec<_> = timed_accepted_writes_by(&user_a, &ns.name).into_iter().filter(|(t, _)| *t >= first_b).collect();
-    assert!(late.is_empty(), "the black-holed leader wrote after the standby's first write at {first_b}: {late:?}");
     let by_b = writes_b.iter().filter(|(_, w)| w.resource == "deployments").count();
     assert!(by_b >= names.len(), "the new leader applied every change after the heal ({by_b} Deployment writes)");
     drop(a);
@@ -323,16 +337,9 @@ async fn a_paused_leader_writes_nothing_once_the_standby_leads() {
     // One reconcile at a time: the leader works through the changes below one by one, so it
     // is stopped with work in hand (a reconcile between its apply and its status write, Events
     // queued, more waiting).
-    let a = Operator::start(&format!("{}-a", ns.name), &config_a, &scoped(&ns, &["--concurrency=1"]));
-    a.wait_leader(LEASE, TIMEOUT).await;
-    let b = Operator::start(&format!("{}-b", ns.name), &config_b, &scoped(&ns, &["--concurrency=4"]));
-    b.wait_ready(TIMEOUT).await;
-    let names: Vec<String> = (0..30).map(|i| format!("w{i:02}")).collect();
+    let leader = (config_a.as_path(), &["--concurrency=1"][..]);
+    let (a, b, names) = leader_standby_and_workloads(&ns, leader, &config_b, 30, Duration::from_secs(120)).await;
     let workloads = ns.api::<ManagedWorkload>();
-    for name in &names {
-        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
-    }
-    all_converged(&ns, &names, "nginx:1.26", Duration::from_secs(120)).await;
 
     // Every workload changes at once, and the leader stops while it works through them.
     let changed_at = Timestamp::now();
@@ -371,14 +378,10 @@ async fn a_paused_leader_writes_nothing_once_the_standby_leads() {
     })
     .await;
 
-    let writes_b = timed_writes_by(&user_b, &ns.name);
-    let first_b = writes_b.first().expect("the new leader wrote");
-    assert_eq!(first_b.1.resource, "leases", "the standby's first write takes the Lease: {writes_b:?}");
-    let first_b = first_b.0;
     // Attempts count, accepted or not: a write the API server refused was still sent.
     let writes_a = timed_writes_by(&user_a, &ns.name);
-    let late: Vec<_> = writes_a.iter().filter(|(t, _)| *t >= first_b).collect();
-    assert!(late.is_empty(), "the paused leader wrote after the new leader's first write at {first_b}: {late:?}");
+    let late = written_after_takeover(writes_a.clone(), &user_b, &ns.name);
+    assert!(late.is_empty(), "the paused leader wrote after the new leader's first write: {late:?}");
     // The controls: the old leader was stopped with changes left undone (the new leader
     // applied them, and the same audit log shows it), and it wrote before it stopped.
     let done_by_a = deployment_writes_since(&[&user_a], &ns.name, changed_at).values().sum::<usize>();
