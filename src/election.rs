@@ -203,7 +203,7 @@ impl Election {
             biased;
             reason = &mut keep => Ended::Lost(reason),
             _ = shutdown.wait_for(|s| *s) => Ended::Shutdown,
-            done = &mut work => done.map_or(Ended::Work, |refused| Ended::Lost(refused.to_string())),
+            done = &mut work => done.map_or(Ended::Work, |_| Ended::Lost(self.expired())),
         };
         let outcome = match ended {
             Ended::Work => (None, false),
@@ -216,7 +216,7 @@ impl Election {
                     biased;
                     reason = &mut keep => (Some(reason), true),
                     done = tokio::time::timeout(STOP_GRACE, &mut work) => match done {
-                        Ok(done) => (done.map(|refused| refused.to_string()), true),
+                        Ok(done) => (done.map(|_| self.expired()), true),
                         Err(_) => {
                             warn!(grace = ?STOP_GRACE, "in-flight work did not finish in time; abandoning it");
                             (None, true)
@@ -264,9 +264,7 @@ impl Election {
     /// attempt is bounded by it, so a hung connection cannot keep it waiting).
     async fn keep(&self, leases: &Api<Lease>, leadership: &Leadership) -> String {
         loop {
-            let Some(left) = leadership.left(Instant::now()) else {
-                return format!("no renewal succeeded within {:?}", self.renew_deadline());
-            };
+            let Some(left) = leadership.left(Instant::now()) else { return self.expired() };
             let pause = self.retry_period().min(left);
             tokio::time::sleep(pause).await;
             let Some(left) = leadership.left(Instant::now()) else { continue };
@@ -285,6 +283,11 @@ impl Election {
             }
         }
     }
+    /// Why a term ended at its deadline.
+    fn expired(&self) -> String {
+        format!("no renewal succeeded within {:?}", self.renew_deadline())
+    }
+
     /// Take (`acquire`) or renew the Lease, conditional on the resourceVersion `current` was
     /// read at: of two replicas writing the same version, one gets 409.
     async fn write(&self, leases: &Api<Lease>, current: Option<&Lease>, acquire: bool) -> Result<(), LeaseError> {
@@ -441,27 +444,34 @@ impl Term {
     }
 }
 
-/// Why a write was refused.
+/// Why a write was not made as leader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refused {
+    /// Not sent: this replica stands by (its term ended, or none began).
     NotLeading,
+    /// Not sent: the term's deadline passed (no renewal succeeded in time).
     DeadlinePassed,
+    /// Sent before the deadline, unanswered at it: no longer waited for.
     Unanswered,
 }
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Refused::NotLeading => "this replica does not lead",
-            Refused::DeadlinePassed => "this replica's renew deadline passed without a successful renewal",
-            Refused::Unanswered => "the renew deadline passed before the API server answered; abandoned",
+            Refused::NotLeading => "write refused: this replica does not lead",
+            Refused::DeadlinePassed => {
+                "write refused: this replica's renew deadline passed without a successful renewal"
+            }
+            Refused::Unanswered => {
+                "write abandoned: the renew deadline passed before the API server answered (it may have applied it)"
+            }
         })
     }
 }
 
 /// A write this replica refused to make because it may no longer write as leader.
 #[derive(Clone, Debug, thiserror::Error)]
-#[error("write refused: {why} (Lease {lease}); another replica may lead")]
+#[error("{why} (Lease {lease}); another replica may lead")]
 pub struct NotLeading {
     pub lease: String,
     pub why: Refused,
