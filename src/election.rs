@@ -203,7 +203,7 @@ impl Election {
             biased;
             reason = &mut keep => Ended::Lost(reason),
             _ = shutdown.wait_for(|s| *s) => Ended::Shutdown,
-            done = &mut work => done.map_or(Ended::Work, |_| Ended::Lost(self.expired())),
+            done = &mut work => done.map_or_else(|_| Ended::Lost(self.expired()), |()| Ended::Work),
         };
         let outcome = match ended {
             Ended::Work => (None, false),
@@ -216,7 +216,7 @@ impl Election {
                     biased;
                     reason = &mut keep => (Some(reason), true),
                     done = tokio::time::timeout(STOP_GRACE, &mut work) => match done {
-                        Ok(done) => (done.map(|_| self.expired()), true),
+                        Ok(done) => (done.err().map(|_| self.expired()), true),
                         Err(_) => {
                             warn!(grace = ?STOP_GRACE, "in-flight work did not finish in time; abandoning it");
                             (None, true)
@@ -394,9 +394,9 @@ fn holder(lease: Option<&Lease>) -> Option<&str> {
 
 /// This replica's right to write: one deadline, shared by the election, which moves it on
 /// each successful renewal, and every writer, which checks it at each write (`check`, `write`,
-/// and the client `client` makes, which checks every request that is not a read). A write
-/// refused is never sent; one that is still unanswered at the deadline is abandoned (the API
-/// server may have it already, but it left before the deadline).
+/// and the client `client` makes). A write refused is never sent; one that is still unanswered
+/// at the deadline is abandoned (the API server may have it already, but it left before the
+/// deadline).
 #[derive(Clone, Debug)]
 pub struct Leadership {
     inner: Arc<Shared>,
@@ -406,7 +406,15 @@ pub struct Leadership {
 struct Shared {
     /// `namespace/name` of the Lease, for the refusal's message.
     lease: String,
-    term: Mutex<Term>,
+    state: Mutex<State>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct State {
+    /// Counts terms and the stretches between them: a connection of the fenced client
+    /// belongs to the one it was opened in, and ends with it.
+    epoch: u64,
+    term: Term,
 }
 
 /// Where this replica stands. Pure, so the fencing rule is unit-tested.
@@ -479,7 +487,7 @@ pub struct NotLeading {
 
 impl Leadership {
     fn new(lease: String, term: Term) -> Self {
-        Leadership { inner: Arc::new(Shared { lease, term: Mutex::new(term) }) }
+        Leadership { inner: Arc::new(Shared { lease, state: Mutex::new(State { epoch: 0, term }) }) }
     }
 
     /// Election off: every write goes through.
@@ -487,12 +495,12 @@ impl Leadership {
         Leadership::new(String::new(), Term::Unfenced)
     }
 
-    fn term(&self) -> Term {
-        *self.inner.term.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> State {
+        *self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn set(&self, change: impl FnOnce(&mut Term)) {
-        change(&mut self.inner.term.lock().unwrap_or_else(|e| e.into_inner()));
+    fn set(&self, change: impl FnOnce(&mut State)) {
+        change(&mut self.inner.state.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
     fn refused(&self, why: Refused) -> NotLeading {
@@ -501,29 +509,41 @@ impl Leadership {
 
     /// May this replica write now? How long it still may (None: without limit).
     pub fn check(&self) -> Result<Option<Duration>, NotLeading> {
-        self.term().left(Instant::now()).map_err(|why| self.refused(why))
+        self.state().term.left(Instant::now()).map_err(|why| self.refused(why))
     }
 
-    /// `write`, only if this replica may write now, and abandoned if it is still unanswered
-    /// when the deadline passes.
+    /// `write`, only if this replica may write now; not polled again once it may not (so
+    /// nothing in it, a retry say, starts another request), and abandoned at the deadline.
     pub async fn write<F: Future>(&self, write: F) -> Result<F::Output, NotLeading> {
-        match self.check()? {
-            None => Ok(write.await),
-            Some(left) => tokio::time::timeout(left, write).await.map_err(|_| self.refused(Refused::Unanswered)),
-        }
+        let left = self.check()?;
+        let write = std::pin::pin!(write);
+        let write = self.while_leading(write);
+        let answered = match left {
+            None => write.await,
+            Some(left) => {
+                tokio::time::timeout(left, write).await.unwrap_or_else(|_| Err(self.refused(Refused::Unanswered)))
+            }
+        };
+        // Checked above: a refusal from here on came after the write had left.
+        answered.map_err(|_| self.refused(Refused::Unanswered))
     }
 
-    /// `client`, but every request that is not a read (GET, HEAD, OPTIONS) goes through
-    /// `write`: applies, status writes, deletes and Events alike, wherever they are made.
-    /// Refusals are `kube::Error::Service` with the `NotLeading` message. Unfenced: `client`.
-    pub fn client(&self, client: Client) -> Client {
-        if self.term() == Term::Unfenced {
-            return client;
+    /// A client for `config` whose every request that is not a read (GET, HEAD, OPTIONS) goes
+    /// through `write`: applies, status writes, deletes and Events alike, wherever they are
+    /// made; refusals are `kube::Error::Service` with the `NotLeading` message. Its connections
+    /// are its own, each ending (unpolled, so writing nothing more) with the term or the stretch
+    /// between terms it was opened in, or at the deadline: a request checked just before a
+    /// pause and still queued on its connection when the process resumes is never written.
+    /// Unfenced: the plain client.
+    pub fn client(&self, config: kube::Config) -> Result<Client, kube::Error> {
+        if self.state().term == Term::Unfenced {
+            return Client::try_from(config);
         }
-        let namespace = client.default_namespace().to_string();
+        let namespace = config.default_namespace.clone();
+        let connections = kube::client::ClientBuilder::try_from((config, Connections(self.clone())))?.build();
         let leadership = self.clone();
         let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
-            let (client, leadership) = (client.clone(), leadership.clone());
+            let (client, leadership) = (connections.clone(), leadership.clone());
             async move {
                 let read =
                     matches!(*request.method(), hyper::Method::GET | hyper::Method::HEAD | hyper::Method::OPTIONS);
@@ -533,43 +553,69 @@ impl Leadership {
                 response.map_err(tower::BoxError::from)
             }
         });
-        Client::new(service, namespace)
+        Ok(Client::new(service, namespace))
     }
 
-    /// `work`, polled only while this replica may write: once the deadline has passed it is
-    /// not polled again (a resumed process may find work ready to run before anything else
-    /// noticed the time), and the future ends with the refusal.
-    fn while_leading<'a, F: Future<Output = ()>>(
+    /// `work`, polled only while this replica may write: once it may not, it is not polled
+    /// again (a resumed process may find work ready to run before anything else noticed the
+    /// time), and the future ends with the refusal.
+    fn while_leading<'a, F: Future>(
         &'a self,
         mut work: Pin<&'a mut F>,
-    ) -> impl Future<Output = Option<NotLeading>> + Unpin + 'a {
+    ) -> impl Future<Output = Result<F::Output, NotLeading>> + Unpin + 'a {
         std::future::poll_fn(move |cx| match self.check() {
-            Ok(_) => work.as_mut().poll(cx).map(|()| None),
-            Err(refused) => Poll::Ready(Some(refused)),
+            Ok(_) => work.as_mut().poll(cx).map(Ok),
+            Err(refused) => Poll::Ready(Err(refused)),
         })
+    }
+
+    /// Whether a connection opened in `epoch` may go on: only within it, and never past the
+    /// deadline (a standby's connections carry its reads).
+    fn connection_may_run(&self, epoch: u64) -> bool {
+        let state = self.state();
+        state.epoch == epoch && state.term.left(Instant::now()) != Err(Refused::DeadlinePassed)
     }
 
     /// A term began: lead until `until`.
     fn begin(&self, until: Instant) {
-        self.set(|t| *t = Term::Until(until));
+        self.set(|s| *s = State { epoch: s.epoch + 1, term: Term::Until(until) });
     }
 
     fn renewed(&self, until: Instant) {
-        self.set(|t| t.renewed(until));
+        self.set(|s| s.term.renewed(until));
     }
 
     /// The term ended: nothing more is written.
     fn end(&self) {
-        self.set(|t| {
-            if *t != Term::Unfenced {
-                *t = Term::Standby;
+        self.set(|s| {
+            if s.term != Term::Unfenced {
+                *s = State { epoch: s.epoch + 1, term: Term::Standby };
             }
         });
     }
 
     /// How long the term has left; None once it is over.
     fn left(&self, now: Instant) -> Option<Duration> {
-        self.term().left(now).ok().map(|left| left.unwrap_or(Duration::MAX))
+        self.state().term.left(now).ok().map(|left| left.unwrap_or(Duration::MAX))
+    }
+}
+
+/// Runs the fenced client's connections (hyper's background tasks: each one writes the
+/// requests queued on its connection): polled only while `Leadership::connection_may_run`.
+#[derive(Clone)]
+struct Connections(Leadership);
+
+impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for Connections {
+    fn execute(&self, connection: F) {
+        let leadership = self.0.clone();
+        let epoch = leadership.state().epoch;
+        tokio::spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            std::future::poll_fn(|cx| {
+                if leadership.connection_may_run(epoch) { connection.as_mut().poll(cx) } else { Poll::Ready(()) }
+            })
+            .await
+        });
     }
 }
 
@@ -768,18 +814,51 @@ mod tests {
         let leadership = Leadership::new("ns/lease".into(), Term::Standby);
         let ran = std::sync::atomic::AtomicBool::new(false);
         let work = std::pin::pin!(async { ran.store(true, std::sync::atomic::Ordering::SeqCst) });
-        let refused = leadership.while_leading(work).await.expect("refused");
+        let refused = leadership.while_leading(work).await.expect_err("refused");
         assert_eq!(refused.why, Refused::NotLeading);
         leadership.begin(Instant::now());
         let work = std::pin::pin!(async { ran.store(true, std::sync::atomic::Ordering::SeqCst) });
-        let refused = leadership.while_leading(work).await.expect("refused");
+        let refused = leadership.while_leading(work).await.expect_err("refused");
         assert_eq!(refused.why, Refused::DeadlinePassed);
         assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "work ready to run was never polled");
         // Positive control: the same work runs while the term lasts.
         leadership.begin(Instant::now() + Duration::from_secs(30));
         let work = std::pin::pin!(async { ran.store(true, std::sync::atomic::Ordering::SeqCst) });
-        assert!(leadership.while_leading(work).await.is_none());
+        assert!(leadership.while_leading(work).await.is_ok());
         assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    /// Runs `Connections` tasks on this (single-threaded) test runtime: one is spawned, then
+    /// `between` happens before it is first polled; returns whether it ran.
+    async fn connection_ran(leadership: &Leadership, between: impl FnOnce()) -> bool {
+        use hyper::rt::Executor;
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        Connections(leadership.clone()).execute(async move { flag.store(true, std::sync::atomic::Ordering::SeqCst) });
+        between();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        ran.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_connection_writes_nothing_once_its_term_is_over() {
+        let leadership = Leadership::new("ns/lease".into(), Term::Standby);
+        assert!(connection_ran(&leadership, || {}).await, "a standby's connections carry its reads");
+        let term = Instant::now() + Duration::from_secs(30);
+        assert!(
+            !connection_ran(&leadership, || leadership.begin(term)).await,
+            "one of the standby ends as a term begins"
+        );
+        assert!(connection_ran(&leadership, || {}).await, "the term's own run");
+        // A request queued on a connection just before a pause, the process resumed past the
+        // deadline: the connection is not polled again, so the request is never written.
+        leadership.begin(Instant::now() + Duration::from_millis(50));
+        let pause = || std::thread::sleep(Duration::from_millis(100));
+        assert!(!connection_ran(&leadership, pause).await, "past the deadline");
+        leadership.begin(term);
+        assert!(!connection_ran(&leadership, || leadership.end()).await, "ended with its term");
     }
 
     /// An API server that answers every request with a ConfigMap named as asked, after
@@ -824,9 +903,9 @@ mod tests {
     async fn a_write_after_the_deadline_is_refused_and_never_sent() {
         use k8s_openapi::api::core::v1::ConfigMap;
         let (url, seen) = api_server(Duration::from_secs(2)).await;
-        let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
         let leadership = Leadership::new("ns/lease".into(), Term::Standby);
-        let api: Api<ConfigMap> = Api::namespaced(leadership.client(client), "a");
+        let api: Api<ConfigMap> =
+            Api::namespaced(leadership.client(kube::Config::new(url.parse().unwrap())).unwrap(), "a");
         let change = Patch::Merge(serde_json::json!({"data": {"k": "v"}}));
         let write = |name: &'static str| {
             let (api, change) = (api.clone(), change.clone());
@@ -860,9 +939,9 @@ mod tests {
     async fn without_election_every_write_goes_through() {
         use k8s_openapi::api::core::v1::ConfigMap;
         let (url, seen) = api_server(Duration::ZERO).await;
-        let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
         let leadership = Leadership::unfenced();
-        let api: Api<ConfigMap> = Api::namespaced(leadership.client(client), "a");
+        let api: Api<ConfigMap> =
+            Api::namespaced(leadership.client(kube::Config::new(url.parse().unwrap())).unwrap(), "a");
         api.patch("x", &PatchParams::default(), &Patch::Merge(serde_json::json!({}))).await.unwrap();
         leadership.end();
         api.patch("x", &PatchParams::default(), &Patch::Merge(serde_json::json!({}))).await.unwrap();

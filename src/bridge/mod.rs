@@ -211,8 +211,10 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
     let leadership = election.as_ref().map_or_else(Leadership::unfenced, Election::leadership);
     let database = db::Database::connect(&target)?.fenced(leadership.clone());
     let clients = client::connect_all(&args.connection).await?;
-    let writer =
-        client::Clients { requests: leadership.client(clients.requests.clone()), watches: clients.watches.clone() };
+    let writer = client::Clients {
+        requests: leadership.client(clients.config.clone()).map_err(crate::error::Error::Client)?,
+        ..clients.clone()
+    };
     let mut namespaces: Vec<String> = args.nodes.iter().map(|m| m.namespace.clone()).collect();
     namespaces.sort();
     namespaces.dedup();

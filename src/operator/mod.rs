@@ -116,7 +116,7 @@ pub async fn run(
     // checks the leader's deadline: a write after it is refused, never sent. The election's
     // own Lease requests and the watches use the plain clients.
     let leadership = settings.election.as_ref().map_or_else(Leadership::unfenced, Election::leadership);
-    let writer = leadership.client(client.clone());
+    let writer = leadership.client(clients.config.clone()).map_err(Error::Client)?;
     let term = |stop: watch::Receiver<bool>| {
         let (client, caches, metrics, pod_settings, in_flight) =
             (writer.clone(), caches.clone(), metrics.clone(), pod_settings.clone(), in_flight.clone());
