@@ -39,6 +39,9 @@ pub struct Clients {
     pub requests: Client,
     /// For watches only: bounded by `WATCH_TIMEOUT`.
     pub watches: Client,
+    /// What `requests` was made from (bounded as it is): for a client of the same kind with
+    /// connections of its own (a leader's writes, `election::Leadership::client`).
+    pub config: Config,
 }
 
 /// A client for the configured cluster, every request bounded by `REQUEST_TIMEOUT`. Refuses a
@@ -51,9 +54,11 @@ pub async fn connect(args: &ConnectionArgs) -> Result<Client, Error> {
 /// `connect`'s client, and one for watches.
 pub async fn connect_all(args: &ConnectionArgs) -> Result<Clients, Error> {
     let config = config(args).await?;
+    let requests = bounded(config.clone(), REQUEST_TIMEOUT);
     Ok(Clients {
-        requests: Client::try_from(bounded(config.clone(), REQUEST_TIMEOUT)).map_err(Error::Client)?,
+        requests: Client::try_from(requests.clone()).map_err(Error::Client)?,
         watches: Client::try_from(bounded(config, WATCH_TIMEOUT)).map_err(Error::Client)?,
+        config: requests,
     })
 }
 

@@ -1,11 +1,17 @@
-//! Leader election on a `coordination.k8s.io` Lease, fenced: leadership ends locally once the
-//! last successful renewal is older than the renew deadline, before a standby can take the
-//! Lease (see `Fence`); and the shutdown signal. Only the holder of the Lease reconciles and
-//! writes; a standby waits with warm caches and takes over once the holder stops renewing (at
-//! most the Lease duration after it died), or at once when the holder releases the Lease on a
-//! clean shutdown.
+//! Leader election on a `coordination.k8s.io` Lease, fenced: every write this replica makes
+//! checks one deadline (`Leadership`), which the renew loop moves to the Lease duration less
+//! the grace after each renewal it *sent* that succeeded; a write after it is refused here and
+//! never sent. A standby takes the Lease only once it has seen it unchanged for the whole
+//! Lease duration, timed from the *answers* it got, so the old leader's deadline has passed at
+//! least the grace before anyone else can hold the Lease. Only the holder of the Lease
+//! reconciles and writes; a standby waits with warm caches and takes over once the holder stops
+//! renewing (at most the Lease duration after it died), or at once when the holder releases
+//! the Lease on a clean shutdown.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -18,7 +24,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::error::Error;
-use crate::shutdown::{STOP_GRACE, finish_within};
+use crate::shutdown::STOP_GRACE;
 
 /// How long a clean shutdown waits for the Lease to be released before exiting anyway (the
 /// standby then takes over when the Lease expires instead of at once).
@@ -98,19 +104,12 @@ pub fn default_identity() -> String {
 }
 
 impl Election {
-    /// How long a leader keeps acting without a successful renewal: the Lease duration less
+    /// How long a leader may write after a renewal it sent succeeded: the Lease duration less
     /// the renew grace (10 s of 15 by default). A standby takes the Lease only once it has
-    /// seen it unchanged for the whole duration, so leadership ends locally at least `grace`
-    /// before anyone else can hold it.
+    /// seen it unchanged for the whole duration after an answer that showed that renewal, so
+    /// the leader's last write was sent at least `grace` before anyone else can hold it.
     fn renew_deadline(&self) -> Duration {
         Duration::from_secs(self.duration.saturating_sub(self.grace))
-    }
-
-    /// How long in-flight work may go on once leadership was lost: half the margin between
-    /// the renew deadline and the Lease duration, so it is over before a standby can take the
-    /// Lease (the other half covers clock rates and requests in flight).
-    fn loss_grace(&self) -> Duration {
-        Duration::from_secs(self.grace) / 2
     }
 
     /// Pause between renewals, and between a standby's looks at the Lease (client-go's
@@ -119,18 +118,29 @@ impl Election {
         RETRY_PERIOD.min(self.renew_deadline() / 4)
     }
 
+    /// The deadline this replica's writes check: not leading until `run` wins the Lease. Give
+    /// it (or the client `Leadership::client` makes of it) to every writer, and the same
+    /// handle to `run`.
+    pub fn leadership(&self) -> Leadership {
+        Leadership::new(self.describe(), Term::Standby)
+    }
+
     /// Compete for the Lease until `shutdown`. Each time this replica wins it, `term(stop)`
-    /// runs until it returns; `stop` turns true when leadership ends (the Lease was taken, or
-    /// it could not be renewed within the renew deadline) or shutdown begins, and `term` must
-    /// then finish its in-flight work and return: it is dropped after `loss_grace` when
-    /// leadership was lost, after `STOP_GRACE` on shutdown while the Lease is still renewed.
-    /// On shutdown the Lease is released (so a standby takes over at once) before this
-    /// returns.
+    /// runs, and `leadership` lets writes through, until the term ends:
+    /// - the Lease is taken by another, or no renewal succeeded within the renew deadline:
+    ///   `leadership` refuses every write from then on and `term` is dropped at once (its
+    ///   tasks must end when it is dropped: nothing it left behind may write);
+    /// - shutdown begins: `stop` turns true and `term` gets `STOP_GRACE` to finish while the
+    ///   Lease is still renewed (a loss meanwhile ends it at once, as above); then the Lease is
+    ///   released (so a standby takes over at once) before this returns;
+    /// - `term` returns by itself.
+    ///
     /// `leading` is told each change of leadership (for the `leader_election_master_status`
     /// gauge and whatever else must know).
     pub async fn run<F, Fut>(
         self,
         client: Client,
+        leadership: &Leadership,
         leading: impl Fn(&str, bool),
         mut shutdown: watch::Receiver<bool>,
         term: F,
@@ -145,39 +155,19 @@ impl Election {
         let mut standby = Standby::default();
         loop {
             let won = tokio::select! {
-                won = self.acquire(&leases, &mut standby) => won,
+                biased;
                 _ = shutdown.wait_for(|s| *s) => break,
+                won = self.acquire(&leases, &mut standby) => won,
             };
-            let mut fence = Fence::new(won, self.renew_deadline());
+            leadership.begin(won + self.renew_deadline());
             info!(lease = %self.describe(), identity = %self.identity, "became leader");
             leading(&self.lease_name, true);
             let (stop, stopped) = watch::channel(false);
-            let mut work = std::pin::pin!(term(stopped));
-            let (lost, stopping) = {
-                let mut keep = std::pin::pin!(self.keep(&leases, &mut fence));
-                let ended = tokio::select! {
-                    () = &mut work => Ended::Work,
-                    reason = &mut keep => Ended::Lost(reason),
-                    _ = shutdown.wait_for(|s| *s) => Ended::Shutdown,
-                };
-                let _ = stop.send(true);
-                match ended {
-                    Ended::Work => (None, false),
-                    Ended::Lost(reason) => (Some(reason), false),
-                    // Still the leader while in-flight work finishes: renewals go on, and a
-                    // loss cuts the work's time to what is safe.
-                    Ended::Shutdown => tokio::select! {
-                        () = finish_within(STOP_GRACE, &mut work) => (None, true),
-                        reason = &mut keep => (Some(reason), true),
-                    },
-                }
-            };
-            if let Some(reason) = &lost {
-                warn!(lease = %self.describe(), %reason, "leadership ended; stopping work");
-                leading(&self.lease_name, false);
-                finish_within(self.loss_grace(), &mut work).await;
-            }
+            let (lost, stopping) = self.serve(&leases, leadership, &mut shutdown, stop, term(stopped)).await;
             leading(&self.lease_name, false);
+            if let Some(reason) = &lost {
+                warn!(lease = %self.describe(), %reason, "leadership ended; the term's work was stopped at once");
+            }
             if stopping || *shutdown.borrow() {
                 if lost.is_none() {
                     self.release(&leases).await;
@@ -192,17 +182,68 @@ impl Election {
         Ok(())
     }
 
+    /// One term: `work` runs while the Lease is renewed. Returns why leadership was lost (if it
+    /// was) and whether shutdown began. `leadership` refuses writes before `work` is dropped,
+    /// and `work` is dropped before this returns.
+    async fn serve(
+        &self,
+        leases: &Api<Lease>,
+        leadership: &Leadership,
+        shutdown: &mut watch::Receiver<bool>,
+        stop: watch::Sender<bool>,
+        work: impl Future<Output = ()>,
+    ) -> (Option<String>, bool) {
+        let work = std::pin::pin!(work);
+        let mut work = leadership.while_leading(work);
+        let mut keep = std::pin::pin!(self.keep(leases, leadership));
+        // Biased: a leader resumed after a pause past its deadline (SIGSTOP, a frozen VM, a
+        // starved CPU) finds its renewal loop and its work ready at once; the renewal loop is
+        // asked first, and `while_leading` does not poll the work past the deadline either.
+        let ended = tokio::select! {
+            biased;
+            reason = &mut keep => Ended::Lost(reason),
+            _ = shutdown.wait_for(|s| *s) => Ended::Shutdown,
+            done = &mut work => done.map_or_else(|_| Ended::Lost(self.expired()), |()| Ended::Work),
+        };
+        let outcome = match ended {
+            Ended::Work => (None, false),
+            Ended::Lost(reason) => (Some(reason), false),
+            // Still the leader while in-flight work finishes: renewals go on, and a loss ends
+            // the work at once.
+            Ended::Shutdown => {
+                let _ = stop.send(true);
+                tokio::select! {
+                    biased;
+                    reason = &mut keep => (Some(reason), true),
+                    done = tokio::time::timeout(STOP_GRACE, &mut work) => match done {
+                        Ok(done) => (done.err().map(|_| self.expired()), true),
+                        Err(_) => {
+                            warn!(grace = ?STOP_GRACE, "in-flight work did not finish in time; abandoning it");
+                            (None, true)
+                        }
+                    },
+                }
+            }
+        };
+        // Refused from here on, before the work (and whatever it would still send) is dropped.
+        leadership.end();
+        outcome
+    }
+
     /// Until this replica holds the Lease: look at it every retry period, and take it when it
     /// is free, released, or has not changed for a whole Lease duration by this replica's own
-    /// clock (so clocks need not agree, as in client-go). Returns when the winning write was
-    /// sent: the fence counts from there.
+    /// clock (so clocks need not agree, as in client-go), timed from when the answer came.
+    /// Returns when the winning write was sent: the leader's deadline counts from there.
     async fn acquire(&self, leases: &Api<Lease>, standby: &mut Standby) -> Instant {
         loop {
-            let sent = Instant::now();
             let read = async { leases.get_opt(&self.lease_name).await.map_err(LeaseError::Api) };
             match bounded(self.attempt_timeout(), read).await {
                 Ok(current) => {
-                    let expired = standby.observe(current.as_ref(), sent, Duration::from_secs(self.duration));
+                    // The answer's time, not the request's: the record may have been renewed
+                    // after the request left (a slow request), and timing it from the request
+                    // would let this replica take over before the renewal's deadline.
+                    let answered = Instant::now();
+                    let expired = standby.observe(current.as_ref(), answered, Duration::from_secs(self.duration));
                     let ours = holder(current.as_ref()) == Some(self.identity.as_str());
                     if expired || ours {
                         let sent = Instant::now();
@@ -218,17 +259,15 @@ impl Election {
         }
     }
 
-    /// While leading: renew every retry period. Returns why leadership ended: someone else
-    /// holds the Lease, or no renewal succeeded within the renew deadline (each attempt is
-    /// bounded, so a hung connection cannot keep it waiting).
-    async fn keep(&self, leases: &Api<Lease>, fence: &mut Fence) -> String {
+    /// While leading: renew every retry period, moving `leadership`'s deadline on each success.
+    /// Returns why leadership ended: someone else holds the Lease, or the deadline passed (each
+    /// attempt is bounded by it, so a hung connection cannot keep it waiting).
+    async fn keep(&self, leases: &Api<Lease>, leadership: &Leadership) -> String {
         loop {
-            let Some(left) = fence.left(Instant::now()) else {
-                return format!("no renewal succeeded within {:?}", self.renew_deadline());
-            };
+            let Some(left) = leadership.left(Instant::now()) else { return self.expired() };
             let pause = self.retry_period().min(left);
             tokio::time::sleep(pause).await;
-            let Some(left) = fence.left(Instant::now()) else { continue };
+            let Some(left) = leadership.left(Instant::now()) else { continue };
             let sent = Instant::now();
             let renewal = async {
                 let current = leases.get_opt(&self.lease_name).await.map_err(LeaseError::Api)?;
@@ -238,11 +277,15 @@ impl Election {
                 self.write(leases, current.as_ref(), false).await
             };
             match bounded(self.attempt_timeout().min(left), renewal).await {
-                Ok(()) => fence.renewed(sent),
+                Ok(()) => leadership.renewed(sent + self.renew_deadline()),
                 Err(LeaseError::Taken(by)) => return format!("the lease is held by {by}"),
                 Err(err) => warn!(lease = %self.describe(), error = %err, "renewing the lease failed"),
             }
         }
+    }
+    /// Why a term ended at its deadline.
+    fn expired(&self) -> String {
+        format!("no renewal succeeded within {:?}", self.renew_deadline())
     }
 
     /// Take (`acquire`) or renew the Lease, conditional on the resourceVersion `current` was
@@ -349,27 +392,230 @@ fn holder(lease: Option<&Lease>) -> Option<&str> {
     lease?.spec.as_ref()?.holder_identity.as_deref().filter(|h| !h.is_empty())
 }
 
-/// The leader's own measure of whether it still leads: the last renewal that succeeded, timed
-/// from when it was *sent* (the API server stored it no earlier, so a standby saw it no
-/// earlier), and the renew deadline. Pure, so the fencing rule is unit-tested.
-#[derive(Debug)]
-struct Fence {
-    renewed: Instant,
-    deadline: Duration,
+/// This replica's right to write: one deadline, shared by the election, which moves it on
+/// each successful renewal, and every writer, which checks it at each write (`check`, `write`,
+/// and the client `client` makes). A write refused is never sent; one that is still unanswered
+/// at the deadline is abandoned (the API server may have it already, but it left before the
+/// deadline).
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    inner: Arc<Shared>,
 }
 
-impl Fence {
-    fn new(won: Instant, deadline: Duration) -> Self {
-        Fence { renewed: won, deadline }
+#[derive(Debug)]
+struct Shared {
+    /// `namespace/name` of the Lease, for the refusal's message.
+    lease: String,
+    state: Mutex<State>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct State {
+    /// Counts terms and the stretches between them: a connection of the fenced client
+    /// belongs to the one it was opened in, and ends with it.
+    epoch: u64,
+    term: Term,
+}
+
+/// Where this replica stands. Pure, so the fencing rule is unit-tested.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Term {
+    /// Election is off: one replica, always writing.
+    Unfenced,
+    /// Not leading (yet, or any more).
+    Standby,
+    /// Leading until this instant: the last renewal that succeeded, timed from when it was
+    /// *sent* (the API server stored it no earlier, so a standby saw it no earlier), plus the
+    /// renew deadline.
+    Until(Instant),
+}
+
+impl Term {
+    /// How long this replica may still write (None: without limit), or why it may not.
+    fn left(self, now: Instant) -> Result<Option<Duration>, Refused> {
+        match self {
+            Term::Unfenced => Ok(None),
+            Term::Standby => Err(Refused::NotLeading),
+            Term::Until(deadline) => match deadline.checked_duration_since(now) {
+                Some(left) if !left.is_zero() => Ok(Some(left)),
+                _ => Err(Refused::DeadlinePassed),
+            },
+        }
     }
 
-    fn renewed(&mut self, sent: Instant) {
-        self.renewed = self.renewed.max(sent);
+    /// A renewal succeeded: lead until `until`. A late answer to an older renewal moves
+    /// nothing, and neither does one after the term ended.
+    fn renewed(&mut self, until: Instant) {
+        if let Term::Until(deadline) = self {
+            *deadline = (*deadline).max(until);
+        }
+    }
+}
+
+/// Why a write was not made as leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Not sent: this replica stands by (its term ended, or none began).
+    NotLeading,
+    /// Not sent: the term's deadline passed (no renewal succeeded in time).
+    DeadlinePassed,
+    /// Sent before the deadline, unanswered at it: no longer waited for.
+    Unanswered,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refused::NotLeading => "write refused: this replica does not lead",
+            Refused::DeadlinePassed => {
+                "write refused: this replica's renew deadline passed without a successful renewal"
+            }
+            Refused::Unanswered => {
+                "write abandoned: the renew deadline passed before the API server answered (it may have applied it)"
+            }
+        })
+    }
+}
+
+/// A write this replica refused to make because it may no longer write as leader.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{why} (Lease {lease}); another replica may lead")]
+pub struct NotLeading {
+    pub lease: String,
+    pub why: Refused,
+}
+
+impl Leadership {
+    fn new(lease: String, term: Term) -> Self {
+        Leadership { inner: Arc::new(Shared { lease, state: Mutex::new(State { epoch: 0, term }) }) }
     }
 
-    /// How long this replica may still act as leader; None once the deadline has passed.
+    /// Election off: every write goes through.
+    pub fn unfenced() -> Self {
+        Leadership::new(String::new(), Term::Unfenced)
+    }
+
+    fn state(&self) -> State {
+        *self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set(&self, change: impl FnOnce(&mut State)) {
+        change(&mut self.inner.state.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    fn refused(&self, why: Refused) -> NotLeading {
+        NotLeading { lease: self.inner.lease.clone(), why }
+    }
+
+    /// May this replica write now? How long it still may (None: without limit).
+    pub fn check(&self) -> Result<Option<Duration>, NotLeading> {
+        self.state().term.left(Instant::now()).map_err(|why| self.refused(why))
+    }
+
+    /// `write`, only if this replica may write now; not polled again once it may not (so
+    /// nothing in it, a retry say, starts another request), and abandoned at the deadline.
+    pub async fn write<F: Future>(&self, write: F) -> Result<F::Output, NotLeading> {
+        let left = self.check()?;
+        let write = std::pin::pin!(write);
+        let write = self.while_leading(write);
+        let answered = match left {
+            None => write.await,
+            Some(left) => {
+                tokio::time::timeout(left, write).await.unwrap_or_else(|_| Err(self.refused(Refused::Unanswered)))
+            }
+        };
+        // Checked above: a refusal from here on came after the write had left.
+        answered.map_err(|_| self.refused(Refused::Unanswered))
+    }
+
+    /// A client for `config` whose every request that is not a read (GET, HEAD, OPTIONS) goes
+    /// through `write`: applies, status writes, deletes and Events alike, wherever they are
+    /// made; refusals are `kube::Error::Service` with the `NotLeading` message. Its connections
+    /// are its own, each ending (unpolled, so writing nothing more) with the term or the stretch
+    /// between terms it was opened in, or at the deadline: a request checked just before a
+    /// pause and still queued on its connection when the process resumes is never written.
+    /// Unfenced: the plain client.
+    pub fn client(&self, config: kube::Config) -> Result<Client, kube::Error> {
+        if self.state().term == Term::Unfenced {
+            return Client::try_from(config);
+        }
+        let namespace = config.default_namespace.clone();
+        let connections = kube::client::ClientBuilder::try_from((config, Connections(self.clone())))?.build();
+        let leadership = self.clone();
+        let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
+            let (client, leadership) = (connections.clone(), leadership.clone());
+            async move {
+                let read =
+                    matches!(*request.method(), hyper::Method::GET | hyper::Method::HEAD | hyper::Method::OPTIONS);
+                let response =
+                    if read { client.send(request).await } else { leadership.write(client.send(request)).await? };
+                // The client's own errors go back as they are (kube unwraps them again).
+                response.map_err(tower::BoxError::from)
+            }
+        });
+        Ok(Client::new(service, namespace))
+    }
+
+    /// `work`, polled only while this replica may write: once it may not, it is not polled
+    /// again (a resumed process may find work ready to run before anything else noticed the
+    /// time), and the future ends with the refusal.
+    fn while_leading<'a, F: Future>(
+        &'a self,
+        mut work: Pin<&'a mut F>,
+    ) -> impl Future<Output = Result<F::Output, NotLeading>> + Unpin + 'a {
+        std::future::poll_fn(move |cx| match self.check() {
+            Ok(_) => work.as_mut().poll(cx).map(Ok),
+            Err(refused) => Poll::Ready(Err(refused)),
+        })
+    }
+
+    /// Whether a connection opened in `epoch` may go on: only within it, and never past the
+    /// deadline (a standby's connections carry its reads).
+    fn connection_may_run(&self, epoch: u64) -> bool {
+        let state = self.state();
+        state.epoch == epoch && state.term.left(Instant::now()) != Err(Refused::DeadlinePassed)
+    }
+
+    /// A term began: lead until `until`.
+    fn begin(&self, until: Instant) {
+        self.set(|s| *s = State { epoch: s.epoch + 1, term: Term::Until(until) });
+    }
+
+    fn renewed(&self, until: Instant) {
+        self.set(|s| s.term.renewed(until));
+    }
+
+    /// The term ended: nothing more is written.
+    fn end(&self) {
+        self.set(|s| {
+            if s.term != Term::Unfenced {
+                *s = State { epoch: s.epoch + 1, term: Term::Standby };
+            }
+        });
+    }
+
+    /// How long the term has left; None once it is over.
     fn left(&self, now: Instant) -> Option<Duration> {
-        (self.renewed + self.deadline).checked_duration_since(now).filter(|d| !d.is_zero())
+        self.state().term.left(now).ok().map(|left| left.unwrap_or(Duration::MAX))
+    }
+}
+
+/// Runs the fenced client's connections (hyper's background tasks: each one writes the
+/// requests queued on its connection): polled only while `Leadership::connection_may_run`.
+#[derive(Clone)]
+struct Connections(Leadership);
+
+impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for Connections {
+    fn execute(&self, connection: F) {
+        let leadership = self.0.clone();
+        let epoch = leadership.state().epoch;
+        tokio::spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            std::future::poll_fn(|cx| {
+                if leadership.connection_may_run(epoch) { connection.as_mut().poll(cx) } else { Poll::Ready(()) }
+            })
+            .await
+        });
     }
 }
 
@@ -383,8 +629,9 @@ struct Standby {
 
 impl Standby {
     /// Whether the Lease may be taken: absent, without a holder, or unchanged (holder and
-    /// renew time) for `duration` since this replica first saw it so.
-    fn observe(&mut self, lease: Option<&Lease>, now: Instant, duration: Duration) -> bool {
+    /// renew time) for `duration` since this replica first saw it so. `answered` is when the
+    /// answer that showed `lease` came.
+    fn observe(&mut self, lease: Option<&Lease>, answered: Instant, duration: Duration) -> bool {
         let Some(l) = lease else { return true };
         if holder(Some(l)).is_none() {
             return true;
@@ -396,9 +643,9 @@ impl Standby {
         );
         if self.record.as_ref() != Some(&record) {
             self.record = Some(record);
-            self.since = Some(now);
+            self.since = Some(answered);
         }
-        self.since.is_some_and(|since| now.duration_since(since) >= duration)
+        self.since.is_some_and(|since| answered.duration_since(since) >= duration)
     }
 }
 
@@ -437,42 +684,268 @@ mod tests {
         assert!(default_identity().ends_with(&format!("-{}", std::process::id())));
     }
 
-    #[test]
-    fn leadership_ends_locally_before_anyone_else_can_take_the_lease() {
-        let e = args().election("mw-operator", || "a".into()).unwrap().unwrap();
-        let duration = Duration::from_secs(e.duration);
-        assert_eq!(e.renew_deadline(), Duration::from_secs(10));
-        // The leader stops acting at most renew_deadline + loss_grace after its last renewal
-        // was sent; a standby can take over no earlier than the Lease duration after it saw
-        // that renewal, which was stored after it was sent.
-        assert!(e.renew_deadline() + e.loss_grace() < duration, "{:?} + {:?}", e.renew_deadline(), e.loss_grace());
-        assert!(e.loss_grace() < STOP_GRACE);
-        assert!(e.attempt_timeout() < e.renew_deadline() && e.retry_period() < e.renew_deadline());
-        // Any accepted timing keeps the rule.
-        for (duration, grace) in [(2, 1), (4, 2), (15, 5), (60, 30), (60, 1)] {
-            let e = ElectionArgs { lease_duration: duration, lease_grace: grace, ..args() }
-                .election("mw-operator", || "a".into())
-                .unwrap()
-                .unwrap();
-            assert!(e.renew_deadline() + e.loss_grace() < Duration::from_secs(duration), "{duration}/{grace}");
-        }
+    fn timing(duration: u64, grace: u64) -> Election {
+        ElectionArgs { lease_duration: duration, lease_grace: grace, ..args() }
+            .election("mw-operator", || "a".into())
+            .unwrap()
+            .unwrap()
     }
 
     #[test]
-    fn the_fence_counts_from_the_last_renewal_sent() {
+    fn the_deadline_counts_from_the_last_renewal_sent_and_ends_with_the_term() {
         let t0 = Instant::now();
-        let mut fence = Fence::new(t0, Duration::from_secs(10));
-        assert_eq!(fence.left(t0 + Duration::from_secs(4)), Some(Duration::from_secs(6)));
-        assert_eq!(fence.left(t0 + Duration::from_secs(10)), None, "over at the deadline");
-        fence.renewed(t0 + Duration::from_secs(8));
-        assert_eq!(fence.left(t0 + Duration::from_secs(10)), Some(Duration::from_secs(8)));
-        fence.renewed(t0 + Duration::from_secs(2));
-        assert_eq!(
-            fence.left(t0 + Duration::from_secs(10)),
-            Some(Duration::from_secs(8)),
-            "a late answer to an older renewal moves nothing"
+        let s = Duration::from_secs;
+        let mut term = Term::Until(t0 + s(10));
+        assert_eq!(term.left(t0 + s(4)), Ok(Some(s(6))));
+        assert_eq!(term.left(t0 + s(10)), Err(Refused::DeadlinePassed), "over at the deadline");
+        term.renewed(t0 + s(18));
+        assert_eq!(term.left(t0 + s(10)), Ok(Some(s(8))));
+        term.renewed(t0 + s(12));
+        assert_eq!(term.left(t0 + s(10)), Ok(Some(s(8))), "a late answer to an older renewal moves nothing");
+        assert_eq!(term.left(t0 + s(30)), Err(Refused::DeadlinePassed));
+        let mut ended = Term::Standby;
+        ended.renewed(t0 + s(100));
+        assert_eq!(ended.left(t0), Err(Refused::NotLeading), "a renewal answered after the term ended leads nothing");
+        assert_eq!(Term::Unfenced.left(t0 + s(1_000_000)), Ok(None), "election off: no limit");
+        let e = timing(15, 5);
+        assert_eq!(e.renew_deadline(), s(10));
+        assert!(e.attempt_timeout() < e.renew_deadline() && e.retry_period() < e.renew_deadline());
+    }
+
+    /// A model of one takeover, run on the real rules (the leader's `Term`, the standby's
+    /// `Standby::observe`). The leader took the Lease at t0 and renews every retry period,
+    /// each renewal stored by the API server `up` after it was sent, until it is paused
+    /// (SIGSTOP) after its fifth. The standby looks at the Lease one look at a time, a retry
+    /// period after the previous answer (the first at `offset`); its n-th look is read by the
+    /// API server `read(n)` after it was sent and answered `back` after that. Returns the
+    /// leader's deadline and the answer on which the standby takes the Lease, the standby
+    /// timing what it sees from the answer (as `acquire` does) or, with `from_request`, from
+    /// when it sent the look (the rule this replaced).
+    fn takeover(
+        e: &Election,
+        up: Duration,
+        read: impl Fn(u32) -> Duration,
+        back: Duration,
+        offset: Duration,
+        from_request: bool,
+    ) -> (Instant, Instant) {
+        let t0 = Instant::now();
+        let period = e.retry_period();
+        let renewals = 5;
+        let sent = |k: u32| t0 + period * k;
+        let mut term = Term::Until(sent(0) + e.renew_deadline());
+        for k in 1..=renewals {
+            term.renewed(sent(k) + e.renew_deadline());
+        }
+        let Term::Until(deadline) = term else { unreachable!("leading") };
+        // The renewal the API server holds at `t`, as the Lease's renew time (the take at t0
+        // is renewal 0).
+        let stored = |t: Instant| (0..=renewals).rev().find(|&k| sent(k) + up <= t).map_or(0, |k| k + 1);
+        let mut standby = Standby::default();
+        let mut look = t0 + offset;
+        for n in 0u32..10_000 {
+            let served = look + read(n);
+            let answered = served + back;
+            let seen = lease(Some("a"), i64::from(stored(served)));
+            let at = if from_request { look } else { answered };
+            if standby.observe(Some(&seen), at, Duration::from_secs(e.duration)) {
+                return (deadline, answered);
+            }
+            look = answered + period;
+        }
+        unreachable!("the standby takes a Lease nobody renews")
+    }
+
+    /// How long the API server takes to read the standby's n-th look.
+    type Latency = Box<dyn Fn(u32) -> Duration>;
+
+    #[test]
+    fn a_standby_takes_over_only_after_the_leaders_deadline_whatever_the_latencies() {
+        let mut early_by_the_old_rule = Vec::new();
+        for (duration, grace) in [(2, 1), (4, 2), (15, 5), (60, 30), (60, 1)] {
+            let e = timing(duration, grace);
+            let bound = e.attempt_timeout();
+            let latencies = [Duration::ZERO, Duration::from_millis(100), bound / 2, bound];
+            // Every look as slow as the next, or a single slow one among fast looks.
+            let mut reads: Vec<(String, Latency)> = Vec::new();
+            for latency in latencies {
+                reads.push((format!("every look {latency:?}"), Box::new(move |_| latency)));
+                for k in 0..8 {
+                    let read = move |n| if n == k { latency } else { Duration::ZERO };
+                    reads.push((format!("look {k} {latency:?}"), Box::new(read)));
+                }
+            }
+            for up in latencies {
+                for (pattern, read) in &reads {
+                    for back in [Duration::ZERO, Duration::from_millis(100)] {
+                        for offset in (0..8).map(|i| e.retry_period() * i / 8) {
+                            let case =
+                                format!("{duration}/{grace} up {up:?} {pattern} back {back:?} offset {offset:?}");
+                            // Each attempt is bounded: a look answered later is no look.
+                            let read = |n| read(n).min(bound - back);
+                            let (deadline, took) = takeover(&e, up, read, back, offset, false);
+                            // The leader's last write was sent before its deadline; the standby
+                            // holds the Lease the grace after it at the earliest.
+                            assert!(
+                                took >= deadline + Duration::from_secs(grace),
+                                "{case}: took {:?} after the deadline",
+                                took.checked_duration_since(deadline)
+                            );
+                            let (deadline, took) = takeover(&e, up, read, back, offset, true);
+                            if took < deadline {
+                                early_by_the_old_rule.push(case);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // The model tells the rules apart: timed from the request, a slow look that shows
+        // the leader's last renewal lets the standby take the Lease while the leader still
+        // writes (where a request may take longer than the grace).
+        assert!(
+            early_by_the_old_rule.iter().any(|c| c.starts_with("60/1 ")),
+            "the old rule was never early: {early_by_the_old_rule:?}"
         );
-        assert_eq!(fence.left(t0 + Duration::from_secs(30)), None);
+    }
+
+    #[tokio::test]
+    async fn work_is_not_polled_once_the_deadline_has_passed() {
+        let leadership = Leadership::new("ns/lease".into(), Term::Standby);
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let work = std::pin::pin!(async { ran.store(true, std::sync::atomic::Ordering::SeqCst) });
+        let refused = leadership.while_leading(work).await.expect_err("refused");
+        assert_eq!(refused.why, Refused::NotLeading);
+        leadership.begin(Instant::now());
+        let work = std::pin::pin!(async { ran.store(true, std::sync::atomic::Ordering::SeqCst) });
+        let refused = leadership.while_leading(work).await.expect_err("refused");
+        assert_eq!(refused.why, Refused::DeadlinePassed);
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "work ready to run was never polled");
+        // Positive control: the same work runs while the term lasts.
+        leadership.begin(Instant::now() + Duration::from_secs(30));
+        let work = std::pin::pin!(async { ran.store(true, std::sync::atomic::Ordering::SeqCst) });
+        assert!(leadership.while_leading(work).await.is_ok());
+        assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    /// Runs `Connections` tasks on this (single-threaded) test runtime: one is spawned, then
+    /// `between` happens before it is first polled; returns whether it ran.
+    async fn connection_ran(leadership: &Leadership, between: impl FnOnce()) -> bool {
+        use hyper::rt::Executor;
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        Connections(leadership.clone()).execute(async move { flag.store(true, std::sync::atomic::Ordering::SeqCst) });
+        between();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        ran.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_connection_writes_nothing_once_its_term_is_over() {
+        let leadership = Leadership::new("ns/lease".into(), Term::Standby);
+        assert!(connection_ran(&leadership, || {}).await, "a standby's connections carry its reads");
+        let term = Instant::now() + Duration::from_secs(30);
+        assert!(
+            !connection_ran(&leadership, || leadership.begin(term)).await,
+            "one of the standby ends as a term begins"
+        );
+        assert!(connection_ran(&leadership, || {}).await, "the term's own run");
+        // A request queued on a connection just before a pause, the process resumed past the
+        // deadline: the connection is not polled again, so the request is never written.
+        leadership.begin(Instant::now() + Duration::from_millis(50));
+        let pause = || std::thread::sleep(Duration::from_millis(100));
+        assert!(!connection_ran(&leadership, pause).await, "past the deadline");
+        leadership.begin(term);
+        assert!(!connection_ran(&leadership, || leadership.end()).await, "ended with its term");
+    }
+
+    /// An API server that answers every request with a ConfigMap named as asked, after
+    /// `delay` for the name "slow", and records the method of each request it received.
+    async fn api_server(delay: Duration) -> (String, Arc<Mutex<Vec<String>>>) {
+        use http_body_util::Full;
+        use hyper::body::Bytes;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let log = log.clone();
+                let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                    let log = log.clone();
+                    async move {
+                        log.lock().unwrap().push(request.method().to_string());
+                        let name = request.uri().path().rsplit('/').next().unwrap_or_default().to_string();
+                        if name == "slow" {
+                            tokio::time::sleep(delay).await;
+                        }
+                        let body =
+                            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
+                        let response = hyper::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from(body.to_string())))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(socket), service),
+                );
+            }
+        });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn a_write_after_the_deadline_is_refused_and_never_sent() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let (url, seen) = api_server(Duration::from_secs(2)).await;
+        let leadership = Leadership::new("ns/lease".into(), Term::Standby);
+        let api: Api<ConfigMap> =
+            Api::namespaced(leadership.client(kube::Config::new(url.parse().unwrap())).unwrap(), "a");
+        let change = Patch::Merge(serde_json::json!({"data": {"k": "v"}}));
+        let write = |name: &'static str| {
+            let (api, change) = (api.clone(), change.clone());
+            async move { api.patch(name, &PatchParams::default(), &change).await }
+        };
+
+        // A standby reads, and writes nothing.
+        api.get("x").await.expect("reads go through");
+        let refused = write("x").await.unwrap_err().to_string();
+        assert!(refused.contains("does not lead") && refused.contains("ns/lease"), "{refused}");
+        // Leading: writes go through (the positive control: this server does record them).
+        leadership.begin(Instant::now() + Duration::from_secs(30));
+        write("x").await.expect("a leader writes");
+        // The deadline passed (no renewal succeeded): refused, whatever still runs.
+        leadership.begin(Instant::now());
+        let refused = write("x").await.unwrap_err().to_string();
+        assert!(refused.contains("renew deadline passed"), "{refused}");
+        // Unanswered at the deadline: abandoned (the request had left before it).
+        leadership.begin(Instant::now() + Duration::from_millis(300));
+        let refused = write("slow").await.unwrap_err().to_string();
+        assert!(refused.contains("abandoned"), "{refused}");
+        leadership.end();
+        assert!(write("x").await.is_err());
+        api.get("x").await.expect("reads go through after the term too");
+        let methods = seen.lock().unwrap().clone();
+        // The leader's write, and the one abandoned unanswered (it had left in time).
+        assert_eq!(methods, ["GET", "PATCH", "PATCH", "GET"], "no refused write reached the API server");
+    }
+
+    #[tokio::test]
+    async fn without_election_every_write_goes_through() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let (url, seen) = api_server(Duration::ZERO).await;
+        let leadership = Leadership::unfenced();
+        let api: Api<ConfigMap> =
+            Api::namespaced(leadership.client(kube::Config::new(url.parse().unwrap())).unwrap(), "a");
+        api.patch("x", &PatchParams::default(), &Patch::Merge(serde_json::json!({}))).await.unwrap();
+        leadership.end();
+        api.patch("x", &PatchParams::default(), &Patch::Merge(serde_json::json!({}))).await.unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 2);
     }
 
     fn lease(holder: Option<&str>, renewed: i64) -> Lease {

@@ -8,9 +8,10 @@ mod support;
 use k8s_openapi::jiff::Timestamp;
 use mw_operator::bridge::db::{Database, Target, WriteBackError, parse_timestamp};
 use mw_operator::bridge::env;
-use mw_operator::bridge::error::RowError;
+use mw_operator::bridge::error::{BridgeError, RowError};
 use mw_operator::bridge::mapping::{self, Context};
 use mw_operator::bridge::rows::{Grants, RowState};
+use mw_operator::election::ElectionArgs;
 use support::manager::{Engine, ManagerDb, now};
 
 async fn open(db: &ManagerDb) -> Database {
@@ -120,6 +121,24 @@ async fn reads_and_writes(engine: Engine) {
         "the database's clock is this machine's: {stamped}"
     );
     assert!(db.write_back(wiki, &state).await.unwrap().is_none(), "no change, no write");
+    // A replica that does not lead writes nothing back: refused, the row unchanged.
+    let election = ElectionArgs {
+        no_leader_election: false,
+        lease_name: None,
+        lease_namespace: "ns".into(),
+        identity: Some("bridge-0".into()),
+        lease_duration: 15,
+        lease_grace: 5,
+    };
+    let election = election.election("mw-bridge", || unreachable!()).unwrap().expect("election on");
+    let standby = open(&manager).await.fenced(election.leadership());
+    let moved = RowState { ipv4_address: Some("10.244.0.99".into()), ..state.clone() };
+    match standby.write_back(wiki, &moved).await {
+        Err(WriteBackError::Bridge(BridgeError::NotLeading(refused))) => {
+            assert!(refused.to_string().contains("does not lead"), "{refused}")
+        }
+        other => panic!("expected the write-back refused, got {other:?}"),
+    }
     assert_eq!(
         manager.written("team-wiki").await.unwrap(),
         (Some("ns/team-wiki".into()), Some("10.244.0.10".into()), None)

@@ -162,24 +162,47 @@ fn exactly_once(counts: &std::collections::BTreeMap<String, usize>, names: &[Str
     assert!(wrong.is_empty(), "{what}: every Deployment written exactly once, but: {wrong:?}");
 }
 
+/// Two operators confined to the test namespace, `a` leading (on `config_a`, with `a_args`)
+/// and `b` ready on standby, and `count` workloads running nginx:1.26 under `a`.
+async fn leader_standby_and_workloads(
+    ns: &TestNamespace,
+    (config_a, a_args): (&std::path::Path, &[&str]),
+    config_b: &std::path::Path,
+    count: usize,
+    timeout: Duration,
+) -> (Operator, Operator, Vec<String>) {
+    let a = Operator::start(&format!("{}-a", ns.name), config_a, &scoped(ns, a_args));
+    a.wait_leader(LEASE, TIMEOUT).await;
+    let b = Operator::start(&format!("{}-b", ns.name), config_b, &scoped(ns, &["--concurrency=4"]));
+    b.wait_ready(TIMEOUT).await;
+    let names: Vec<String> = (0..count).map(|i| format!("w{i:02}")).collect();
+    let workloads = ns.api::<ManagedWorkload>();
+    for name in &names {
+        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
+    }
+    all_converged(ns, &names, "nginx:1.26", timeout).await;
+    (a, b, names)
+}
+
+/// Of `old` (the old leader's writes), those the API server completed at or after the new
+/// leader's first write, which is its taking of the Lease (as a standby it wrote nothing).
+fn written_after_takeover(old: Vec<(Timestamp, Write)>, new_leader: &str, ns: &str) -> Vec<(Timestamp, Write)> {
+    let writes_b = timed_writes_by(new_leader, ns);
+    let (first_b, first) = writes_b.first().expect("the new leader wrote");
+    assert_eq!(first.resource, "leases", "the standby's first write takes the Lease: {writes_b:?}");
+    old.into_iter().filter(|(t, _)| t >= first_b).collect()
+}
+
 #[tokio::test]
 #[ignore = "hack/test.sh runs these alone, after the main suite: they stop control-plane components"]
 async fn the_standby_takes_over_when_the_leader_is_killed_and_wrote_nothing_before() {
     let ns = TestNamespace::new("failover").await;
     let (config_a, _, user_a) = service_account_kubeconfig(&ns, "op-a").await;
     let (config_b, _, user_b) = service_account_kubeconfig(&ns, "op-b").await;
-    let mut a = Operator::start(&format!("{}-a", ns.name), &config_a, &scoped(&ns, &["--concurrency=4"]));
-    a.wait_leader(LEASE, TIMEOUT).await;
-    let b = Operator::start(&format!("{}-b", ns.name), &config_b, &scoped(&ns, &["--concurrency=4"]));
-    b.wait_ready(TIMEOUT).await;
+    let leader = (config_a.as_path(), &["--concurrency=4"][..]);
+    let (mut a, b, names) = leader_standby_and_workloads(&ns, leader, &config_b, 50, Duration::from_secs(180)).await;
     assert_eq!(b.metric(&format!("leader_election_master_status{{name=\"{LEASE}\"}}")).await, Some(0.0));
-
-    let names: Vec<String> = (0..50).map(|i| format!("w{i:02}")).collect();
     let workloads = ns.api::<ManagedWorkload>();
-    for name in &names {
-        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
-    }
-    all_converged(&ns, &names, "nginx:1.26", Duration::from_secs(180)).await;
 
     // The standby is ready, warm and silent: it wrote nothing at all so far.
     let standby = timed_writes_by(&user_b, &ns.name);
@@ -262,17 +285,9 @@ async fn a_black_holed_leader_stops_writing_before_the_standby_takes_over() {
     proxy.kubeconfig(config_a.to_str().unwrap(), &proxied);
     let through = std::fs::read_to_string(&proxied).unwrap();
     assert!(through.contains(&proxy.addr.to_string()), "the leader's kubeconfig points at the proxy: {through}");
-    let a = Operator::start(&format!("{}-a", ns.name), &proxied, &scoped(&ns, &["--concurrency=4"]));
-    a.wait_leader(LEASE, TIMEOUT).await;
-    let b = Operator::start(&format!("{}-b", ns.name), &config_b, &scoped(&ns, &["--concurrency=4"]));
-    b.wait_ready(TIMEOUT).await;
-
-    let names: Vec<String> = (0..10).map(|i| format!("w{i:02}")).collect();
+    let leader = (proxied.as_path(), &["--concurrency=4"][..]);
+    let (a, b, names) = leader_standby_and_workloads(&ns, leader, &config_b, 10, Duration::from_secs(120)).await;
     let workloads = ns.api::<ManagedWorkload>();
-    for name in &names {
-        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
-    }
-    all_converged(&ns, &names, "nginx:1.26", Duration::from_secs(120)).await;
 
     // The leader's path goes dark while workloads keep changing, so it has work it would do.
     proxy.black_hole();
@@ -301,13 +316,85 @@ async fn a_black_holed_leader_stops_writing_before_the_standby_takes_over() {
     all_converged(&ns, &names, "nginx:1.27", Duration::from_secs(120)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
+    let late = written_after_takeover(timed_accepted_writes_by(&user_a, &ns.name), &user_b, &ns.name);
+    assert!(late.is_empty(), "the black-holed leader wrote after the standby's first write: {late:?}");
     let writes_b = timed_writes_by(&user_b, &ns.name);
-    let first_b = writes_b.first().expect("the new leader wrote").0;
-    let late: Vec<_> = timed_accepted_writes_by(&user_a, &ns.name).into_iter().filter(|(t, _)| *t >= first_b).collect();
-    assert!(late.is_empty(), "the black-holed leader wrote after the standby's first write at {first_b}: {late:?}");
     let by_b = writes_b.iter().filter(|(_, w)| w.resource == "deployments").count();
     assert!(by_b >= names.len(), "the new leader applied every change after the heal ({by_b} Deployment writes)");
     drop(a);
+}
+
+/// Fencing against a pause: a leader stopped (SIGSTOP: a frozen VM, a starved or suspended
+/// process) while it works through changes, and resumed once the standby has taken over and
+/// written, makes no write after the standby's first, judged from the audit log by identity:
+/// not the reconciles it was in the middle of, not the Events they queued, not a status.
+#[tokio::test]
+#[ignore = "hack/test.sh runs these alone, after the main suite: they stop control-plane components"]
+async fn a_paused_leader_writes_nothing_once_the_standby_leads() {
+    let ns = TestNamespace::new("paused").await;
+    let (config_a, _, user_a) = service_account_kubeconfig(&ns, "op-a").await;
+    let (config_b, _, user_b) = service_account_kubeconfig(&ns, "op-b").await;
+    // One reconcile at a time: the leader works through the changes below one by one, so it
+    // is stopped with work in hand (a reconcile between its apply and its status write, Events
+    // queued, more waiting).
+    let leader = (config_a.as_path(), &["--concurrency=1"][..]);
+    let (a, b, names) = leader_standby_and_workloads(&ns, leader, &config_b, 30, Duration::from_secs(120)).await;
+    let workloads = ns.api::<ManagedWorkload>();
+
+    // Every workload changes at once, and the leader stops while it works through them.
+    let changed_at = Timestamp::now();
+    let changes = names.iter().map(|name| apply(&workloads, name, spec("nginx:1.27")));
+    for changed in futures::future::join_all(changes).await {
+        changed.unwrap();
+    }
+    a.signal("STOP");
+    let paused = Instant::now();
+    b.wait_leader(LEASE, Duration::from_secs(60)).await;
+    let led = paused.elapsed();
+    // The new leader finishes what the old one had in hand, and makes a change of its own.
+    all_converged(&ns, &names, "nginx:1.27", Duration::from_secs(120)).await;
+    apply(&workloads, &names[0], spec("nginx:1.28")).await.unwrap();
+    all_converged(&ns, &names[..1], "nginx:1.28", TIMEOUT).await;
+
+    a.signal("CONT");
+    // The evidence that the resumed replica is done with its term: it says it stands by.
+    eventually("the resumed leader to stand by", TIMEOUT, || async {
+        let log = a.output();
+        let ended = log.lines().filter(|l| l.contains("leadership ended")).count();
+        let standing_by = log.lines().filter(|l| l.contains("\"standing by\"")).count();
+        if ended == 1 && standing_by == 1 { Ok(()) } else { Err(format!("log: {}", a.log.display())) }
+    })
+    .await;
+    // Whatever it sent before it said so is in the audit log before the new leader's answer
+    // to a change made after it (a sentinel, read back from the same log).
+    let sentinel_at = Timestamp::now();
+    apply(&workloads, &names[1], spec("nginx:1.28")).await.unwrap();
+    eventually("the new leader's write of the sentinel change in the audit log", TIMEOUT, || async {
+        let writes = timed_writes_by(&user_b, &ns.name);
+        let logged = writes.iter().any(|(t, w)| {
+            *t > sentinel_at && w.resource == "deployments" && w.name.as_deref() == Some(names[1].as_str())
+        });
+        if logged { Ok(()) } else { Err("not yet".to_string()) }
+    })
+    .await;
+
+    // Attempts count, accepted or not: a write the API server refused was still sent.
+    let writes_a = timed_writes_by(&user_a, &ns.name);
+    let late = written_after_takeover(writes_a.clone(), &user_b, &ns.name);
+    assert!(late.is_empty(), "the paused leader wrote after the new leader's first write: {late:?}");
+    // The controls: the old leader was stopped with changes left undone (the new leader
+    // applied them, and the same audit log shows it), and it wrote before it stopped.
+    let done_by_a = deployment_writes_since(&[&user_a], &ns.name, changed_at).values().sum::<usize>();
+    let done_by_b = deployment_writes_since(&[&user_b], &ns.name, changed_at).values().sum::<usize>();
+    assert!(done_by_a < names.len(), "the leader finished all {} changes before it was stopped", names.len());
+    assert!(done_by_b > names.len() - done_by_a, "the new leader's writes are in the log: {done_by_b}");
+    assert!(writes_a.iter().any(|(t, _)| *t > changed_at), "the old leader wrote once the changes came");
+    let refused = a.output().lines().filter(|l| l.contains("write refused")).count();
+    eprintln!(
+        "pause: the standby led {led:?} after the leader's SIGSTOP (lease 15 s); the old leader applied {done_by_a} of \
+         {} changes before, the new one the rest; the resumed leader refused {refused} writes",
+        names.len()
+    );
 }
 
 #[tokio::test]

@@ -13,10 +13,18 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use super::error::{BridgeError, RowError};
 use super::rows::{ContainerRow, Fingerprint, GrantRow, NodeRow, RowState, ServiceRow};
+use crate::election::Leadership;
 
-/// A connection pool to Manager's database.
+/// A connection pool to Manager's database, and the leadership its one write (the
+/// write-back) checks.
 #[derive(Clone, Debug)]
-pub enum Database {
+pub struct Database {
+    pool: Pool,
+    leadership: Leadership,
+}
+
+#[derive(Clone, Debug)]
+enum Pool {
     Postgres(PgPool),
     Sqlite(SqlitePool),
 }
@@ -32,9 +40,9 @@ pub enum Engine {
 /// so sqlx checks the row types for each engine separately.
 macro_rules! on_pool {
     ($db:expr, $pool:ident => $body:expr) => {
-        match $db {
-            Database::Postgres($pool) => $body,
-            Database::Sqlite($pool) => $body,
+        match &$db.pool {
+            Pool::Postgres($pool) => $body,
+            Pool::Sqlite($pool) => $body,
         }
     };
 }
@@ -152,7 +160,7 @@ impl Database {
                 .max_connections(2)
                 .acquire_timeout(Duration::from_secs(10))
                 .connect_lazy_with(options);
-            Ok(Database::Postgres(pool))
+            Ok(Database { pool: Pool::Postgres(pool), leadership: Leadership::unfenced() })
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
                 .map_err(bad_url)?
@@ -166,16 +174,22 @@ impl Database {
                 .max_connections(2)
                 .acquire_timeout(Duration::from_secs(10))
                 .connect_lazy_with(options);
-            Ok(Database::Sqlite(pool))
+            Ok(Database { pool: Pool::Sqlite(pool), leadership: Leadership::unfenced() })
         } else {
             Err(BridgeError::Config("the database URL must start with postgres://, postgresql:// or sqlite:".into()))
         }
     }
 
+    /// The same pool, its write-back made only while `leadership` lets this replica write
+    /// (a replica that no longer leads writes nothing to Manager either).
+    pub fn fenced(self, leadership: Leadership) -> Database {
+        Database { leadership, ..self }
+    }
+
     pub fn engine(&self) -> Engine {
-        match self {
-            Database::Postgres(_) => Engine::Postgres,
-            Database::Sqlite(_) => Engine::Sqlite,
+        match self.pool {
+            Pool::Postgres(_) => Engine::Postgres,
+            Pool::Sqlite(_) => Engine::Sqlite,
         }
     }
 
@@ -335,14 +349,21 @@ impl Database {
             },
             stamp = e.ts(r#""updatedAt""#),
         );
-        let result = on_pool!(self, pool => sqlx::query_scalar::<_, String>(&sql)
-            .bind(&state.container_id)
-            .bind(&state.ipv4_address)
-            .bind(row.id)
-            .bind(row.node_id)
-            .bind(&row.created_at)
-            .fetch_optional(pool)
-            .await);
+        let write = async {
+            on_pool!(self, pool => sqlx::query_scalar::<_, String>(&sql)
+                .bind(&state.container_id)
+                .bind(&state.ipv4_address)
+                .bind(row.id)
+                .bind(row.node_id)
+                .bind(&row.created_at)
+                .fetch_optional(pool)
+                .await)
+        };
+        let result = self
+            .leadership
+            .write(write)
+            .await
+            .map_err(|refused| WriteBackError::Bridge(BridgeError::NotLeading(refused)))?;
         match result {
             Ok(written) => Ok(written),
             Err(sqlx::Error::Database(err)) if err.kind() == ErrorKind::UniqueViolation => {

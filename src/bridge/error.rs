@@ -111,6 +111,9 @@ pub enum BridgeError {
     },
     #[error(transparent)]
     Operator(#[from] crate::error::Error),
+    /// A write-back this replica refused because it may no longer write as leader.
+    #[error("writing back to Manager: {0}")]
+    NotLeading(#[source] crate::election::NotLeading),
     /// The pass was abandoned at its time limit (`--pass-timeout`): a database or API server
     /// connection that hangs without failing must not pin the loop.
     #[error(

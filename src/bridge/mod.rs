@@ -27,6 +27,7 @@ use tokio::sync::{Notify, watch};
 use tracing::info;
 
 use crate::client;
+use crate::election::{Election, Leadership};
 pub use error::{BridgeError, RowError};
 pub use sync::{NodeMapping, Settings};
 
@@ -210,8 +211,16 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
     let election =
         args.election.election(DEFAULT_LEASE, crate::election::default_identity).map_err(BridgeError::Config)?;
     let target = db::Target { url: args.database_url.clone(), password: password(&args)? };
-    let database = db::Database::connect(&target)?;
+    // Every write of a term (CRs, Secrets, deletions, the write-back to Manager) checks the
+    // leader's deadline: after it, refused and never sent. The election's own Lease requests
+    // and the watches use the plain clients.
+    let leadership = election.as_ref().map_or_else(Leadership::unfenced, Election::leadership);
+    let database = db::Database::connect(&target)?.fenced(leadership.clone());
     let clients = client::connect_all(&args.connection).await?;
+    let writer = client::Clients {
+        requests: leadership.client(clients.config.clone()).map_err(crate::error::Error::Client)?,
+        ..clients.clone()
+    };
     let mut namespaces: Vec<String> = args.nodes.iter().map(|m| m.namespace.clone()).collect();
     namespaces.sort();
     namespaces.dedup();
@@ -250,7 +259,7 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         .map_err(|e| BridgeError::Config(format!("serving probes and metrics on {}: {e}", args.metrics_address)))?;
     let changed = Arc::new(Notify::new());
     let cluster = Arc::new(
-        cluster::Cluster::start(&clients, &namespaces, &args.field_manager, changed.clone(), metrics.clone()).await?,
+        cluster::Cluster::start(&writer, &namespaces, &args.field_manager, changed.clone(), metrics.clone()).await?,
     );
     cluster.ready().await;
     info!(
@@ -296,7 +305,7 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
                 }
             };
             election
-                .run(clients.requests.clone(), on_leading, shutdown, term)
+                .run(clients.requests.clone(), &leadership, on_leading, shutdown, term)
                 .await
                 .map_err(|e| BridgeError::Config(e.to_string()))?;
         }

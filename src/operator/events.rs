@@ -34,7 +34,9 @@ pub struct Events {
     pending: Arc<AtomicUsize>,
 }
 
-/// The sender task; `drain` ends it once every `Events` handle is gone.
+/// The sender task; `drain` ends it once every `Events` handle is gone. Dropped without
+/// draining (a term that lost its leadership), it stops the task at once: an Event is a write
+/// too, and a replica that no longer leads sends none.
 pub struct Sender {
     task: JoinHandle<()>,
     metrics: Arc<Metrics>,
@@ -89,14 +91,21 @@ impl Sender {
         self.drain_within(DRAIN).await
     }
 
-    async fn drain_within(self, limit: Duration) {
-        let mut task = self.task;
-        if tokio::time::timeout(limit, &mut task).await.is_err() {
-            task.abort();
-            // Those queued, and the one being sent (which the API server may yet have taken).
-            let lost = self.pending.swap(0, Ordering::Relaxed);
+    async fn drain_within(mut self, limit: Duration) {
+        if tokio::time::timeout(limit, &mut self.task).await.is_err() {
+            warn!("queued events not sent within {limit:?}");
+        }
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.task.abort();
+        // Those queued, and the one being sent (which the API server may yet have taken).
+        let lost = self.pending.swap(0, Ordering::Relaxed);
+        if lost > 0 {
             self.metrics.events_dropped(lost as u64);
-            warn!(lost, "queued events not sent within {limit:?}; dropping them");
+            warn!(lost, "the term ended with events unsent; dropping them");
         }
     }
 }
@@ -128,7 +137,7 @@ mod tests {
         let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
         let metrics = Arc::new(Metrics::default());
         let reporter = Reporter { controller: "test".into(), instance: None };
-        let (events, sender) = start(client, reporter, metrics.clone());
+        let (events, sender) = start(client.clone(), reporter, metrics.clone());
         for i in 0..3 {
             let object =
                 ObjectReference { name: Some(format!("w{i}")), namespace: Some("a".into()), ..Default::default() };
@@ -137,6 +146,24 @@ mod tests {
         drop(events);
         sender.drain_within(Duration::from_millis(300)).await;
         assert_eq!(metrics.dropped_events(), 3, "one in flight, two queued");
+
+        // A term that lost its leadership is dropped, Events handles and all, without a
+        // drain: its queued Events are dropped at once and the task is gone.
+        let (events, sender) = start(client, Reporter { controller: "test".into(), instance: None }, metrics.clone());
+        for i in 0..2 {
+            let object =
+                ObjectReference { name: Some(format!("v{i}")), namespace: Some("a".into()), ..Default::default() };
+            events.send(object, EventType::Normal, "Running", "Running");
+        }
+        let task = sender.task.abort_handle();
+        drop(sender);
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            while !task.is_finished() {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert!(ended.await.is_ok(), "the sender task ends with its term");
+        assert_eq!(metrics.dropped_events(), 5);
         held.abort();
     }
 

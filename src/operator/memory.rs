@@ -161,6 +161,17 @@ impl PerObject {
         }
     }
 
+    /// A new term of leadership begins: forget what was written and applied and when (in an
+    /// earlier term of this replica), so nothing is judged by a write another leader may
+    /// have overwritten since, and no status change waits on an old write's time. Failure
+    /// counts stay: they pace retries of the same objects.
+    pub fn new_term(&self) {
+        let mut inner = self.lock();
+        inner.written.clear();
+        inner.applied.clear();
+        inner.last_write.clear();
+    }
+
     pub fn failed(&self, uid: Option<String>) -> u32 {
         let mut inner = self.lock();
         let n = inner.failures.entry(uid.unwrap_or_default()).or_insert(0);
@@ -310,6 +321,29 @@ mod tests {
         objects.refused(&mw, "web-data", "h2", "again");
         objects.observe(&watcher::Event::Delete(workload("u1", "2")));
         assert_eq!(objects.refusal(&mw, "web-data", "h2"), None, "forgotten with the workload");
+    }
+
+    #[test]
+    fn a_new_term_remembers_no_write_of_an_earlier_one() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
+        let mut deployment = Deployment::default();
+        deployment.metadata.resource_version = Some("20".into());
+        let written = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
+        objects.wrote(&mw, Some("12".into()), written.clone());
+        objects.applied(&mw, deployment);
+        objects.failed(Some("u1".into()));
+        let detail = status::Urgency::Within(Duration::from_secs(60));
+        assert_eq!(objects.previous_status(&mw), Some(written), "within the term: the write, not the stale cache");
+        assert!(!objects.hold_back(&mw, detail).is_zero(), "within the term: details wait after a write");
+        objects.new_term();
+        assert_eq!(objects.previous_status(&mw), None, "the cache's own status");
+        let mut cached = Deployment::default();
+        cached.metadata.resource_version = Some("15".into());
+        let seen = objects.newest_deployment(&mw, Some(cached)).and_then(|d| d.metadata.resource_version);
+        assert_eq!(seen.as_deref(), Some("15"), "the cached Deployment, not the one applied in the earlier term");
+        assert!(objects.hold_back(&mw, detail).is_zero(), "a difference is written at once");
+        assert_eq!(objects.len(), (1, 0, 0), "failure counts stay");
     }
 
     #[test]

@@ -49,6 +49,7 @@ use kube::{Api, Client, Resource};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info};
 
+use crate::election::{Election, Leadership};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
@@ -111,9 +112,14 @@ pub async fn run(
     }
     let concurrency = settings.concurrency;
     let pod_settings = Arc::new(settings.pod_settings);
+    // Every write of a term (applies, status writes, Events) goes through a client that
+    // checks the leader's deadline: a write after it is refused, never sent. The election's
+    // own Lease requests and the watches use the plain clients.
+    let leadership = settings.election.as_ref().map_or_else(Leadership::unfenced, Election::leadership);
+    let writer = leadership.client(clients.config.clone()).map_err(Error::Client)?;
     let term = |stop: watch::Receiver<bool>| {
         let (client, caches, metrics, pod_settings, in_flight) =
-            (client.clone(), caches.clone(), metrics.clone(), pod_settings.clone(), in_flight.clone());
+            (writer.clone(), caches.clone(), metrics.clone(), pod_settings.clone(), in_flight.clone());
         async move {
             let controllers = caches.iter().map(|c| {
                 let shared = Shared {
@@ -131,7 +137,7 @@ pub async fn run(
         None => crate::shutdown::until_stopped(crate::shutdown::STOP_GRACE, shutdown.clone(), term(shutdown)).await,
         Some(election) => {
             let leading = |lease: &str, leads: bool| metrics.set_leader(lease, leads);
-            election.run(client.clone(), leading, shutdown, term).await?
+            election.run(client.clone(), &leadership, leading, shutdown, term).await?
         }
     }
     info!("controller stopped");
@@ -213,9 +219,14 @@ struct Shared {
 }
 
 /// One term of leadership for one scope: reconcile everything once, then every trigger, until
-/// `stop`; in-flight reconciles finish before this returns.
+/// `stop`; in-flight reconciles finish and queued Events are sent before this returns. Dropped
+/// instead when leadership is lost: its reconciles go with it, and so does its Events task.
 async fn lead(shared: Shared, caches: Arc<Caches>, concurrency: u16, mut stop: watch::Receiver<bool>) {
     let Shared { client, metrics, pod_settings, in_flight } = shared;
+    // What this replica wrote in an earlier term says nothing of the workloads now: another
+    // leader may have written since. The caches alone are the truth, so the first pass
+    // rewrites every status that differs from what it derives, at once.
+    caches.objects.new_term();
     let (resync, resyncs) = mpsc::unbounded_channel();
     // Subscribed before the first full pass, so nothing between the two is missed.
     let triggers = subscribe(&caches.triggers, resync.clone());
