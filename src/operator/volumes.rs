@@ -46,6 +46,16 @@ pub struct Claims {
     pub retry: Option<Duration>,
 }
 
+impl Claims {
+    /// A change to claim `name` was refused: the workload goes on with `live` as it is, the
+    /// refusal is reported, and the step looks again once `wait` has passed.
+    fn refused_change(&mut self, name: String, message: String, wait: Duration, live: Option<PersistentVolumeClaim>) {
+        self.refused.push((name, message));
+        self.retry = Some(self.retry.map_or(wait, |r| r.min(wait)));
+        self.own.extend(live);
+    }
+}
+
 /// The outcome of the step: go on to the Deployment, or look again soon.
 pub enum Step {
     Done(Claims),
@@ -93,9 +103,7 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
                     ctx.objects.refusal(mw, &name, &fingerprint).filter(|(_, w)| !w.is_zero())
                 {
                     // The same change was refused moments ago: not sent again before its backoff.
-                    out.refused.push((name.clone(), refused.message));
-                    out.retry = out.retry.min(Some(wait)).or(Some(wait));
-                    out.own.extend(live);
+                    out.refused_change(name, refused.message, wait, live);
                     continue;
                 }
                 match apply(&ctx.metrics, "persistentvolumeclaims", &api, &name, &desired, mode).await {
@@ -118,9 +126,7 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
                             warn!(claim = %name, %message, retry_in = ?wait, "the API server refused a change to a PersistentVolumeClaim");
                             let note = format!("the API server refused the change to claim {name}: {message}");
                             ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimChangeRefused", &note);
-                            out.refused.push((name.clone(), message));
-                            out.retry = out.retry.min(Some(wait)).or(Some(wait));
-                            out.own.extend(live);
+                            out.refused_change(name, message, wait, live);
                         }
                         Refusal::Rejected(message) => {
                             out.blocked.get_or_insert_with(|| Blocked {
