@@ -316,4 +316,7 @@ async fn nothing_is_written_in_steady_state_while_the_endpoints_change() {
     let after = audit::operator_writes(&ns.name);
     assert_eq!(after[before.len()..], [], "writes by the operator while nothing of the workload changed");
     wait_ready(&workloads, "web", Phase::Running).await;
+    // The positive control: a change the operator must write is seen by the same reading.
+    apply(&workloads, "web", spec("nginx:1.28", "ClusterIP")).await.unwrap();
+    audit::wait_for_operator_write(&ns.name, after.len()).await;
 }

@@ -90,8 +90,10 @@ async fn the_same_claim_through_stop_start_rollout_and_growth() {
         "claims are only ever applied, never deleted: {before:?}"
     );
 
-    // Growth patches the claim in place.
+    // Growth patches the claim in place (and is the positive control of the quiet window: the
+    // same reading of the audit log sees the operator's write).
     apply(&workloads, "web", spec("nginx:2", "Running", data(&storage.class, "2Gi", "Retain"))).await.unwrap();
+    audit::wait_for_operator_write(&ns.name, after.len()).await;
     let grown = wait_until(&claims, "web-data", "the claim to ask for 2Gi", TIMEOUT, |c| {
         c.and_then(mw_operator::operator::claims::requested).as_deref() == Some("2Gi")
     })

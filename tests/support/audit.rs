@@ -113,3 +113,18 @@ pub async fn settled_writes(namespace: &str) -> Vec<Write> {
         seen = now;
     }
 }
+
+/// The positive control of a "no writes" window: once the caller has made a change the
+/// operator must act on, one more of its writes shows in the audit log (beyond the `seen`
+/// counted at the window's end), so the log was written and read while the window was watched.
+pub async fn wait_for_operator_write(namespace: &str, seen: usize) {
+    super::eventually(
+        "the operator's write after the change (the positive control)",
+        super::workload::TIMEOUT,
+        || async {
+            let now = operator_writes(namespace).len();
+            if now > seen { Ok(()) } else { Err(format!("{now} writes, as at the end of the quiet window")) }
+        },
+    )
+    .await;
+}
