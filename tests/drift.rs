@@ -157,4 +157,6 @@ async fn reconciles_that_find_nothing_to_change_write_nothing() {
         d.and_then(|d| d.spec.as_ref()?.replicas) == Some(1)
     })
     .await;
+    // And the same reading of the audit log that saw nothing above sees that correction.
+    audit::wait_for_operator_write(&ns.name, after.len()).await;
 }

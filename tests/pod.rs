@@ -143,9 +143,11 @@ async fn registry_identity_placement_security_and_probes_reach_the_pod() {
     let after = audit::operator_writes(&ns.name);
     assert_eq!(after[before.len()..], [], "writes by the operator while nothing changed");
 
-    // A changed option rolls out a new Pod.
+    // A changed option rolls out a new Pod (and is the positive control of the quiet window:
+    // the same reading of the audit log sees the operator's write).
     let first = pod.uid();
     apply(&workloads, "web", spec("other")).await.unwrap();
+    audit::wait_for_operator_write(&ns.name, after.len()).await;
     let updated = wait_until(&workloads, "web", "the new generation Running", support::workload::TIMEOUT, |w| {
         w.and_then(|w| w.status.as_ref())
             .is_some_and(|s| s.phase == Some(Phase::Running) && s.observed_generation > mw.metadata.generation)
