@@ -273,6 +273,7 @@ async fn a_real_crash_loop_is_failed_and_stays_still_through_restart_cycles() {
     // catches (waiting CrashLoopBackOff, running, terminated) varies with the machine's load.
     assert!(states.len() >= 2, "the container was meant to cycle: {states:?}");
     assert_eq!(window, [], "the operator wrote during {cycles} real restart cycles (states seen: {states:?})");
+    audit::stop_and_see_a_write(&workloads, &ns.name, "crash", after.len()).await;
 }
 
 #[tokio::test]
@@ -303,11 +304,13 @@ async fn a_real_image_pull_failure_is_failed_and_stays_still() {
         states.iter().all(|s| s == "ErrImagePull" || s == "ImagePullBackOff"),
         "only pull failures were expected: {states:?}"
     );
-    let window = &audit::operator_writes(&ns.name)[before.len()..];
+    let after = audit::operator_writes(&ns.name);
+    let window = &after[before.len()..];
     eprintln!("real image pull failure: states {states:?}, operator writes meanwhile: {window:?}");
     assert_eq!(window, [], "the operator wrote while the kubelet retried the pull");
     let mw = workloads.get("pull").await.unwrap();
     assert_eq!(condition(&mw, "Stalled").reason, "ImagePullBackOff");
+    audit::stop_and_see_a_write(&workloads, &ns.name, "pull", after.len()).await;
 }
 
 async fn wait_condition_real(api: &Api<ManagedWorkload>, name: &str, type_: &str) -> ManagedWorkload {

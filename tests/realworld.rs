@@ -217,6 +217,7 @@ async fn failure_cycle_writes_nothing(image: &str, reason: &str, cycling: fn(&Po
     assert!(states.len() >= min_states, "the Pod was meant to cycle: {states:?}");
     assert_eq!(window, [], "status writes or Events while the Pod cycled ({states:?})");
     assert_stable_messages(&mw, &pods_of(&pods, "web").await);
+    audit::stop_and_see_a_write(&workloads, &ns.name, "web", after.len()).await;
 }
 
 fn container_state(p: &Pod) -> String {

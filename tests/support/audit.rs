@@ -128,3 +128,18 @@ pub async fn wait_for_operator_write(namespace: &str, seen: usize) {
     )
     .await;
 }
+
+/// The positive control for a window in which nothing else is to change: stop workload `name`
+/// (a change the operator must write: its Deployment's replicas and its status) and see the
+/// write in the audit log, beyond the `seen` counted at the window's end.
+pub async fn stop_and_see_a_write(
+    workloads: &kube::Api<mw_operator::resource::ManagedWorkload>,
+    namespace: &str,
+    name: &str,
+    seen: usize,
+) {
+    let stop = serde_json::json!({"spec": {"state": "Stopped"}});
+    let params = kube::api::PatchParams::default();
+    workloads.patch(name, &params, &kube::api::Patch::Merge(&stop)).await.expect("stopping the workload");
+    wait_for_operator_write(namespace, seen).await;
+}
