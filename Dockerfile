@@ -11,6 +11,8 @@ RUN cargo build --release --locked --bin mw-operator
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/mw-operator /usr/local/bin/mw-operator
+# The licence travels with the binary it covers.
+COPY LICENSE /usr/share/doc/mw-operator/LICENSE
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/mw-operator"]
 CMD ["run"]
