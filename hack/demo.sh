@@ -68,9 +68,13 @@ YAML
 "${KUBECTL[@]}" wait --for=condition=Ready node/kwok-gpu-node-0 --timeout=60s >/dev/null
 
 # The cloud's part for LoadBalancer Services: once the operator has made a workload's Service,
-# give it an address from TEST-NET-1 (192.0.2.0/24), as a cloud controller or MetalLB would.
+# give it an address of its own from TEST-NET-1 (192.0.2.0/24), as a cloud controller or MetalLB
+# would. A Service that has one keeps it (a second run changes nothing); a new one gets the next
+# address after those already given, in any namespace.
 simulate_load_balancers() {
-  local ns=$1 mw svc n=100
+  local ns=$1 mw svc n
+  n=$((100 + $("${KUBECTL[@]}" get services -A \
+      -o jsonpath='{range .items[*]}{.status.loadBalancer.ingress[0].ip}{"\n"}{end}' | grep -c '^192\.0\.2\.' || true)))
   for mw in $("${KUBECTL[@]}" -n "$ns" get managedworkloads \
       -o jsonpath='{range .items[?(@.spec.service.type=="LoadBalancer")]}{.metadata.name}{"\n"}{end}'); do
     svc=""
@@ -80,6 +84,9 @@ simulate_load_balancers() {
       sleep 1
     done
     [ -n "$svc" ] || { echo "workload $ns/$mw has no Service after 60 s; operator log: $LOGS/operator.log" >&2; exit 1; }
+    if [ -n "$("${KUBECTL[@]}" -n "$ns" get service "$svc" -o jsonpath='{.status.loadBalancer.ingress[0].ip}')" ]; then
+      continue
+    fi
     "${KUBECTL[@]}" -n "$ns" patch service "$svc" --subresource=status --type merge \
       -p "{\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"192.0.2.$n\"}]}}}" >/dev/null
     echo "load balancer (simulated): service $ns/$svc has address 192.0.2.$n"

@@ -72,14 +72,11 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
         let name = claims::claim_name(&mw.name_any(), &volume.name);
         let live = observe(ctx, &api, namespace, &name).await?;
         let own = |c: &PersistentVolumeClaim| claims::is_own(c, mw, volume);
-        if let Some(live) = live.as_ref().filter(|c| c.metadata.deletion_timestamp.is_some()) {
-            // Never applied to: an apply cannot stop a deletion, and would only race it.
-            if own(live) {
-                out.deleting.get_or_insert_with(|| Box::new(live.clone()));
-                out.own.push(live.clone());
-            } else {
-                out.blocked.get_or_insert_with(|| Blocked::departing("PersistentVolumeClaim", &name));
-            }
+        // Never applied to: an apply cannot stop a deletion, and would only race it. (Someone
+        // else's claim being deleted is `Departing` below: waited for.)
+        if let Some(live) = live.as_ref().filter(|c| c.metadata.deletion_timestamp.is_some() && own(c)) {
+            out.deleting.get_or_insert_with(|| Box::new(live.clone()));
+            out.own.push(live.clone());
             continue;
         }
         let replacing = live.is_none() && existed(ctx, mw, &name);
