@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   local control plane + operator + a sample ManagedWorkload reaching Running
 #   make test   formatting, lints, unit tests and integration tests on a local control plane
-.PHONY: demo demo-down test unit bench crds manifests cluster-up cluster-down cluster-status build tools
+.PHONY: demo demo-down test unit bench crds manifests cluster-up cluster-down cluster-status build image tools
 
 CP := hack/controlplane.sh
 
@@ -24,6 +24,16 @@ unit:
 
 build:
 	cargo build --locked --release
+
+# The operator's OCI image (the bridge is the same binary), built without a container engine:
+# target/image/mw-operator.oci.tar, named $(IMAGE). Push it with skopeo, crane, ctr or
+# `docker load` (docs/install.md, "The image").
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+IMAGE ?= mw-operator:$(VERSION)
+image: build
+	@mkdir -p target/image
+	python3 hack/image.py --binary target/release/mw-operator --name $(IMAGE) \
+	  --revision "$$(git rev-parse HEAD 2>/dev/null)" --out target/image/mw-operator.oci.tar
 
 # Regenerate crds/ from src/resource.rs (make test fails when it is stale).
 crds:

@@ -22,7 +22,7 @@
 #                                         ports (waits for the API server to be ready again)
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
 #   hack/controlplane.sh node-build|node-up NAME|node-down NAME|node-status NAME|
-#                        node-namespace NAME NS|images
+#                        node-namespace NAME NS|node-import NAME ARCHIVE|node-expose NAME PORT|images
 #                                         the real node (kubelet, kube-proxy, containerd,
 #                                         CNI) and its local images: see hack/realnode.sh
 #
@@ -217,6 +217,8 @@ EXT
     sign operator "/CN=mw-operator" client.ext
     # The bridge under test, likewise bound only to config/rbac/bridge-*.yaml.
     sign bridge "/CN=mw-bridge" client.ext
+    # The API server's identity toward kubelets (kubectl logs and exec on the real node).
+    sign kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" client.ext
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
     rm -f ./*.csr ./*.ext ca.srl
@@ -365,6 +367,7 @@ cmd_up() {
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
+    --kubelet-client-certificate="$pki/kubelet-client.crt" --kubelet-client-key="$pki/kubelet-client.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
@@ -536,6 +539,8 @@ main() {
     node-down) cmd_node_down "${2:?NAME}" ;;
     node-status) cmd_node_status "${2:?NAME}" ;;
     node-namespace) cmd_node_namespace "${2:?NAME}" "${3:?NAMESPACE}" ;;
+    node-import) cmd_node_import "${2:?NAME}" "${3:?ARCHIVE}" ;;
+    node-expose) cmd_node_expose "${2:?NAME}" "${3:?PORT}" ;;
     images) cmd_images ;;
     stop-component) cmd_stop_component "${2:?NAME}" "${3:?COMPONENT}" ;;
     start-component) cmd_start_component "${2:?NAME}" "${3:?COMPONENT}" ;;

@@ -23,6 +23,8 @@ command -v npm >/dev/null || missing+=(npm)
 for t in openssl curl python3 sqlite3; do command -v "$t" >/dev/null || missing+=("$t"); done
 # Server binaries (initdb, pg_ctl, postgres; psql comes along), not only a client or libpq-dev.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
+# The CA bundle the operator's image carries (hack/image.py).
+[ -s /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
 if ((${#missing[@]})); then
   log "installing ${missing[*]} from Debian's packages"
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

@@ -128,11 +128,12 @@ gen_certs() {
       -subj "/CN=mw-operator-test-postgres-ca" \
       -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
       -keyout ca.key -out ca.crt 2>/dev/null
+    # 10.88.0.1: where the real node's Pods reach this server (hack/realnode.sh, node-expose).
     cat >server.ext <<EXT
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=DNS:localhost,IP:127.0.0.1
+subjectAltName=DNS:localhost,IP:127.0.0.1,IP:10.88.0.1
 EXT
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=localhost" \
       -keyout server.key -out server.csr 2>/dev/null
@@ -247,6 +248,9 @@ CONF
 # TYPE  DATABASE  USER  ADDRESS       METHOD
 local   all       all                 scram-sha-256
 host    all       all   127.0.0.1/32  scram-sha-256
+# The real node's Pods (the chart's bridge in tests/release.rs), which reach this loopback
+# server through the node's DNAT at 10.88.0.1 (hack/realnode.sh, node-expose).
+host    all       all   10.88.0.0/24  scram-sha-256
 HBA
 
   # The chosen port may be taken by the time postgres binds it: retry with another.

@@ -9,6 +9,9 @@
 #   hack/controlplane.sh node-down NAME      stop it and remove every trace (also after a kill)
 #   hack/controlplane.sh node-status NAME    whether it runs and is Ready
 #   hack/controlplane.sh node-namespace NAME NS   a namespace whose Pods all run on the real node
+#   hack/controlplane.sh node-import NAME ARCHIVE  import an OCI image archive into its containerd
+#   hack/controlplane.sh node-expose NAME PORT     let its Pods reach the host's 127.0.0.1:PORT
+#                                                  (prints the address they use for it)
 #   hack/controlplane.sh images              build the test images' OCI archive, print its path
 #
 # Why these choices:
@@ -32,12 +35,23 @@
 #   kwok-based test) never land on it; a Pod picks it with a toleration and a nodeSelector,
 #   or by living in a namespace whose PodNodeSelector/PodTolerationRestriction annotations
 #   add both (see node_namespace_annotations).
+# - Every server here listens on loopback, the API server too (and it advertises 127.0.0.1,
+#   with no endpoint for the `kubernetes` Service). A Pod cannot reach the host's loopback, so
+#   the node DNATs what Pods send to the Service's cluster IP (10.96.0.1:443, which the API
+#   server's certificate names) to the API server's loopback port: in-cluster configuration
+#   works as in any cluster, and nothing listens on another address. The kernel routes such
+#   packets because kube-proxy sets route_localnet (for localhost NodePorts); node-expose
+#   does the same for another loopback server (a database) at the bridge's gateway address.
+#   The API server reaches the kubelet (kubectl logs, exec) at the node's name, which
+#   /etc/hosts maps to 127.0.0.1 while the node runs.
 
 NODE_BINARIES=(kubelet kube-proxy cri-cleanup)
 REAL_NODE=mw-real-node
 REAL_NODE_KEY=mw-test/real-node
 REAL_NODE_LOCK=/run/mw-operator-realnode.lock
 POD_SUBNET=10.88.0.0/24
+POD_GATEWAY=10.88.0.1
+KUBERNETES_SERVICE_IP=10.96.0.1
 CNI_BRIDGE=mwbr0
 CNI_NETWORK=mw-real-node
 CNI_BIN_DIR=/usr/lib/cni
@@ -104,7 +118,7 @@ cmd_node_build() {
 # The OCI archive of the test images, rebuilt only when hack/images.py or busybox changes.
 cmd_images() {
   local key dir
-  key=$( { cat "$HERE/images.py"; dpkg-query -W -f='${Version}' busybox-static 2>/dev/null; } | sha256sum | cut -c1-12)
+  key=$( { cat "$HERE/images.py" "$HERE/oci.py"; dpkg-query -W -f='${Version}' busybox-static 2>/dev/null; } | sha256sum | cut -c1-12)
   dir="$CACHE_ROOT/images/$key"
   if [ ! -s "$dir/mw-test-images.tar" ]; then
     mkdir -p "$dir"
@@ -331,6 +345,10 @@ nodePortAddresses: [primary]
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 YAML
   start "$state" "$logs" kube-proxy "$nbin/kube-proxy" --config="$node/kube-proxy.yaml" --v=1
+  node_hosts_entry add || { cmd_node_down "$name"; return 1; }
+  local api_port=${server##*:}
+  node_dnat "$name" "$KUBERNETES_SERVICE_IP" 443 "$api_port" "the API server (in-cluster configuration)" ||
+    { cmd_node_down "$name"; return 1; }
 
   wait_for "the real node to be Ready" 120 "$logs" "${kubectl[@]}" wait --for=condition=Ready \
     "node/$REAL_NODE" --timeout=2s || { cmd_node_down "$name"; return 1; }
@@ -355,6 +373,58 @@ node_lock_free() {
   if [ "$owner" != "$RUN_ROOT/$name" ] && node_alive "$owner" 2>/dev/null; then
     die "a real node already runs on this machine, for the control plane in $owner (one per machine: it owns the host's KUBE-* iptables chains); stop it first (hack/controlplane.sh node-down NAME, or make demo-down)"
   fi
+}
+
+# The comment that marks node NAME's DNAT rules (teardown removes them by it).
+node_dnat_comment() { echo "mw-real-node $1"; }
+
+# DNAT what node NAME's Pods send to ADDRESS:PORT to the host's 127.0.0.1:TARGET. Idempotent.
+node_dnat() {
+  local name=$1 address=$2 port=$3 target=$4 what=$5
+  local rule=(PREROUTING -i "$CNI_BRIDGE" -d "$address/32" -p tcp --dport "$port"
+    -m comment --comment "$(node_dnat_comment "$name"): $what"
+    -j DNAT --to-destination "127.0.0.1:$target")
+  iptables -w 5 -t nat -C "${rule[@]}" 2>/dev/null && return 0
+  # First in PREROUTING: before kube-proxy's KUBE-SERVICES, which has no endpoint for it.
+  iptables -w 5 -t nat -I "${rule[@]:0:1}" 1 "${rule[@]:1}" ||
+    { log "could not add the DNAT rule for $what"; return 1; }
+}
+
+# Let node NAME's Pods reach the host's loopback server on PORT; prints the address they use.
+cmd_node_expose() {
+  local name=${1:?NAME} port=${2:?PORT}
+  node_alive "$RUN_ROOT/$name" || die "the real node of '$name' is not up"
+  node_dnat "$name" "$POD_GATEWAY" "$port" "$port" "127.0.0.1:$port" || return 1
+  echo "$POD_GATEWAY:$port"
+}
+
+# Import the OCI image archive ARCHIVE into node NAME's containerd (the kubelet's namespace),
+# where its Pods find it without a registry.
+cmd_node_import() {
+  local name=${1:?NAME} archive=${2:?ARCHIVE}
+  local sock="$RUN_ROOT/$name/node/containerd/containerd.sock"
+  node_alive "$RUN_ROOT/$name" || die "the real node of '$name' is not up"
+  ctr --address "$sock" -n k8s.io images import "$archive" >/dev/null || die "importing $archive failed"
+}
+
+# Map the node's name to 127.0.0.1 in /etc/hosts (add), or remove that line (remove).
+# Written in place: /etc/hosts is often a bind mount, which a rename would fail on.
+node_hosts_entry() {
+  local line="127.0.0.1 $REAL_NODE # hack/realnode.sh" rest
+  rest=$(grep -vxF "$line" /etc/hosts || true)
+  case $1 in
+    add) printf '%s\n%s\n' "$rest" "$line" >/etc/hosts ;;
+    remove) grep -qxF "$line" /etc/hosts && printf '%s\n' "$rest" >/etc/hosts ;;
+  esac
+  return 0
+}
+
+# Remove node NAME's DNAT rules.
+remove_node_dnat() {
+  local name=$1 rule
+  while read -r rule; do
+    eval "iptables -w 5 -t nat -D ${rule#-A }" 2>/dev/null || true
+  done < <(iptables-save -t nat 2>/dev/null | grep -F -- "--comment \"$(node_dnat_comment "$name"):" || true)
 }
 
 cmd_node_down() {
@@ -409,6 +479,8 @@ node_cleanup() {
     # kube-proxy --cleanup leaves, and anything of kube-proxy's it missed.
     remove_kube_chains || failed=1
   fi
+  remove_node_dnat "$name"
+  [ "$(cat "$REAL_NODE_LOCK" 2>/dev/null)" = "$state" ] && node_hosts_entry remove
   # 4. containerd.
   stop_wave "$state" containerd || failed=1
   # 5. Shims and container processes containerd leaves behind when it was killed: shims are

@@ -115,14 +115,25 @@ case "$MANAGER_E2E" in
 esac
 
 kill -0 "$OPERATOR_PID" 2>/dev/null || { echo "the operator exited during the tests; see $LOGS/operator.log" >&2; exit 1; }
-# The real node goes before the fault tests stop and start the API server under it, and so
-# that the teardown test below can start a real node of its own (one per machine).
-bash "$CP" node-down "$CLUSTER"
-
 # What follows runs alone, one test at a time: each starts operators of its own (the shared
 # one watches every namespace), deletes the CRD every other test relies on, or stops
 # kube-apiserver and etcd.
 bash "$CP" stop-operator "$CLUSTER"
+
+step "serial: the chart on the real node (the operator's image in Pods, failover, helm upgrade and uninstall, the CRD upgrade)"
+# The image `make image` builds, from the debug binary the other suites test (a release build
+# would add minutes to every cold run; the image's recipe is the same). One image, two tags:
+# the upgrade goes from test-1 to test-2.
+mkdir -p target/image
+python3 "$HERE/image.py" --binary "$REPO/target/debug/mw-operator" --out target/image/mw-operator-test.oci.tar \
+  --name mw-test.invalid/mw-operator:test-1 --name mw-test.invalid/mw-operator:test-2
+bash "$CP" node-import "$CLUSTER" target/image/mw-operator-test.oci.tar
+MW_TEST_KUBECTL="$(bash "$CP" bin-dir)/kubectl" MW_TEST_IMAGE_REPOSITORY=mw-test.invalid/mw-operator \
+  cargo test --locked --test release -- --ignored --test-threads=1
+
+# The real node goes before the fault tests stop and start the API server under it, and so
+# that the teardown test below can start a real node of its own (one per machine).
+bash "$CP" node-down "$CLUSTER"
 
 step "serial: namespace-scoped operator on a ServiceAccount token, uninstall in either order"
 cargo test --locked --test install -- --ignored --test-threads=1

@@ -8,8 +8,6 @@
 
 mod support;
 
-use std::process::Command;
-
 use clap::Parser;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -18,23 +16,11 @@ use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParam
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Api, Client};
 use serde_json::Value;
+use support::helm::{helm, run_helm};
 use support::workload::TIMEOUT;
-use support::{TestNamespace, eventually, wait_until};
+use support::{TestNamespace, documents, eventually, wait_until};
 
 const CHART: &str = "charts/mw-operator";
-
-fn run_helm<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> (bool, String, String) {
-    let helm = std::env::var("MW_TEST_HELM").expect("MW_TEST_HELM: the helm binary (make test sets it)");
-    let out = Command::new(&helm).args(args).output().unwrap_or_else(|e| panic!("running {helm}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    (out.status.success(), stdout, String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
-fn helm<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
-    let (ok, stdout, stderr) = run_helm(args);
-    assert!(ok, "helm {args:?} failed:\n{stdout}\n{stderr}");
-    stdout
-}
 
 /// The chart rendered for `release` in `namespace`, as JSON documents.
 fn render(release: &str, namespace: &str, watch: &[&str]) -> Vec<Value> {
@@ -50,15 +36,6 @@ fn render_with(release: &str, namespace: &str, extra: &[String]) -> Vec<Value> {
     let mut args: Vec<String> = ["template", release, CHART, "--namespace", namespace].map(String::from).into();
     args.extend_from_slice(extra);
     documents(&helm(&args))
-}
-
-/// The objects of rendered YAML.
-fn documents(rendered: &str) -> Vec<Value> {
-    rendered
-        .split("\n---")
-        .filter_map(|doc| serde_saphyr::from_str::<Value>(doc).ok())
-        .filter(|doc| doc.is_object())
-        .collect()
 }
 
 /// `--set` arguments, one per value.

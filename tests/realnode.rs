@@ -13,54 +13,21 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{DeleteParams, ListParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::json;
+use support::realnode::{HTTPD_1, HTTPD_2, REAL_NODE, http_get, real_node_namespace};
 use support::storage::Storage;
 use support::workload::{PhaseLog, apply, condition, phase_of};
-use support::{TestNamespace, audit, eventually, wait_until};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::{audit, eventually, wait_until};
 
-const REAL_NODE: &str = "mw-real-node";
-const REAL_NODE_KEY: &str = "mw-test/real-node";
-const HTTPD_1: &str = "mw-test.invalid/httpd:1";
-const HTTPD_2: &str = "mw-test.invalid/httpd:2";
 /// Starting a real container (sandbox, CNI, runc) takes a few seconds; a busy 2-core machine
 /// can stretch that.
 const TIMEOUT: Duration = Duration::from_secs(120);
-const NEEDS: &str = "needs the real node: make test runs it (hack/controlplane.sh node-up NAME, MW_TEST_REAL_NODE=1)";
 
 /// A test namespace whose Pods all go to the real node, once the node is there and Ready.
-async fn real_node_namespace(test: &str) -> TestNamespace {
-    assert_eq!(
-        std::env::var("MW_TEST_REAL_NODE").as_deref(),
-        Ok("1"),
-        "these tests {NEEDS}; MW_TEST_REAL_NODE is not 1"
-    );
-    let ns = TestNamespace::new(test).await;
-    let nodes: Api<Node> = Api::all(ns.client.clone());
-    let node =
-        nodes.get_opt(REAL_NODE).await.unwrap().unwrap_or_else(|| panic!("no Node {REAL_NODE}: these tests {NEEDS}"));
-    let ready = node.status.and_then(|s| s.conditions).unwrap_or_default();
-    assert!(
-        ready.iter().any(|c| c.type_ == "Ready" && c.status == "True"),
-        "Node {REAL_NODE} is not Ready: {ready:?}\nlogs (kubelet.log, containerd.log): {}",
-        support::log_dir()
-    );
-    let tolerations = json!([{"key": REAL_NODE_KEY, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]);
-    let annotations = json!({"metadata": {"annotations": {
-        "scheduler.alpha.kubernetes.io/node-selector": format!("{REAL_NODE_KEY}=true"),
-        "scheduler.alpha.kubernetes.io/defaultTolerations": tolerations.to_string(),
-    }}});
-    Api::<Namespace>::all(ns.client.clone())
-        .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&annotations))
-        .await
-        .unwrap();
-    ns
-}
-
 async fn pods_of(pods: &Api<Pod>, name: &str) -> Vec<Pod> {
     pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"))).await.unwrap().items
 }
@@ -73,25 +40,6 @@ async fn wait_real(api: &Api<ManagedWorkload>, name: &str, phase: Phase) -> Mana
     })
     .await
     .unwrap()
-}
-
-/// One HTTP/1.0 GET of `/` from this host, bounded; the body, or why not.
-async fn http_get(ip: &str, port: u16) -> Result<String, String> {
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect((ip, port)).await.map_err(|e| format!("connect: {e}"))?;
-        stream.write_all(b"GET / HTTP/1.0\r\nHost: test\r\n\r\n").await.map_err(|e| format!("write: {e}"))?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.map_err(|e| format!("read: {e}"))?;
-        Ok::<_, String>(response)
-    };
-    match tokio::time::timeout(Duration::from_secs(3), attempt).await {
-        Ok(Ok(response)) if response.starts_with("HTTP/1.") && response.contains(" 200 ") => {
-            Ok(response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
-        }
-        Ok(Ok(response)) => Err(format!("unexpected answer: {response:?}")),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err("no answer within 3 s".into()),
-    }
 }
 
 /// The workload's Pod IP (from its status) answers HTTP with `body`, within a bounded wait.

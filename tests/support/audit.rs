@@ -18,8 +18,7 @@ pub struct Write {
 
 /// The operator's writes in `namespace` so far, in order.
 pub fn operator_writes(namespace: &str) -> Vec<Write> {
-    let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
-    writes_by(&user, namespace)
+    writes_by(&operator_user(), namespace)
 }
 
 /// Writes by API user `user` in `namespace` so far, in order.
@@ -97,19 +96,29 @@ fn write_entries(user: &str, namespace: &str) -> Vec<Value> {
 pub const QUIET: std::time::Duration =
     mw_operator::operator::status::DETAIL_DELAY.saturating_add(std::time::Duration::from_secs(2));
 
+/// The API user of the operator under test (the shared host process's by default).
+fn operator_user() -> String {
+    std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into())
+}
+
 /// Wait until the operator has made no write in `namespace` for `QUIET`, and return its writes
 /// so far: the settled starting point for a "nothing more is written" check.
 pub async fn settled_writes(namespace: &str) -> Vec<Write> {
+    settled_writes_by(&operator_user(), namespace).await
+}
+
+/// `settled_writes` for API user `user` (an operator running as a Pod: its ServiceAccount).
+pub async fn settled_writes_by(user: &str, namespace: &str) -> Vec<Write> {
     let quiet = QUIET;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    let mut seen = operator_writes(namespace);
+    let mut seen = writes_by(user, namespace);
     loop {
         tokio::time::sleep(quiet).await;
-        let now = operator_writes(namespace);
+        let now = writes_by(user, namespace);
         if now.len() == seen.len() {
             return now;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the operator kept writing in {namespace}: {now:?}");
+        assert!(tokio::time::Instant::now() < deadline, "{user} kept writing in {namespace}: {now:?}");
         seen = now;
     }
 }
@@ -118,11 +127,16 @@ pub async fn settled_writes(namespace: &str) -> Vec<Write> {
 /// operator must act on, one more of its writes shows in the audit log (beyond the `seen`
 /// counted at the window's end), so the log was written and read while the window was watched.
 pub async fn wait_for_operator_write(namespace: &str, seen: usize) {
+    wait_for_write_by(&operator_user(), namespace, seen).await
+}
+
+/// `wait_for_operator_write` for API user `user`.
+pub async fn wait_for_write_by(user: &str, namespace: &str, seen: usize) {
     super::eventually(
         "the operator's write after the change (the positive control)",
         super::workload::TIMEOUT,
         || async {
-            let now = operator_writes(namespace).len();
+            let now = writes_by(user, namespace).len();
             if now > seen { Ok(()) } else { Err(format!("{now} writes, as at the end of the quiet window")) }
         },
     )
@@ -138,8 +152,19 @@ pub async fn stop_and_see_a_write(
     name: &str,
     seen: usize,
 ) {
+    stop_and_see_a_write_by(&operator_user(), workloads, namespace, name, seen).await
+}
+
+/// `stop_and_see_a_write` for API user `user`.
+pub async fn stop_and_see_a_write_by(
+    user: &str,
+    workloads: &kube::Api<mw_operator::resource::ManagedWorkload>,
+    namespace: &str,
+    name: &str,
+    seen: usize,
+) {
     let stop = serde_json::json!({"spec": {"state": "Stopped"}});
     let params = kube::api::PatchParams::default();
     workloads.patch(name, &params, &kube::api::Patch::Merge(&stop)).await.expect("stopping the workload");
-    wait_for_operator_write(namespace, seen).await;
+    wait_for_write_by(user, namespace, seen).await;
 }

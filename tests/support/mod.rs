@@ -99,6 +99,14 @@ impl Drop for TestNamespace {
     }
 }
 
+/// The objects of a multi-document YAML text.
+pub fn documents(text: &str) -> Vec<serde_json::Value> {
+    text.split("\n---")
+        .filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok())
+        .filter(|doc| doc.is_object())
+        .collect()
+}
+
 /// Wait until `condition` holds for the object (None while it does not exist). On timeout,
 /// panic with the object's last state and where the logs are.
 pub async fn wait_until<K>(
@@ -158,10 +166,12 @@ pub async fn wait_for_event(ns: &TestNamespace, reason: &str, timeout: Duration)
 
 pub mod audit;
 pub mod bridge;
+pub mod helm;
 pub mod manager;
 pub mod operator;
 pub mod procfs;
 pub mod proxy;
+pub mod realnode;
 pub mod scoped;
 pub mod storage;
 pub mod workload;

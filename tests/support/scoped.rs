@@ -219,18 +219,23 @@ pub async fn client_for(kubeconfig: &Path) -> Client {
 
 /// The CRD from crds/, applied and Established (tests that uninstall it put it back).
 pub async fn ensure_crd(admin: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     for entry in std::fs::read_dir("crds").expect("crds/") {
         let path = entry.expect("a crds/ entry").path();
-        let crd = manifest(path.to_str().expect("a UTF-8 path"));
-        let name = crd["metadata"]["name"].as_str().expect("a CRD name").to_string();
-        apply(&crds, &name, &crd).await;
-        wait_until(&crds, &name, "the CRD to be Established", Duration::from_secs(60), |c| {
-            c.and_then(|c| c.status.as_ref()?.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"))
-        })
-        .await;
+        apply_crd(admin, path.to_str().expect("a UTF-8 path")).await;
     }
+}
+
+/// Apply the CRD in the file at `path` and wait until it is Established.
+pub async fn apply_crd(admin: &Client, path: &str) {
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let crd = manifest(path);
+    let name = crd["metadata"]["name"].as_str().expect("a CRD name").to_string();
+    apply(&crds, &name, &crd).await;
+    wait_until(&crds, &name, "the CRD to be Established", Duration::from_secs(60), |c| {
+        c.and_then(|c| c.status.as_ref()?.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"))
+    })
+    .await;
 }
 
 /// `mw-operator ARGS…`, to completion: (exit success, stdout, stderr).
