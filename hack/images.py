@@ -18,6 +18,8 @@ some, a small second layer; what differs is the entrypoint:
   crash:1    prints a line and exits 3
   oom:1      allocates and touches 256 MiB (dd's buffer), past any small memory limit
 
+Each is also named mw-test.invalid/library/NAME:TAG, as Manager stores an image it is given.
+
 Usage: images.py OUT_TAR   (the tar is rewritten only when its content would change)
 (hack/oci.py writes the archive.)
 """
@@ -58,12 +60,16 @@ def www_layer(text):
 
 
 def image(layout, name, layers, entrypoint, ports=None):
-    layout.image(f"{REGISTRY}/{name}", layers, {
+    config = {
         "Entrypoint": entrypoint,
         "Env": ["PATH=/bin"],
         "WorkingDir": "/",
         "ExposedPorts": {f"{p}/tcp": {} for p in (ports or [])} or None,
-    })
+    }
+    layout.image(f"{REGISTRY}/{name}", layers, config)
+    # The same image as Manager names it: its normalizeDockerRef puts a one-part path under
+    # library/ on any registry (mw-test.invalid/httpd:1 becomes mw-test.invalid/library/httpd:1).
+    layout.image(f"{REGISTRY}/library/{name}", layers, config)
 
 
 def main():

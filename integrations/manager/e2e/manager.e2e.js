@@ -241,4 +241,64 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
     assert.equal((await cluster.claim('web-rootfs')).metadata.uid, claim.metadata.uid, 'retained');
     assert.deepEqual(await manager.ok('GET', `/sites/${site.id}/containers`), []);
   });
+
+  // The same lifecycle on the real node (kubelet, containerd, runc; hack/realnode.sh), with a
+  // local image that answers HTTP: what Manager stored as the address is where it answers.
+  // Its node reaches the cluster through a kubeconfig whose current context is a decoy, so
+  // it works only because Manager passes the node's kubeContext.
+  const realNode = process.env.MW_TEST_REAL_NODE === '1';
+  test(
+    'on the real node, through kubeContext: a local image answers HTTP at the address Manager stored',
+    { skip: !realNode && 'needs the real node (MW_TEST_REAL_NODE=1; make test starts it)' },
+    async () => {
+      const real = new Cluster(MW_TEST_KUBECONFIG, 't-manager-real', { storageClass: MW_E2E_STORAGE_CLASS, capacity: '100Gi', realNode: true });
+      try {
+        await real.setUp(1);
+        const kubeconfig = path.join(MANAGER_LOGS, 'manager-real.kubeconfig');
+        fs.writeFileSync(kubeconfig, await real.managerKubeconfig({ context: 'real-node' }), { mode: 0o600 });
+        const realSite = await manager.ok('POST', '/sites', {
+          name: 'e2e-real',
+          internalDomain: 'real.internal',
+          dhcpRange: '10.0.1.100-10.0.1.200',
+          subnetMask: '255.255.255.0',
+          gateway: '10.0.1.1',
+          dnsForwarders: '8.8.8.8',
+        });
+        await manager.ok('POST', `/sites/${realSite.id}/nodes`, {
+          name: 'k8s-real',
+          nodeType: 'kubernetes',
+          kubeconfigPath: kubeconfig,
+          kubeContext: 'real-node',
+          kubeNamespace: real.namespace,
+        });
+        const made = await manager.ok('POST', `/sites/${realSite.id}/containers`, {
+          hostname: 'site',
+          template: 'custom',
+          customTemplate: 'mw-test.invalid/httpd:1',
+          services: { 0: { type: 'tcp', internalPort: 8080 } },
+        });
+        await manager.succeeds(made.jobId);
+        const container = await manager.ok('GET', `/sites/${realSite.id}/containers/${made.containerId}`);
+        assert.equal(container.status, 'running');
+        assert.equal(container.containerId, `${real.namespace}/site`);
+        const pods = await real.pods('site');
+        assert.equal(pods.length, 1);
+        assert.equal(pods[0].spec.nodeName, 'mw-real-node');
+        const mw = await real.workload('site');
+        assert.equal(container.ipv4Address, mw.status.address);
+        // kube-proxy on the real node routes this host's connection to the Service's address.
+        const body = await waitUntil(
+          `http://${container.ipv4Address}:8080/ to answer`,
+          () => fetch(`http://${container.ipv4Address}:8080/`, { signal: AbortSignal.timeout(3000) }).then((r) => r.text(), (e) => String(e)),
+          (text) => text.trim() === 'mw-test httpd v1',
+          30_000,
+        );
+        assert.equal(body.trim(), 'mw-test httpd v1');
+        await manager.ok('DELETE', `/sites/${realSite.id}/containers/${made.containerId}`);
+        assert.equal(await real.workload('site'), null);
+      } finally {
+        await real.tearDown();
+      }
+    },
+  );
 });

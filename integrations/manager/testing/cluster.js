@@ -1,6 +1,7 @@
 // The local control plane as the provider's tests and hack/manager-e2e.sh's suite use it:
-// a namespace of their own, storage whose claims bind on kwok, and Manager's identity, a
-// ServiceAccount bound to rbac/role.yaml only, with a kubeconfig of its own.
+// a namespace of their own (its Pods on kwok, or with `realNode` on the real node: kubelet,
+// containerd; hack/realnode.sh), storage whose claims bind to hostPath volumes, and Manager's
+// identity, a ServiceAccount bound to rbac/role.yaml only, with a kubeconfig of its own.
 'use strict';
 
 const fs = require('node:fs');
@@ -24,8 +25,12 @@ async function waitUntil(what, read, done, timeoutMs = 60_000) {
 }
 
 class Cluster {
-  /** `storageClass`: the class's name when Manager's env must name it before it exists. */
-  constructor(kubeconfigPath, prefix, { storageClass, capacity = '5Gi' } = {}) {
+  /**
+   * `storageClass`: the class's name when Manager's env must name it before it exists (two
+   * clusters may share one: the first makes it). `realNode`: every Pod of the namespace goes
+   * to the real node (its PodNodeSelector and PodTolerationRestriction annotations).
+   */
+  constructor(kubeconfigPath, prefix, { storageClass, capacity = '5Gi', realNode = false } = {}) {
     this.kc = new k8s.KubeConfig();
     this.kc.loadFromFile(kubeconfigPath);
     this.core = this.kc.makeApiClient(k8s.CoreV1Api);
@@ -36,23 +41,39 @@ class Cluster {
     this.namespace = `${prefix}-${process.pid}-${Date.now() % 100000}`;
     this.class = storageClass || `${this.namespace}-sc`;
     this.capacity = capacity;
+    this.realNode = realNode;
     this.volumes = [];
+    this.ownsClass = false;
   }
 
   /** The namespace, a StorageClass with `volumes` hostPath volumes, Manager's Role. */
   async setUp(volumes) {
     const labels = { 'mw-operator.test/suite': 'true' };
-    await this.core.createNamespace({ body: { metadata: { name: this.namespace, labels } } });
+    const key = 'mw-test/real-node';
+    const annotations = this.realNode
+      ? {
+          'scheduler.alpha.kubernetes.io/node-selector': `${key}=true`,
+          'scheduler.alpha.kubernetes.io/defaultTolerations': JSON.stringify([{ key, operator: 'Equal', value: 'true', effect: 'NoSchedule' }]),
+        }
+      : undefined;
+    await this.core.createNamespace({ body: { metadata: { name: this.namespace, labels, annotations } } });
     await waitUntil('the default ServiceAccount', () => this.core.readNamespacedServiceAccount({ name: 'default', namespace: this.namespace }).catch(() => null), Boolean);
-    await this.storage.createStorageClass({
-      body: {
-        metadata: { name: this.class, labels },
-        provisioner: 'kubernetes.io/no-provisioner',
-        volumeBindingMode: 'Immediate',
-        allowVolumeExpansion: true,
-        reclaimPolicy: 'Retain',
-      },
-    });
+    await this.storage
+      .createStorageClass({
+        body: {
+          metadata: { name: this.class, labels },
+          provisioner: 'kubernetes.io/no-provisioner',
+          volumeBindingMode: 'Immediate',
+          allowVolumeExpansion: true,
+          reclaimPolicy: 'Retain',
+        },
+      })
+      .then(
+        () => (this.ownsClass = true),
+        (err) => {
+          if (err.code !== 409) throw err;
+        },
+      );
     for (let i = 0; i < volumes; i++) {
       const name = `${this.namespace}-pv${i}`;
       await this.core.createPersistentVolume({
@@ -82,8 +103,12 @@ class Cluster {
     });
   }
 
-  /** A kubeconfig for Manager's ServiceAccount: what an administrator gives Manager. */
-  async managerKubeconfig() {
+  /**
+   * A kubeconfig for Manager's ServiceAccount: what an administrator gives Manager. With
+   * `context`, its context has that name and the current context is a decoy that reaches no
+   * API server, so only a node whose kubeContext names `context` can work with it.
+   */
+  async managerKubeconfig({ context } = {}) {
     const token = await this.core.createNamespacedServiceAccountToken({
       name: 'manager',
       namespace: this.namespace,
@@ -99,14 +124,16 @@ class Cluster {
       '  cluster:',
       `    server: ${cluster.server}`,
       `    certificate-authority-data: ${ca}`,
+      ...(context ? ['- name: decoy', '  cluster:', '    server: https://127.0.0.1:9', `    certificate-authority-data: ${ca}`] : []),
       'users:',
       '- name: manager',
       '  user:',
       `    token: ${token.status.token}`,
       'contexts:',
-      '- name: manager',
+      `- name: ${context || 'manager'}`,
       `  context: {cluster: local, user: manager, namespace: ${this.namespace}}`,
-      'current-context: manager',
+      ...(context ? ['- name: decoy', '  context: {cluster: decoy, user: manager, namespace: default}'] : []),
+      `current-context: ${context ? 'decoy' : 'manager'}`,
       '',
     ].join('\n');
   }
@@ -143,7 +170,7 @@ class Cluster {
     if (process.env.MW_TEST_KEEP_NAMESPACES) return;
     await this.core.deleteNamespace({ name: this.namespace }).catch(() => {});
     for (const pv of this.volumes) await this.core.deletePersistentVolume({ name: pv }).catch(() => {});
-    await this.storage.deleteStorageClass({ name: this.class }).catch(() => {});
+    if (this.ownsClass) await this.storage.deleteStorageClass({ name: this.class }).catch(() => {});
   }
 }
 
