@@ -18,7 +18,7 @@ use kube::api::{DeleteParams, ListParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::json;
-use support::realnode::{HTTPD_1, HTTPD_2, REAL_NODE, http_get, real_node_namespace};
+use support::realnode::{HTTPD_1, HTTPD_2, REAL_NODE, answers_at, http_get, real_node_namespace};
 use support::storage::Storage;
 use support::workload::{PhaseLog, apply, condition, phase_of};
 use support::{audit, eventually, wait_until};
@@ -46,14 +46,7 @@ async fn wait_real(api: &Api<ManagedWorkload>, name: &str, phase: Phase) -> Mana
 async fn answers(mw: &ManagedWorkload, body: &str) -> String {
     let ip = mw.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_else(|| panic!("no Pod IP: {:#?}", mw.status));
     assert!(ip.starts_with("10.88.0."), "the Pod IP {ip} is not on the real node's CNI subnet 10.88.0.0/24");
-    eventually(&format!("http://{ip}:8080/ to answer {body:?}"), Duration::from_secs(30), || {
-        let ip = ip.clone();
-        async move {
-            let got = http_get(&ip, 8080).await?;
-            if got.trim() == body { Ok(()) } else { Err(format!("answered {got:?}")) }
-        }
-    })
-    .await;
+    answers_at(&ip, body).await;
     ip
 }
 
@@ -466,25 +459,12 @@ async fn the_service_address_answers_http_through_kube_proxy_across_a_rollout() 
     let address = status.address.clone().expect("status.address");
     assert_eq!(status.service.as_ref().and_then(|s| s.cluster_ip.clone()).as_ref(), Some(&address));
     assert_ne!(Some(&address), status.pod_ip.as_ref(), "the Service's address, not the Pod's");
-    let reaches = |body: &'static str| {
-        let address = address.clone();
-        async move {
-            eventually(&format!("http://{address}:8080/ to answer {body:?}"), Duration::from_secs(30), || {
-                let address = address.clone();
-                async move {
-                    let got = http_get(&address, 8080).await?;
-                    if got.trim() == body { Ok(()) } else { Err(format!("answered {got:?}")) }
-                }
-            })
-            .await;
-        }
-    };
-    reaches("mw-test httpd v1").await;
+    answers_at(&address, "mw-test httpd v1").await;
 
     apply(&workloads, "web", spec(HTTPD_2)).await.unwrap();
     let mw = wait_real(&workloads, "web", Phase::Running).await;
     let after = mw.status.unwrap();
     assert_eq!(after.address.as_ref(), Some(&address), "the address did not move with the Pod");
     assert_ne!(after.pod_ip, status.pod_ip, "a new Pod");
-    reaches("mw-test httpd v2").await;
+    answers_at(&address, "mw-test httpd v2").await;
 }

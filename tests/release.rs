@@ -34,7 +34,7 @@ use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::{Value, json};
 use support::helm::helm;
 use support::manager::{ManagerDb, PgServer};
-use support::realnode::{HTTPD_1, HTTPD_2, REAL_NODE, http_get, real_node_namespace};
+use support::realnode::{HTTPD_1, HTTPD_2, REAL_NODE, answers_at, real_node_namespace};
 use support::scoped::{apply_crd, ensure_crd};
 use support::storage::Storage;
 use support::workload::{apply, wait_ready};
@@ -185,14 +185,7 @@ async fn running_on_the_real_node(pods: impl std::future::Future<Output = Vec<Po
 async fn answers(mw: &ManagedWorkload, body: &str) {
     let address =
         mw.status.as_ref().and_then(|s| s.address.clone()).unwrap_or_else(|| panic!("no address: {:?}", mw.status));
-    eventually(&format!("http://{address}:8080/ to answer {body:?}"), Duration::from_secs(30), || {
-        let address = address.clone();
-        async move {
-            let got = http_get(&address, 8080).await?;
-            if got.trim() == body { Ok(()) } else { Err(format!("answered {got:?}")) }
-        }
-    })
-    .await;
+    answers_at(&address, body).await;
 }
 
 /// The single Pod of workload `name`.

@@ -9,7 +9,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::TestNamespace;
+use super::{TestNamespace, eventually};
 
 pub const REAL_NODE: &str = "mw-real-node";
 pub const REAL_NODE_KEY: &str = "mw-test/real-node";
@@ -65,4 +65,14 @@ pub async fn http_get(ip: &str, port: u16) -> Result<String, String> {
         Ok(Err(e)) => Err(e),
         Err(_) => Err("no answer within 3 s".into()),
     }
+}
+
+/// `http://ADDRESS:8080/` answers `body` from this host, within a bounded wait (an address on
+/// the real node: a Pod's IP, or a Service's, through kube-proxy).
+pub async fn answers_at(address: &str, body: &str) {
+    eventually(&format!("http://{address}:8080/ to answer {body:?}"), Duration::from_secs(30), || async move {
+        let got = http_get(address, 8080).await?;
+        if got.trim() == body { Ok(()) } else { Err(format!("answered {got:?}")) }
+    })
+    .await;
 }
