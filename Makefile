@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   local control plane + operator + a sample ManagedWorkload reaching Running
 #   make test   formatting, lints, unit tests and integration tests on a local control plane
-.PHONY: demo demo-down test unit bench crds manifests cluster-up cluster-down cluster-status build image tools
+.PHONY: demo demo-down test unit bench soak crds manifests cluster-up cluster-down cluster-status build image tools
 
 CP := hack/controlplane.sh
 
@@ -17,6 +17,11 @@ test:
 # Scale figures: API writes per workload, writes while idle and after a restart, memory.
 bench:
 	bash hack/bench.sh
+
+# Half an hour of changes, API server restarts and a leader's death at N = 5000: every change
+# carried out, writes per change, memory over time, writes at rest (docs/performance.md).
+soak:
+	bash hack/soak.sh
 
 # Unit tests only: no control plane needed.
 unit:

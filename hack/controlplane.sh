@@ -375,7 +375,7 @@ cmd_up() {
     --enable-admission-plugins=NodeRestriction,PodNodeSelector,PodTolerationRestriction \
     --endpoint-reconciler-type=none --profiling=false \
     --audit-policy-file="$HERE/audit-policy.yaml" --audit-log-path="$logs/audit.log" \
-    --audit-log-maxsize=200 --audit-log-maxbackup=1
+    --audit-log-maxsize=200 --audit-log-maxbackup="${MW_CP_AUDIT_BACKUPS:-1}"
   wait_for "kube-apiserver" 120 "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
     --request-timeout=3s get --raw=/readyz || { cmd_down "$name"; return 1; }
 

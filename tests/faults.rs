@@ -21,6 +21,7 @@ use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::{Value, json};
 use support::audit::{Write, timed_accepted_writes_by, timed_writes_by, user_agents};
+use support::controlplane::Stopped;
 use support::operator::{Operator, http_get, sample, service_account_kubeconfig, write_kubeconfig};
 use support::workload::{TIMEOUT, apply, condition, condition_current, phase_of, wait_condition, wait_ready};
 use support::{TestNamespace, eventually};
@@ -32,74 +33,6 @@ fn scoped(ns: &TestNamespace, extra: &[&str]) -> Vec<String> {
     let mut args = vec![format!("--namespace={}", ns.name), format!("--lease-namespace={}", ns.name)];
     args.extend(extra.iter().map(|s| s.to_string()));
     args
-}
-
-/// The control plane these tests run against: MW_TEST_CLUSTER, else the one whose state
-/// directory holds MW_TEST_KUBECONFIG (hack/controlplane.sh keeps it in `<run dir>/<name>/`),
-/// so a run against another cluster can never stop this one's components.
-fn cluster() -> String {
-    std::env::var("MW_TEST_CLUSTER").unwrap_or_else(|_| {
-        let kubeconfig = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
-        let dir = std::path::Path::new(&kubeconfig).parent().and_then(|d| d.file_name());
-        dir.and_then(|d| d.to_str()).expect("the kubeconfig in a control plane's state directory").to_string()
-    })
-}
-
-fn control_plane(action: &str, component: &str) {
-    let cluster = cluster();
-    let status = std::process::Command::new("bash")
-        .args(["hack/controlplane.sh", action, &cluster, component])
-        .status()
-        .expect("running hack/controlplane.sh");
-    assert!(status.success(), "hack/controlplane.sh {action} {cluster} {component} failed");
-}
-
-/// A stopped control-plane component, started again when dropped (also when the test fails),
-/// so one failing fault test does not take the next ones down with it.
-struct Stopped(&'static str);
-
-impl Stopped {
-    /// Stopped as by a crash: SIGKILL. (A SIGTERM'd kube-apiserver stops listening at once but
-    /// keeps serving the connections it has for a while, so its clients' writes still land
-    /// during its "outage"; components built on client-go, kube-controller-manager and kwok,
-    /// then do not always see those writes after the restart, and rollouts stall.)
-    fn stop(component: &'static str) -> Stopped {
-        let state = std::path::Path::new(&std::env::var("MW_TEST_KUBECONFIG").unwrap()).parent().unwrap().to_path_buf();
-        let pid = std::fs::read_to_string(state.join(format!("pids/{component}.pid"))).expect("the component's PID");
-        let killed = std::process::Command::new("kill").args(["-KILL", pid.trim()]).status();
-        assert!(killed.is_ok_and(|s| s.success()), "kill -KILL {component} ({pid})");
-        // A process being killed loses its /proc/PID/exe before it is gone, and the script
-        // would take it for a reused PID: wait until it has exited (or is a zombie).
-        let stat = format!("/proc/{}/stat", pid.trim());
-        let alive = || {
-            std::fs::read_to_string(&stat)
-                .ok()
-                .and_then(|s| s.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()))
-                .is_some_and(|state| !matches!(state, 'Z' | 'X'))
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while alive() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // Records it as stopped (the PID file goes once the process is gone).
-        control_plane("stop-component", component);
-        Stopped(component)
-    }
-    fn start(mut self) {
-        restart(std::mem::take(&mut self.0));
-    }
-}
-
-fn restart(component: &str) {
-    control_plane("start-component", component);
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        if !self.0.is_empty() {
-            restart(self.0);
-        }
-    }
 }
 
 fn spec(image: &str) -> Value {

@@ -166,6 +166,7 @@ pub async fn wait_for_event(ns: &TestNamespace, reason: &str, timeout: Duration)
 
 pub mod audit;
 pub mod bridge;
+pub mod controlplane;
 pub mod helm;
 pub mod manager;
 pub mod operator;
