@@ -4,9 +4,10 @@
 # hack/controlplane-compat/, built from the Go module proxy like the current one and cached
 # beside it), the CRD and RBAC, the operator, then: the CRD's validation suite
 # (tests/validation.rs), config/samples/ reaching their phases (hack/samples.sh, as `make
-# demo` applies them) and the lifecycle suite (tests/lifecycle.rs). The control plane is
-# always stopped again, also on failure or Ctrl-C. Not part of `make test`: the reasons and
-# the timings are in docs/testing.md.
+# demo` applies them), the chart (its kubeVersion admits this version, and tests/chart.rs:
+# what it renders is accepted and runs) and the lifecycle suite (tests/lifecycle.rs). The
+# control plane is always stopped again, also on failure or Ctrl-C. CI runs this after `make
+# test`; what it adds to a run: docs/testing.md.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -22,8 +23,9 @@ source "$HERE/samples.sh"
 step "toolchain"
 bash "$HERE/ensure-tools.sh"
 
-step "control plane binaries (the first run builds them: see docs/testing.md for how long)"
+step "control plane binaries and helm (the first run builds them: see docs/testing.md for how long)"
 bash "$CP" build
+HELM=$(bash "$HERE/helm.sh")
 
 trap testenv_cleanup EXIT
 trap 'exit 130' INT TERM
@@ -53,6 +55,10 @@ step "samples (config/samples/, as make demo applies them)"
 VOLUMES="$REPO/target/compat-$CLUSTER/volumes"
 samples_cluster_offers
 samples_apply
+
+step "the chart: its kubeVersion admits $SERVER_VERSION, and what it renders is accepted here and runs (tests/chart.rs)"
+"$HELM" template mw-operator charts/mw-operator --kube-version "$SERVER_VERSION" >/dev/null
+cargo test --locked --test chart -- --test-threads="${MW_TEST_THREADS:-4}"
 
 step "lifecycle (tests/lifecycle.rs)"
 cargo test --locked --test lifecycle -- --test-threads="${MW_TEST_THREADS:-4}"

@@ -10,6 +10,8 @@
 mod exposition;
 #[path = "docs/markdown.rs"]
 mod markdown;
+#[path = "support/versions.rs"]
+mod versions;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -767,15 +769,6 @@ fn performance_md_reads_as_sizing_guidance() {
 
 // ---- Supported Kubernetes versions ----
 
-/// The oldest Kubernetes minor version supported, `1.N`, from the chart's `kubeVersion:
-/// ">=1.N.0-0"` (the one place a tool enforces it: helm refuses an older cluster).
-fn minimum_kubernetes() -> String {
-    let chart = read("charts/mw-operator/Chart.yaml");
-    let constraint = chart.lines().find_map(|l| l.strip_prefix("kubeVersion: ")).expect("Chart.yaml sets kubeVersion");
-    let minimum = constraint.strip_prefix("\">=").and_then(|v| v.strip_suffix(".0-0\""));
-    minimum.unwrap_or_else(|| panic!("kubeVersion {constraint} is not \">=1.N.0-0\"")).to_string()
-}
-
 /// The first `1.N` in `text`, as N.
 fn first_minor(text: &str) -> Option<u32> {
     let at = text.find("1.")?;
@@ -785,7 +778,7 @@ fn first_minor(text: &str) -> Option<u32> {
 
 #[test]
 fn the_minimum_kubernetes_is_the_same_in_the_chart_the_docs_and_make_test_compat() {
-    let minimum = minimum_kubernetes();
+    let minimum = versions::minimum_kubernetes();
     let readme = read("README.md");
     assert!(readme.contains(&format!("| Kubernetes | **{minimum} or later**")), "README.md's prerequisites");
     assert!(read("docs/install.md").contains(&format!("A Kubernetes cluster, {minimum} or later")), "install.md");
@@ -842,5 +835,9 @@ fn install_md_dates_every_cel_library_function_the_crd_calls_and_the_newest_sets
             });
         newest = newest.max(first_minor(&row[1]).unwrap_or_else(|| panic!("no version in {row:?}")));
     }
-    assert_eq!(format!("1.{newest}"), minimum_kubernetes(), "the newest CEL library the CRD calls sets the minimum");
+    assert_eq!(
+        format!("1.{newest}"),
+        versions::minimum_kubernetes(),
+        "the newest CEL library the CRD calls sets the minimum"
+    );
 }
