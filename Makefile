@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   local control plane + operator + a sample ManagedWorkload reaching Running
 #   make test   formatting, lints, unit tests and integration tests on a local control plane
-.PHONY: demo demo-down test unit bench soak crds manifests cluster-up cluster-down cluster-status build image tools
+.PHONY: demo demo-down test test-compat unit bench soak crds manifests cluster-up cluster-down cluster-status build image tools
 
 CP := hack/controlplane.sh
 
@@ -13,6 +13,11 @@ demo-down:
 
 test:
 	bash hack/test.sh
+
+# The CRD, the samples and the lifecycle suite on the oldest supported Kubernetes (v1.31);
+# not part of `make test` (docs/testing.md says why).
+test-compat:
+	bash hack/test-compat.sh
 
 # Scale figures: API writes per workload, writes while idle and after a restart, memory.
 bench:

@@ -27,17 +27,35 @@
 #                                         CNI) and its local images: see hack/realnode.sh
 #
 # NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
-# MW_REAL_NODE=1 makes `up` start the real node too.
+# MW_REAL_NODE=1 makes `up` start the real node too. MW_CONTROLPLANE=compat builds and starts
+# the oldest Kubernetes the operator supports instead (`make test-compat`).
 set -euo pipefail
-
-# ---- pinned versions (changing one rebuilds; the cache key covers go.mod/go.sum too) ----
-K8S_VERSION=v1.36.3
-ETCD_VERSION=v3.6.8 # the etcd Kubernetes v1.36 pins in its go.mod
-KWOK_VERSION=v0.8.0
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-BUILD_MODULE="$HERE/controlplane"
+
+# ---- pinned versions (changing one rebuilds; the cache key covers go.mod/go.sum too) ----
+# MW_CONTROLPLANE picks the Kubernetes line: `current` (the default: what the demo, the tests
+# and the real node run) or `compat`, the oldest Kubernetes the operator supports, for
+# `make test-compat` (docs/install.md, "Supported Kubernetes versions"). Each line has its own
+# build module and so its own cache directory; the real node exists for `current` only. A
+# control plane records its line, and later commands on it use that line (see adopt_line).
+select_line() {
+  CONTROLPLANE=$1
+  case "$CONTROLPLANE" in
+    current)
+      K8S_VERSION=v1.36.3
+      ETCD_VERSION=v3.6.8 # the etcd Kubernetes v1.36 pins in its go.mod
+      BUILD_MODULE="$HERE/controlplane" ;;
+    compat)
+      K8S_VERSION=v1.31.14
+      ETCD_VERSION=v3.5.14 # the etcd client Kubernetes v1.31 pins in its go.mod
+      BUILD_MODULE="$HERE/controlplane-compat" ;;
+    *) echo "[controlplane] error: MW_CONTROLPLANE is '$CONTROLPLANE'; it is current or compat" >&2; exit 2 ;;
+  esac
+}
+select_line "${MW_CONTROLPLANE:-current}"
+KWOK_VERSION=v0.8.0
 CACHE_ROOT="${MW_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/mw-operator}"
 RUN_ROOT="${MW_RUN_DIR:-${TMPDIR:-/tmp}/mw-operator}"
 LOG_ROOT="${MW_LOG_DIR:-$REPO/target/controlplane}"
@@ -340,6 +358,7 @@ cmd_up() {
   rm -rf "$state"
   local bin; bin=$(cmd_build)
   mkdir -p "$state/pids" "$logs"
+  echo "$CONTROLPLANE" >"$state/controlplane"
   rm -f "$logs"/*.log
   local t0=$SECONDS
 
@@ -450,7 +469,10 @@ cmd_install_operator() {
   [ -f "$kcfg" ] || die "control plane '$name' is not up"
   local kubectl=("$(bin_dir)/kubectl" --kubeconfig "$kcfg")
   "${kubectl[@]}" apply --server-side -f "$REPO/crds/" >/dev/null
-  "${kubectl[@]}" wait --for=condition=Established crd --all --timeout=60s >/dev/null
+  # Until the API server has written a new CRD's first status, `kubectl wait` fails at once
+  # (".status.conditions accessor error") rather than waiting: it is tried again, for a minute.
+  wait_for "the CRD to be Established" 60 "$LOG_ROOT/$name" \
+    "${kubectl[@]}" wait --for=condition=Established crd --all --timeout=10s || return 1
   "${kubectl[@]}" apply -f "$REPO/config/rbac/cluster-role.yaml" >/dev/null
   "${kubectl[@]}" create clusterrolebinding mw-operator --clusterrole=mw-operator --user=mw-operator \
     --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
@@ -520,7 +542,26 @@ cmd_status() {
 # shellcheck source=hack/realnode.sh
 source "$HERE/realnode.sh"
 
+# Commands on control plane NAME use the Kubernetes line it was started from (its kubectl,
+# its binaries for start-component), so `status compat` or `down compat` need no
+# MW_CONTROLPLANE. `up` never silently reuses a running control plane of the other line, and
+# an explicit MW_CONTROLPLANE that contradicts the recorded line is refused (but `down`, which
+# only stops recorded PIDs, always goes ahead).
+adopt_line() {
+  local cmd=$1 name=$2 recorded
+  recorded=$(cat "$RUN_ROOT/$name/controlplane" 2>/dev/null) || return 0
+  [ "$recorded" != "$CONTROLPLANE" ] || return 0
+  if [ "$cmd" = up ] || { [ -n "${MW_CONTROLPLANE:-}" ] && [ "$cmd" != down ]; }; then
+    die "control plane '$name' runs the $recorded Kubernetes line, not $CONTROLPLANE: use MW_CONTROLPLANE=$recorded, or stop it first (hack/controlplane.sh down $name)"
+  fi
+  select_line "$recorded"
+}
+
 main() {
+  case "${1:-}" in
+    "" | build | bin-dir | node-build | images) ;;
+    *) adopt_line "$1" "${2:-default}" ;;
+  esac
   case "${1:-}" in
     build) cmd_build >/dev/null; bin_dir ;;
     bin-dir) bin_dir ;;
@@ -544,7 +585,7 @@ main() {
     images) cmd_images ;;
     stop-component) cmd_stop_component "${2:?NAME}" "${3:?COMPONENT}" ;;
     start-component) cmd_start_component "${2:?NAME}" "${3:?COMPONENT}" ;;
-    *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 }
 

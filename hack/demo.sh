@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # `make demo`: start the local control plane, install the CRD and RBAC, run the operator
 # against it, apply config/samples/ and show every workload Ready. What the samples need is
-# simulated the way a cluster would offer it: a GPU node (kwok, labelled, tainted, two GPUs)
-# for gpu.yaml, a default StorageClass with hostPath volumes for the disks, and a load
-# balancer's address for loadbalancer.yaml (set on the Service's status, as a cloud's
-# controller would). Then the bridge: a SQLite Manager database built from Manager's real
-# schema, seeded with three containers on a `kubernetes` node, synced into namespace `manager`
-# with their disks; the demo shows them Running and the rows' containerId/ipv4Address filled
-# in. Everything stays up afterwards so you can try kubectl (and sqlite3) on it;
-# `make demo-down` (or `make cluster-down`) stops it.
+# simulated the way a cluster would offer it (hack/samples.sh: a GPU node, a default
+# StorageClass with volumes, load balancers' addresses). Then the bridge: a SQLite Manager
+# database built from Manager's real schema, seeded with three containers on a `kubernetes`
+# node, synced into namespace `manager` with their disks; the demo shows them Running and the
+# rows' containerId/ipv4Address filled in. Everything stays up afterwards so you can try
+# kubectl (and sqlite3) on it; `make demo-down` (or `make cluster-down`) stops it.
 # MW_REAL_NODE=1 adds the real node (hack/realnode.sh) and runs the samples there too, on
 # local images, showing each one's HTTP answer (all but the GPU sample: the real node has no
 # GPU).
@@ -18,6 +16,8 @@ REPO=$(cd "$HERE/.." && pwd)
 cd "$REPO"
 CP="$HERE/controlplane.sh"
 NAME=${MW_DEMO_CLUSTER:-default}
+# shellcheck source=hack/samples.sh
+source "$HERE/samples.sh"
 
 if [ "${1:-}" = down ]; then
   exec bash "$CP" down "$NAME"
@@ -34,65 +34,7 @@ KUBECTL=("$("$CP" bin-dir)/kubectl" --kubeconfig "$KCFG")
 VOLUMES="$REPO/target/demo-$NAME/volumes"
 
 step "what a cluster would offer: a GPU node, a default StorageClass and volumes"
-"${KUBECTL[@]}" apply -f "$HERE/kwok/gpu-node.yaml" >/dev/null
-# No provisioner: kube-controller-manager binds each claim to one of these hostPath volumes.
-# hostPath is real storage on the real node (which shares this machine's filesystem) and
-# harmless on kwok's nodes, which mount nothing.
-{
-  cat <<YAML
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata:
-  name: demo-local
-  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
-provisioner: kubernetes.io/no-provisioner
-volumeBindingMode: Immediate
-allowVolumeExpansion: true
-reclaimPolicy: Retain
-YAML
-  for i in $(seq 0 7); do
-    cat <<YAML
----
-apiVersion: v1
-kind: PersistentVolume
-metadata: {name: demo-pv$i}
-spec:
-  capacity: {storage: 100Gi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: demo-local
-  hostPath: {path: "$VOLUMES/pv$i", type: DirectoryOrCreate}
-YAML
-  done
-} | "${KUBECTL[@]}" apply -f - >/dev/null
-"${KUBECTL[@]}" wait --for=condition=Ready node/kwok-gpu-node-0 --timeout=60s >/dev/null
-
-# The cloud's part for LoadBalancer Services: once the operator has made a workload's Service,
-# give it an address of its own from TEST-NET-1 (192.0.2.0/24), as a cloud controller or MetalLB
-# would. A Service that has one keeps it (a second run changes nothing); a new one gets the next
-# address after those already given, in any namespace.
-simulate_load_balancers() {
-  local ns=$1 mw svc n
-  n=$((100 + $("${KUBECTL[@]}" get services -A \
-      -o jsonpath='{range .items[*]}{.status.loadBalancer.ingress[0].ip}{"\n"}{end}' | grep -c '^192\.0\.2\.' || true)))
-  for mw in $("${KUBECTL[@]}" -n "$ns" get managedworkloads \
-      -o jsonpath='{range .items[?(@.spec.service.type=="LoadBalancer")]}{.metadata.name}{"\n"}{end}'); do
-    svc=""
-    for _ in $(seq 1 60); do
-      svc=$("${KUBECTL[@]}" -n "$ns" get managedworkload "$mw" -o jsonpath='{.status.service.name}')
-      [ -n "$svc" ] && break
-      sleep 1
-    done
-    [ -n "$svc" ] || { echo "workload $ns/$mw has no Service after 60 s; operator log: $LOGS/operator.log" >&2; exit 1; }
-    if [ -n "$("${KUBECTL[@]}" -n "$ns" get service "$svc" -o jsonpath='{.status.loadBalancer.ingress[0].ip}')" ]; then
-      continue
-    fi
-    "${KUBECTL[@]}" -n "$ns" patch service "$svc" --subresource=status --type merge \
-      -p "{\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"192.0.2.$n\"}]}}}" >/dev/null
-    echo "load balancer (simulated): service $ns/$svc has address 192.0.2.$n"
-    n=$((n + 1))
-  done
-}
+samples_cluster_offers
 
 step "operator build"
 cargo build --locked --bin mw-operator
@@ -104,18 +46,7 @@ step "operator (logs: $LOGS/operator.log)"
 bash "$CP" start-operator "$NAME" "$REPO/target/debug/mw-operator" >/dev/null
 
 step "samples"
-"${KUBECTL[@]}" apply -f config/samples/
-simulate_load_balancers default
-if ! "${KUBECTL[@]}" wait --for=condition=Ready managedworkloads --all --timeout=120s; then
-  echo "the samples did not become Ready; operator log: $LOGS/operator.log" >&2
-  "${KUBECTL[@]}" get managedworkloads -o yaml >&2
-  exit 1
-fi
-"${KUBECTL[@]}" get managedworkloads -o wide
-"${KUBECTL[@]}" get deployments,pods,services,persistentvolumeclaims -o wide
-gpu_node=$("${KUBECTL[@]}" get pods -l app.kubernetes.io/instance=trainer -o jsonpath='{.items[0].spec.nodeName}')
-[ "$gpu_node" = kwok-gpu-node-0 ] || { echo "the GPU sample's Pod runs on '$gpu_node', not the GPU node" >&2; exit 1; }
-echo "GPU placement: trainer's Pod asked for 1 nvidia.com/gpu and runs on $gpu_node"
+samples_apply
 
 if [ "${MW_REAL_NODE:-0}" != 0 ]; then
   step "the samples on real containers: namespace real-node, on the real node, local images"

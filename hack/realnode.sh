@@ -92,6 +92,8 @@ ensure_node_packages() {
 }
 
 cmd_node_build() {
+  # The real node is the current line's kubelet; the compat line tests the API server only.
+  [ "$CONTROLPLANE" = current ] || die "the real node exists for the current Kubernetes line only, not $CONTROLPLANE"
   ensure_tools
   local dir; dir=$(node_bin_dir)
   local ok=1 b
@@ -161,6 +163,7 @@ node_cgroup_dirs() {
 
 cmd_node_up() {
   local name=${1:?NAME}
+  [ "$CONTROLPLANE" = current ] || die "the real node exists for the current Kubernetes line only, not $CONTROLPLANE"
   local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
   local node="$state/node"
   [ -f "$state/kubeconfig" ] || die "control plane '$name' is not up (hack/controlplane.sh up $name)"
@@ -452,9 +455,10 @@ node_cleanup() {
   local name=$1
   local state="$RUN_ROOT/$name" node="$RUN_ROOT/$name/node"
   local sock="$node/containerd/containerd.sock" nbin failed=0
-  nbin=$(node_bin_dir)
   [ -d "$node" ] || [ -e "$state/pids/kubelet.pid" ] || [ -e "$state/pids/containerd.pid" ] || {
     node_release_lock "$name"; return 0; }
+  # Only now: the compat line (no real node) has no node build to name.
+  nbin=$(node_bin_dir)
 
   # 1. The kubelet first, so that nothing restarts what follows removes.
   stop_wave "$state" kubelet || failed=1

@@ -8,9 +8,8 @@ REPO=$(cd "$HERE/.." && pwd)
 cd "$REPO"
 CLUSTER=${MW_TEST_CLUSTER:-test}
 CP="$HERE/controlplane.sh"
-
-# Each step says when it started, so a slow one shows in the log.
-step() { printf '\n==> %s (%s)\n' "$*" "$(date +%T)"; }
+# shellcheck source=hack/testenv.sh
+source "$HERE/testenv.sh"
 
 step "toolchain"
 bash "$HERE/ensure-tools.sh"
@@ -36,25 +35,14 @@ bash "$CP" build
 HELM=$(bash "$HERE/helm.sh")
 bash "$HERE/manifests.sh" --check
 
-cleanup() {
-  local rc=$?
-  # Stops the operator first, then the control plane, then the bridge tests' PostgreSQL.
-  bash "$CP" down "$CLUSTER" || true
-  bash "$HERE/postgres.sh" down "$CLUSTER" || true
-  if [ "$rc" != 0 ]; then
-    echo "tests failed; control plane and operator logs: $("$CP" log-dir "$CLUSTER")" >&2
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
+# On exit (also on failure or Ctrl-C): the operator, the control plane, then the bridge tests'
+# PostgreSQL.
+testenv_teardown_more() { bash "$HERE/postgres.sh" down "$CLUSTER"; }
+trap testenv_cleanup EXIT
 trap 'exit 130' INT TERM
 
 step "control plane up"
-# Always a fresh one: whatever a killed earlier run left (namespaces, an operator) goes first.
-bash "$CP" down "$CLUSTER"
-bash "$CP" up "$CLUSTER"
-KUBECONFIG_ADMIN=$("$CP" kubeconfig "$CLUSTER")
-LOGS=$("$CP" log-dir "$CLUSTER")
+testenv_control_plane_up
 
 step "real node (kubelet, kube-proxy, containerd, runc, CNI; first run builds the kubelet)"
 # Beside the kwok node, tainted so that only the real-node suite's Pods land on it.
@@ -69,14 +57,7 @@ MW_TEST_PG_URL=$(bash "$HERE/postgres.sh" url "$CLUSTER")
 MW_TEST_PG_PASSWORD_FILE=$(bash "$HERE/postgres.sh" password-file "$CLUSTER")
 MW_TEST_PG_CA=$(bash "$HERE/postgres.sh" ca "$CLUSTER")
 
-step "install CRD and RBAC"
-bash "$CP" install-operator "$CLUSTER"
-
-step "operator"
-cargo build --locked --bin mw-operator
-OPERATOR_PID=$(bash "$CP" start-operator "$CLUSTER" "$REPO/target/debug/mw-operator")
-export MW_TEST_KUBECONFIG="$KUBECONFIG_ADMIN" MW_TEST_LOG_DIR="$LOGS" MW_TEST_OPERATOR_USER=mw-operator \
-  MW_TEST_HELM="$HELM" MW_TEST_CLUSTER="$CLUSTER" MW_TEST_OPERATOR_BIN="$REPO/target/debug/mw-operator"
+testenv_operator_up
 
 step "integration tests, with the real containers' suite beside them"
 cargo test --locked --no-run --test '*' 2>&1 | tail -1
@@ -114,7 +95,7 @@ case "$MANAGER_E2E" in
   *) exit 1 ;;
 esac
 
-kill -0 "$OPERATOR_PID" 2>/dev/null || { echo "the operator exited during the tests; see $LOGS/operator.log" >&2; exit 1; }
+testenv_operator_alive
 # What follows runs alone, one test at a time: each starts operators of its own (the shared
 # one watches every namespace), deletes the CRD every other test relies on, or stops
 # kube-apiserver and etcd.

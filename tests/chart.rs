@@ -7,6 +7,8 @@
 //! registry exports.
 
 mod support;
+#[path = "support/versions.rs"]
+mod versions;
 
 use clap::Parser;
 
@@ -1079,4 +1081,26 @@ fn what_the_schema_accepts_the_binary_accepts() {
     let parsed = ElectionCommand::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
     let election = parsed.election.election("mw-operator", || "test".into());
     assert!(matches!(election, Ok(Some(_))), "{argv:?}: {election:?}");
+}
+
+#[test]
+fn kube_version_admits_the_minimum_with_its_distribution_suffixes_and_refuses_the_minor_before() {
+    // helm checks the chart's kubeVersion against the cluster's version (or --kube-version).
+    let minimum = versions::minimum_kubernetes();
+    let (major, minor) = minimum.split_once('.').unwrap();
+    let minor: u32 = minor.parse().unwrap();
+    let next = format!("{major}.{}", minor + 1);
+    for admitted in [
+        format!("v{minimum}.0"),
+        format!("v{minimum}.14"),
+        format!("v{minimum}.4-eks-1234"),
+        format!("v{minimum}.2-gke.1076000"),
+        format!("v{next}.0-rc.1"),
+    ] {
+        render_with("r", "default", &["--kube-version".into(), admitted]);
+    }
+    for refused in [format!("v{major}.{}.14", minor - 1), format!("v{major}.{}.99-eks-1", minor - 1)] {
+        let stderr = refusal(&["--kube-version".into(), refused.clone()]);
+        assert!(stderr.contains("kubeVersion"), "{refused}: {stderr}");
+    }
 }

@@ -10,6 +10,8 @@
 mod exposition;
 #[path = "docs/markdown.rs"]
 mod markdown;
+#[path = "support/versions.rs"]
+mod versions;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -763,4 +765,79 @@ fn performance_md_reads_as_sizing_guidance() {
     for progress in ["this round", "What changed", "Against the targets"] {
         assert!(!performance.contains(progress), "docs/performance.md reads as a progress report: {progress:?}");
     }
+}
+
+// ---- Supported Kubernetes versions ----
+
+/// The first `1.N` in `text`, as N.
+fn first_minor(text: &str) -> Option<u32> {
+    let at = text.find("1.")?;
+    let digits: String = text[at + 2..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+#[test]
+fn the_minimum_kubernetes_is_the_same_in_the_chart_the_docs_and_make_test_compat() {
+    let minimum = versions::minimum_kubernetes();
+    let readme = read("README.md");
+    assert!(readme.contains(&format!("| Kubernetes | **{minimum} or later**")), "README.md's prerequisites");
+    assert!(read("docs/install.md").contains(&format!("A Kubernetes cluster, {minimum} or later")), "install.md");
+    // `make test-compat` builds and runs that minor version.
+    let module = read("hack/controlplane-compat/go.mod");
+    assert!(module.contains(&format!("\tk8s.io/kubernetes v{minimum}.")), "hack/controlplane-compat/go.mod");
+    let script = read("hack/controlplane.sh");
+    let compat = &script[script.find("    compat)").expect("the compat line in hack/controlplane.sh")..];
+    assert!(compat.contains(&format!("K8S_VERSION=v{minimum}.")), "hack/controlplane.sh's compat line");
+}
+
+/// Every function the CRD's CEL rules call, by name (string literals left out).
+fn cel_functions(schema: &Value, out: &mut BTreeSet<String>) {
+    match schema {
+        Value::Object(map) => {
+            for rule in map.get("x-kubernetes-validations").and_then(Value::as_array).into_iter().flatten() {
+                let text: String = rule["rule"].as_str().unwrap().split('\'').step_by(2).collect();
+                let mut name = String::new();
+                for c in text.chars() {
+                    match c {
+                        c if c.is_ascii_alphanumeric() || c == '_' => name.push(c),
+                        '(' if !name.is_empty() => {
+                            out.insert(std::mem::take(&mut name));
+                        }
+                        _ => name.clear(),
+                    }
+                }
+            }
+            map.values().for_each(|v| cel_functions(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| cel_functions(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn install_md_dates_every_cel_library_function_the_crd_calls_and_the_newest_sets_the_minimum() {
+    let crd = documents("crds/managedworkloads.opensource-server.mieweb.org.yaml").remove(0);
+    let mut called = BTreeSet::new();
+    cel_functions(&crd, &mut called);
+    // CEL's own macros and functions: in every API server that runs CRD rules at all (1.25+).
+    let standard = ["all", "exists", "exists_one", "has", "int", "matches", "size", "startsWith", "string", "type"];
+    let library: Vec<&String> = called.iter().filter(|f| !standard.contains(&f.as_str())).collect();
+    assert!(library.iter().any(|f| *f == "isCIDR"), "the parser finds the library calls: {called:?}");
+    let rows =
+        markdown::table(&read("docs/install.md"), "## Supported Kubernetes versions", "| what the operator uses");
+    let mut newest = 0;
+    for function in library {
+        let row = rows
+            .iter()
+            .find(|r| markdown::backticked(&r[0]).iter().any(|s| s.trim_end_matches("(…)") == function))
+            .unwrap_or_else(|| {
+                panic!("docs/install.md's version table does not name `{function}`, which the CRD calls")
+            });
+        newest = newest.max(first_minor(&row[1]).unwrap_or_else(|| panic!("no version in {row:?}")));
+    }
+    assert_eq!(
+        format!("1.{newest}"),
+        versions::minimum_kubernetes(),
+        "the newest CEL library the CRD calls sets the minimum"
+    );
 }
