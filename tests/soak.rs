@@ -256,8 +256,15 @@ async fn soak() {
             let stopped = Stopped::stop("kube-apiserver");
             tokio::time::sleep(Duration::from_secs(5)).await;
             stopped.start();
+            // kube-controller-manager v1.36.3's garbage collector stops collecting once its
+            // API server has been killed under it (found by this soak: a deleted workload's
+            // Deployment stayed until kube-controller-manager restarted, and its re-created
+            // successor waited on it, WaitingForDeletion, for good). Kubernetes' problem, not
+            // the operator's, which waits as it should: restart it, as a control plane's
+            // supervisor would restart a wedged component.
+            Stopped::stop("kube-controller-manager").start();
             events.push(format!(
-                "minute {minute}: kube-apiserver killed and restarted ({:.1} s)",
+                "minute {minute}: kube-apiserver killed and restarted, then kube-controller-manager ({:.1} s)",
                 down.elapsed().as_secs_f64()
             ));
         }
@@ -336,7 +343,30 @@ async fn soak() {
             stuck.len()
         );
     }
-    eventually("every change to be carried out", STUCK_AFTER, || all_ready(wanted.clone())).await;
+    // The last changes: carried out within STUCK_AFTER, or stuck (reported with their reason).
+    let last = Instant::now();
+    loop {
+        let list = workloads.list(&ListParams::default()).await.expect("listing the workloads");
+        let by_name: HashMap<String, &ManagedWorkload> = list.items.iter().map(|m| (m.name_any(), m)).collect();
+        let waiting: Vec<String> = (0..n)
+            .filter(|i| !by_name.get(&format!("w{i}")).is_some_and(|m| settled(m, &wanted[*i])))
+            .map(|i| {
+                let reason = by_name.get(&format!("w{i}")).and_then(|m| {
+                    let ready = m.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
+                    Some(ready.reason.clone())
+                });
+                format!("w{i} ({}, {})", kind(i), reason.unwrap_or_else(|| "no status".into()))
+            })
+            .collect();
+        if waiting.is_empty() {
+            break;
+        }
+        if last.elapsed() > STUCK_AFTER {
+            stuck.extend(waiting);
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
     let total_changes: usize = changes.values().sum();
 
     // At rest: once nothing moves, no write at all for a minute.
