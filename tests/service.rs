@@ -137,8 +137,13 @@ async fn a_foreign_service_blocks_untouched_and_the_workload_recovers_when_it_go
     assert_eq!(address(&mw), None, "no address of someone else's Service");
     let after = services.get("web").await.unwrap();
     assert_eq!(after.resource_version(), theirs.resource_version(), "their Service was never written");
-    let writes = audit::operator_writes(&ns.name);
-    assert!(writes.iter().all(|w| w.resource != "services"), "the operator wrote to their Service: {writes:?}");
+    // No GET before the create: the create-only apply was the look, and the API server refused
+    // it (409) without touching their Service; the rechecks since look with a GET.
+    let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
+    let accepted: Vec<_> = audit::timed_accepted_writes_by(&user, &ns.name).into_iter().map(|(_, w)| w).collect();
+    assert!(accepted.iter().all(|w| w.resource != "services"), "the operator wrote to their Service: {accepted:?}");
+    let attempts = audit::operator_writes(&ns.name).into_iter().filter(|w| w.resource == "services").count();
+    assert_eq!(attempts, 1, "one refused create, then GETs");
 
     services.delete("web", &DeleteParams::foreground()).await.unwrap();
     let started = std::time::Instant::now();

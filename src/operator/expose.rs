@@ -98,9 +98,10 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
 }
 
 /// The live Service: the cache (label-selected, so "not there" may be absent, just created, or
-/// someone else's Service of that name). Not there and never reported in the workload's
-/// status: none of its own, and the create-only apply guards against anyone else's (a 409,
-/// then the caller looks it up), so no GET precedes the create. Otherwise one GET tells.
+/// someone else's Service of that name). Not there for a workload never reconciled before (no
+/// status): none of its own, and the create-only apply guards against anyone else's (a 409,
+/// then the caller looks it up), so no GET precedes the create. Otherwise one GET tells (a
+/// blocked workload's recheck looks, and does not try a create the API server refuses).
 async fn observe(
     ctx: &Context,
     api: &Api<Service>,
@@ -111,7 +112,7 @@ async fn observe(
     if let Some(cached) = ctx.services.get(&ObjectRef::new(name).within(namespace)) {
         return Ok(Some((*cached).clone()));
     }
-    if ctx.objects.previous_status(mw).is_none_or(|s| s.service.is_none()) {
+    if ctx.objects.previous_status(mw).is_none() {
         return Ok(None);
     }
     get(api, namespace, name).await

@@ -170,9 +170,10 @@ fn announce_replacement(ctx: &Context, mw: &ManagedWorkload, name: &str) {
 }
 
 /// The live claim: the cache (label-selected, so "not there" may be absent, just created, or
-/// someone else's claim of that name). Not there and never reported in the workload's status:
-/// none of its own, and the create-only apply guards against anyone else's (a 409, then the
-/// caller looks it up), so no GET precedes the create. Otherwise one GET tells.
+/// someone else's claim of that name). Not there for a workload never reconciled before (no
+/// status): none of its own, and the create-only apply guards against anyone else's (a 409,
+/// then the caller looks it up), so no GET precedes the create. Otherwise one GET tells (a
+/// blocked workload's recheck looks, and does not try a create the API server refuses).
 async fn observe(
     ctx: &Context,
     api: &Api<PersistentVolumeClaim>,
@@ -183,7 +184,7 @@ async fn observe(
     if let Some(cached) = ctx.claims.get(&ObjectRef::new(name).within(namespace)) {
         return Ok(Some((*cached).clone()));
     }
-    if !existed(ctx, mw, name) {
+    if ctx.objects.previous_status(mw).is_none() {
         return Ok(None);
     }
     get(api, namespace, name).await
