@@ -1201,17 +1201,7 @@ async fn sqlite_load_balancer_address_and_the_pod_address_setting() {
     let provider_id = Some(format!("{}/lb-web", ns.name));
     // Waiting for the load balancer: the Pod available, the workload not Ready. (Which step it
     // waits on, `WaitingForLoadBalancer`, is a status detail written later: docs/resource.md.)
-    let deployments = ns.api::<k8s_openapi::api::apps::v1::Deployment>();
-    wait_until(
-        &deployments,
-        "lb-web",
-        "the Pod available",
-        TIMEOUT,
-        |d: Option<&k8s_openapi::api::apps::v1::Deployment>| {
-            d.and_then(|d| d.status.as_ref()).is_some_and(|s| s.available_replicas == Some(1))
-        },
-    )
-    .await;
+    support::workload::wait_pod_available(&ns.client, &ns.name, "lb-web").await;
     wait_until(&workloads, "lb-web", "waiting for the load balancer", TIMEOUT, |mw: Option<&ManagedWorkload>| {
         mw.and_then(|mw| mw.status.as_ref()).is_some_and(|s| {
             s.phase == Some(Phase::Creating)

@@ -220,18 +220,7 @@ async fn a_load_balancer_is_ready_once_the_cloud_gives_it_an_address() {
     // never answers by itself. The workload waits, and says so where kstatus, `kubectl wait`
     // and Argo CD look (which step it waits on, `WaitingForLoadBalancer`, is a detail written
     // with the next write or within minutes: docs/resource.md, "When the status is written").
-    let deployments = ns.api::<k8s_openapi::api::apps::v1::Deployment>();
-    wait_until(
-        &deployments,
-        "web",
-        "the Pod available",
-        TIMEOUT,
-        |d: Option<&k8s_openapi::api::apps::v1::Deployment>| {
-            d.and_then(|d| d.status.as_ref()).is_some_and(|s| s.available_replicas == Some(1))
-        },
-    )
-    .await
-    .unwrap();
+    support::workload::wait_pod_available(&ns.client, &ns.name, "web").await;
     let mw = wait_until(&workloads, "web", "the operator's status", TIMEOUT, |mw: Option<&ManagedWorkload>| {
         mw.is_some_and(|mw| support::workload::condition_current(mw, "Reconciling", "True"))
     })
