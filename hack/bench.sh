@@ -4,6 +4,7 @@
 # audit log, CPU seconds, memory) beside wall times; everything is written to target/bench/
 # (JSON per part, summary.md) and printed. docs/performance.md holds the latest figures.
 #
+# 0. Heap accounting (tests/heap.rs): the bytes each cached object keeps, no cluster needed.
 # 1. The bridge (MW_BENCH_BRIDGE=0 skips it): MW_BENCH_BRIDGE_ROWS (10,000) Manager rows in
 #    PostgreSQL → first sync, a full resync with nothing to do, row change → CR applied
 #    (tests/bench_bridge.rs). The operator is not running meanwhile.
@@ -26,7 +27,9 @@ rm -f "$OUT"/*.md "$OUT"/*.json
 bash "$HERE/ensure-tools.sh"
 cargo build --release --locked --bin mw-operator
 # Build the benchmark binaries once, before anything is timed.
-cargo test --release --locked --no-run --test bench_bridge --test bench_operator 2>&1 | tail -1
+cargo test --release --locked --no-run --test bench_bridge --test bench_operator --test heap 2>&1 | tail -1
+# 0. Heap accounting: what the caches keep per workload, kind by kind (tests/heap.rs).
+cargo test --release --locked --test heap -- --nocapture 2>/dev/null | grep '^heap' | tee "$OUT/heap.md"
 
 cleanup() {
   for name in bench bench-default; do bash "$CP" down "$name" >/dev/null 2>&1 || true; done
@@ -89,7 +92,7 @@ fi
 
 {
   echo "# make bench, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
-  for part in "$OUT"/bridge.md "$OUT"/operator-*.md; do
+  for part in "$OUT"/heap.md "$OUT"/bridge.md "$OUT"/operator-*.md; do
     if [ -e "$part" ]; then cat "$part"; fi
   done
 } >"$OUT/summary.md"

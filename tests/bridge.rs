@@ -1199,11 +1199,13 @@ async fn sqlite_load_balancer_address_and_the_pod_address_setting() {
     .await;
     let bridge = Bridge::start(&ns, &db, &["--service-type", "LoadBalancer"]).await;
     let provider_id = Some(format!("{}/lb-web", ns.name));
+    // Waiting for the load balancer: the Pod available, the workload not Ready. (Which step it
+    // waits on, `WaitingForLoadBalancer`, is a status detail written later: docs/resource.md.)
+    support::workload::wait_pod_available(&ns.client, &ns.name, "lb-web").await;
     wait_until(&workloads, "lb-web", "waiting for the load balancer", TIMEOUT, |mw: Option<&ManagedWorkload>| {
-        mw.is_some_and(|mw| {
-            mw.status.as_ref().is_some_and(|s| {
-                s.conditions.iter().any(|c| c.type_ == "Reconciling" && c.reason == "WaitingForLoadBalancer")
-            })
+        mw.and_then(|mw| mw.status.as_ref()).is_some_and(|s| {
+            s.phase == Some(Phase::Creating)
+                && s.conditions.iter().any(|c| c.type_ == "Reconciling" && c.status == "True")
         })
     })
     .await;

@@ -87,8 +87,16 @@ async fn a_deployment_it_does_not_control_is_never_modified() {
     assert_eq!(after.metadata.generation, Some(1), "their Deployment's spec was never changed");
     assert!(after.owner_references().is_empty());
     assert_eq!(image(&after).as_deref(), Some("redis:7"));
-    let writes = audit::operator_writes(&ns.name);
-    assert!(writes.iter().all(|w| w.resource != "deployments"), "the operator wrote to their Deployment: {writes:?}");
+    // No GET before the create: the create-only apply was the look, refused (409) without
+    // touching their Deployment; the rechecks since look with a GET.
+    let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
+    let accepted: Vec<_> = audit::timed_accepted_writes_by(&user, &ns.name).into_iter().map(|(_, w)| w).collect();
+    assert!(
+        accepted.iter().all(|w| w.resource != "deployments"),
+        "the operator wrote to their Deployment: {accepted:?}"
+    );
+    let attempts = audit::operator_writes(&ns.name).into_iter().filter(|w| w.resource == "deployments").count();
+    assert_eq!(attempts, 1, "one refused create, then GETs");
 
     // Their Deployment goes: the workload recovers within seconds, far sooner than the
     // 10-minute resync (that Deployment was outside the operator's label-selected watch).

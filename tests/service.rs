@@ -137,8 +137,13 @@ async fn a_foreign_service_blocks_untouched_and_the_workload_recovers_when_it_go
     assert_eq!(address(&mw), None, "no address of someone else's Service");
     let after = services.get("web").await.unwrap();
     assert_eq!(after.resource_version(), theirs.resource_version(), "their Service was never written");
-    let writes = audit::operator_writes(&ns.name);
-    assert!(writes.iter().all(|w| w.resource != "services"), "the operator wrote to their Service: {writes:?}");
+    // No GET before the create: the create-only apply was the look, and the API server refused
+    // it (409) without touching their Service; the rechecks since look with a GET.
+    let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
+    let accepted: Vec<_> = audit::timed_accepted_writes_by(&user, &ns.name).into_iter().map(|(_, w)| w).collect();
+    assert!(accepted.iter().all(|w| w.resource != "services"), "the operator wrote to their Service: {accepted:?}");
+    let attempts = audit::operator_writes(&ns.name).into_iter().filter(|w| w.resource == "services").count();
+    assert_eq!(attempts, 1, "one refused create, then GETs");
 
     services.delete("web", &DeleteParams::foreground()).await.unwrap();
     let started = std::time::Instant::now();
@@ -212,17 +217,16 @@ async fn a_load_balancer_is_ready_once_the_cloud_gives_it_an_address() {
     let services = ns.api::<Service>();
     apply(&workloads, "web", spec("nginx:latest", "LoadBalancer")).await.unwrap();
     // The control plane runs no cloud controller: the Pod is available, the load balancer
-    // never answers by itself.
-    let mw = wait_until(&workloads, "web", "waiting for the load balancer", TIMEOUT, |mw: Option<&ManagedWorkload>| {
-        mw.is_some_and(|mw| {
-            support::workload::condition_current(mw, "Reconciling", "True")
-                && condition(mw, "Reconciling").reason == "WaitingForLoadBalancer"
-        })
+    // never answers by itself. The workload waits, and says so where kstatus, `kubectl wait`
+    // and Argo CD look (which step it waits on, `WaitingForLoadBalancer`, is a detail written
+    // with the next write or within minutes: docs/resource.md, "When the status is written").
+    support::workload::wait_pod_available(&ns.client, &ns.name, "web").await;
+    let mw = wait_until(&workloads, "web", "the operator's status", TIMEOUT, |mw: Option<&ManagedWorkload>| {
+        mw.is_some_and(|mw| support::workload::condition_current(mw, "Reconciling", "True"))
     })
     .await
     .unwrap();
     assert_eq!(condition(&mw, "Ready").status, "False");
-    assert_eq!(condition(&mw, "Ready").reason, "WaitingForLoadBalancer");
     assert_eq!(condition(&mw, "Stalled").status, "False", "a wait, not a failure");
     assert_eq!(mw.status.as_ref().unwrap().phase, Some(Phase::Creating));
     let svc = services.get("web").await.unwrap();

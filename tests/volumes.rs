@@ -189,10 +189,13 @@ async fn a_foreign_claim_blocks_the_workload_untouched() {
     let after = claims.get("web-data").await.unwrap();
     assert_eq!(after.metadata.resource_version, foreign.metadata.resource_version, "untouched");
     assert!(deployments.get_opt("web").await.unwrap().is_none(), "never started against someone else's claim");
-    assert!(
-        audit::operator_writes(&ns.name).iter().all(|w| w.resource != "persistentvolumeclaims"),
-        "no write to the foreign claim"
-    );
+    // No GET before the create: the create-only apply was the look, refused (409) without
+    // touching the claim; the rechecks since look with a GET.
+    let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
+    let accepted: Vec<_> = audit::timed_accepted_writes_by(&user, &ns.name).into_iter().map(|(_, w)| w).collect();
+    assert!(accepted.iter().all(|w| w.resource != "persistentvolumeclaims"), "no write to the foreign claim");
+    let attempts = audit::operator_writes(&ns.name).into_iter().filter(|w| w.resource == "persistentvolumeclaims");
+    assert_eq!(attempts.count(), 1, "one refused create, then GETs");
 
     // Removed: the workload makes its own and proceeds.
     claims.delete("web-data", &DeleteParams::background()).await.unwrap();

@@ -20,6 +20,7 @@ use super::ownership::{FIELD_MANAGER, is_controlled_by};
 use super::plan::{self, Decision, Mode, Refusal};
 use super::reconcile::Context;
 use super::service;
+use super::slim::CachedService;
 use super::status::Blocked;
 use crate::error::Error;
 use crate::resource::ManagedWorkload;
@@ -54,51 +55,76 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
         remove_own(ctx, &api, mw, namespace, &name).await?;
         return Ok(Step::Done(Exposed::default()));
     };
-    let live = observe(ctx, &api, namespace, &name).await?;
-    let exposed = match plan::decide(mw, &desired, live.as_ref()) {
-        Decision::Conflict => Exposed { blocked: Some(conflict(&name)), ..Default::default() },
-        Decision::Departing => Exposed { blocked: Some(Blocked::departing("Service", &name)), ..Default::default() },
-        Decision::UpToDate => Exposed { service: live.map(Box::new), ..Default::default() },
-        Decision::Apply(mode) => match apply_service(ctx, &api, &name, &desired, mode).await {
-            Ok(applied) => {
-                info!(service = %name, verb = if mode.force() { "updated" } else { "created" }, "applied Service");
-                Exposed {
-                    service: Some(Box::new(applied)),
-                    blocked: None,
-                    drift_corrected: mode == (Mode::Update { drift: true }),
-                }
+    let mut live = observe(ctx, &api, mw, namespace, &name).await?;
+    let exposed = loop {
+        break match plan::decide(mw, &desired, live.as_ref()) {
+            Decision::Conflict => Exposed { blocked: Some(conflict(&name)), ..Default::default() },
+            Decision::Departing => {
+                Exposed { blocked: Some(Blocked::departing("Service", &name)), ..Default::default() }
             }
-            Err(source) => match plan::judge(mode, &source) {
-                Refusal::Appeared => {
-                    info!(service = %name, "a Service appeared while creating it; rechecking");
-                    return Ok(Step::Requeue(plan::APPEARED_RECHECK));
+            Decision::UpToDate => Exposed { service: live.map(|s| Box::new(s.to_service())), ..Default::default() },
+            Decision::Apply(mode) => match apply_service(ctx, &api, &name, &desired, mode).await {
+                Ok(applied) => {
+                    info!(service = %name, verb = if mode.force() { "updated" } else { "created" }, "applied Service");
+                    Exposed {
+                        service: Some(Box::new(applied)),
+                        blocked: None,
+                        drift_corrected: mode == (Mode::Update { drift: true }),
+                    }
                 }
-                Refusal::Rejected(message) => Exposed {
-                    service: live.map(Box::new),
-                    blocked: Some(Blocked {
-                        reason: REJECTED,
-                        message: format!("the API server refused Service {name}: {message}"),
-                    }),
-                    drift_corrected: false,
+                Err(source) => match plan::judge(mode, &source) {
+                    Refusal::Appeared => {
+                        info!(service = %name, "a Service of that name exists after all; looking it up");
+                        live = get(&api, namespace, &name).await?;
+                        if live.is_none() {
+                            return Ok(Step::Requeue(plan::APPEARED_RECHECK));
+                        }
+                        continue;
+                    }
+                    Refusal::Rejected(message) => Exposed {
+                        service: live.map(|s| Box::new(s.to_service())),
+                        blocked: Some(Blocked {
+                            reason: REJECTED,
+                            message: format!("the API server refused Service {name}: {message}"),
+                        }),
+                        drift_corrected: false,
+                    },
+                    Refusal::Retry => return Err(Error::ApplyService { namespace: namespace.into(), name, source }),
                 },
-                Refusal::Retry => return Err(Error::ApplyService { namespace: namespace.into(), name, source }),
             },
-        },
+        };
     };
     Ok(Step::Done(exposed))
 }
 
 /// The live Service: the cache (label-selected, so "not there" may be absent, just created, or
-/// someone else's Service of that name), else one GET.
-async fn observe(ctx: &Context, api: &Api<Service>, namespace: &str, name: &str) -> Result<Option<Service>, Error> {
+/// someone else's Service of that name). Not there for a workload never reconciled before (no
+/// status): none of its own, and the create-only apply guards against anyone else's (a 409,
+/// then the caller looks it up), so no GET precedes the create. Otherwise one GET tells (a
+/// blocked workload's recheck looks, and does not try a create the API server refuses).
+async fn observe(
+    ctx: &Context,
+    api: &Api<Service>,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<CachedService>, Error> {
     if let Some(cached) = ctx.services.get(&ObjectRef::new(name).within(namespace)) {
-        return Ok(Some(cached.to_service()));
+        return Ok(Some((*cached).clone()));
     }
-    api.get_opt(name).await.map_err(|source| Error::GetService {
+    if ctx.objects.previous_status(mw).is_none() {
+        return Ok(None);
+    }
+    get(api, namespace, name).await
+}
+
+async fn get(api: &Api<Service>, namespace: &str, name: &str) -> Result<Option<CachedService>, Error> {
+    let found = api.get_opt(name).await.map_err(|source| Error::GetService {
         namespace: namespace.into(),
         name: name.into(),
         source,
-    })
+    })?;
+    Ok(found.map(CachedService::from))
 }
 
 /// `spec.service` was removed: delete the Service this workload controls, if the cache holds

@@ -6,9 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
-use kube::ResourceExt;
+use super::slim::CachedDeployment;
 use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
 
 use super::status;
 use super::watches::Workload;
@@ -29,7 +29,7 @@ struct PerObjectInner {
     /// The Deployment as the last apply returned it, until the cache has caught up with it:
     /// while a watch is down (an API server outage) the cache keeps the old one, and every
     /// retry would apply the same change again.
-    applied: HashMap<String, Deployment>,
+    applied: HashMap<String, CachedDeployment>,
     /// When the operator last wrote each workload's status, to let details wait (see
     /// `status::urgency`).
     last_write: HashMap<String, Instant>,
@@ -137,13 +137,15 @@ impl PerObject {
     /// The live Deployment as far as the operator knows: the one its last apply returned while
     /// the cached one predates it, else the cached one. Nothing cached: the caller asks the
     /// API server (it may have been deleted since), and the memo goes.
-    pub fn newest_deployment(&self, mw: &ManagedWorkload, cached: Option<Deployment>) -> Option<Deployment> {
+    pub fn newest_deployment(
+        &self,
+        mw: &ManagedWorkload,
+        cached: Option<CachedDeployment>,
+    ) -> Option<CachedDeployment> {
         let Some(uid) = mw.uid() else { return cached };
         let mut inner = self.lock();
         let newer = match (&cached, inner.applied.get(&uid)) {
-            (Some(c), Some(a))
-                if older(c.metadata.resource_version.as_deref(), a.metadata.resource_version.as_deref()) =>
-            {
+            (Some(c), Some(a)) if older(c.meta().resource_version.as_deref(), a.meta().resource_version.as_deref()) => {
                 Some(a.clone())
             }
             _ => None,
@@ -154,9 +156,8 @@ impl PerObject {
         newer.or(cached)
     }
 
-    pub fn applied(&self, mw: &ManagedWorkload, mut deployment: Deployment) {
+    pub fn applied(&self, mw: &ManagedWorkload, deployment: CachedDeployment) {
         if let Some(uid) = mw.uid() {
-            super::slim::deployment(&mut deployment);
             self.lock().applied.insert(uid, deployment);
         }
     }
@@ -250,6 +251,7 @@ impl PerObjectInner {
 mod tests {
     use super::*;
     use crate::resource::Phase;
+    use k8s_openapi::api::apps::v1::Deployment;
     use kube::core::DeserializeGuard;
 
     fn workload(uid: &str, rv: &str) -> Workload {
@@ -284,11 +286,11 @@ mod tests {
         let at = |rv: &str| {
             let mut d = Deployment::default();
             d.metadata.resource_version = Some(rv.into());
-            d
+            CachedDeployment::from(d)
         };
         objects.applied(&mw, at("20"));
-        let seen = |cached: Option<Deployment>| {
-            objects.newest_deployment(&mw, cached).and_then(|d| d.metadata.resource_version)
+        let seen = |cached: Option<CachedDeployment>| {
+            objects.newest_deployment(&mw, cached).and_then(|d| d.meta().resource_version.clone())
         };
         assert_eq!(seen(Some(at("10"))).as_deref(), Some("20"), "a stale cache: the applied one");
         assert_eq!(seen(Some(at("10"))).as_deref(), Some("20"), "still, on a retry");
@@ -329,6 +331,7 @@ mod tests {
         let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
         let mut deployment = Deployment::default();
         deployment.metadata.resource_version = Some("20".into());
+        let deployment = CachedDeployment::from(deployment);
         let written = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
         objects.wrote(&mw, Some("12".into()), written.clone());
         objects.applied(&mw, deployment);
@@ -340,7 +343,9 @@ mod tests {
         assert_eq!(objects.previous_status(&mw), None, "the cache's own status");
         let mut cached = Deployment::default();
         cached.metadata.resource_version = Some("15".into());
-        let seen = objects.newest_deployment(&mw, Some(cached)).and_then(|d| d.metadata.resource_version);
+        let seen = objects
+            .newest_deployment(&mw, Some(CachedDeployment::from(cached)))
+            .and_then(|d| d.meta().resource_version.clone());
         assert_eq!(seen.as_deref(), Some("15"), "the cached Deployment, not the one applied in the earlier term");
         assert!(objects.hold_back(&mw, detail).is_zero(), "a difference is written at once");
         assert_eq!(objects.len(), (1, 0, 0), "failure counts stay");

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kube::Resource;
 use serde::Serialize;
 
-use super::drift;
+use super::drift::{self, Live};
 use super::ownership::{is_controlled_by, is_departing};
 use crate::resource::ManagedWorkload;
 
@@ -47,17 +47,17 @@ impl Mode {
     }
 }
 
-pub fn decide<K: Resource + Serialize>(mw: &ManagedWorkload, desired: &K, live: Option<&K>) -> Decision {
+pub fn decide<K: Resource + Serialize, L: Live>(mw: &ManagedWorkload, desired: &K, live: Option<&L>) -> Decision {
     decide_by(mw, |live| is_controlled_by(live, mw), desired, live)
 }
 
 /// `decide` for a kind whose objects can be the workload's without a controller reference
 /// (a retained claim, see `claims::is_own`): `own` says whether the live object is ours.
-pub fn decide_by<K: Resource + Serialize>(
+pub fn decide_by<K: Resource + Serialize, L: Live>(
     mw: &ManagedWorkload,
-    own: impl Fn(&K) -> bool,
+    own: impl Fn(&L) -> bool,
     desired: &K,
-    live: Option<&K>,
+    live: Option<&L>,
 ) -> Decision {
     match live {
         None => Decision::Apply(Mode::Create),
@@ -142,7 +142,11 @@ mod tests {
         let mw = workload("u1", "nginx:1");
         let desired = deployment::deployment(&mw, &Default::default()).unwrap();
         let live = stored(&desired);
-        assert_eq!(decide(&mw, &desired, None), Decision::Apply(Mode::Create), "absent: create, not forced");
+        assert_eq!(
+            decide(&mw, &desired, None::<&Deployment>),
+            Decision::Apply(Mode::Create),
+            "absent: create, not forced"
+        );
         assert!(!Mode::Create.force());
         assert_eq!(decide(&mw, &desired, Some(&live)), Decision::UpToDate, "applied from this spec, untouched");
 

@@ -152,65 +152,82 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         _ => None,
     };
     if let Some(blocked) = hold.clone().filter(|_| running) {
-        let deployment = live.filter(|d| super::ownership::is_controlled_by(d, mw));
+        let deployment = live.filter(|d| super::ownership::is_controlled_by(d, mw)).map(|d| d.to_deployment());
         let acted = Acted { deployment, service, blocked: Some(blocked) };
         return report(ctx, mw, namespace, name, acted, &claims).await;
     }
     // What acting on the Deployment left: the Deployment as it now is, and why it is not
     // what it should be.
-    let (deployment, blocked) = match plan::decide(mw, &desired, live.as_ref()) {
-        Decision::Conflict => (None, Some(conflict(name))),
-        Decision::Departing => (None, Some(Blocked::departing("Deployment", name))),
-        Decision::UpToDate => (live, None),
-        Decision::Apply(mode) => match apply(&ctx.metrics, "deployments", &api, name, &desired, mode).await {
-            Ok(applied) => {
-                ctx.objects.applied(mw, applied.clone());
-                info!(verb = if mode.force() { "updated" } else { "created" }, "applied Deployment");
-                // Spec changes are announced by the phase change they cause; an edit made to
-                // the Deployment behind the operator's back deserves its own event.
-                if mode == (Mode::Update { drift: true }) {
-                    let note = format!("Deployment {name} was changed outside the operator; restored");
-                    publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
+    let mut live = live;
+    let (deployment, blocked) = loop {
+        break match plan::decide(mw, &desired, live.as_ref()) {
+            Decision::Conflict => (None, Some(conflict(name))),
+            Decision::Departing => (None, Some(Blocked::departing("Deployment", name))),
+            Decision::UpToDate => (live, None),
+            Decision::Apply(mode) => match apply(&ctx.metrics, "deployments", &api, name, &desired, mode).await {
+                Ok(applied) => {
+                    let applied = CachedDeployment::from(applied);
+                    ctx.objects.applied(mw, applied.clone());
+                    info!(verb = if mode.force() { "updated" } else { "created" }, "applied Deployment");
+                    // Spec changes are announced by the phase change they cause; an edit made to
+                    // the Deployment behind the operator's back deserves its own event.
+                    if mode == (Mode::Update { drift: true }) {
+                        let note = format!("Deployment {name} was changed outside the operator; restored");
+                        publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
+                    }
+                    (Some(applied), None)
                 }
-                (Some(applied), None)
-            }
-            Err(source) => match plan::judge(mode, &source) {
-                Refusal::Appeared => {
-                    info!("a Deployment appeared while creating it; rechecking");
-                    return Ok(Action::requeue(plan::APPEARED_RECHECK));
-                }
-                Refusal::Rejected(message) => (live, Some(Blocked { reason: REJECTED, message })),
-                Refusal::Retry => {
-                    return Err(Error::ApplyDeployment { namespace: namespace.into(), name: name.into(), source });
-                }
+                Err(source) => match plan::judge(mode, &source) {
+                    Refusal::Appeared => {
+                        info!("a Deployment of that name exists after all; looking it up");
+                        live = get_deployment(&api, namespace, name).await?;
+                        if live.is_none() {
+                            return Ok(Action::requeue(plan::APPEARED_RECHECK));
+                        }
+                        continue;
+                    }
+                    Refusal::Rejected(message) => (live, Some(Blocked { reason: REJECTED, message })),
+                    Refusal::Retry => {
+                        return Err(Error::ApplyDeployment { namespace: namespace.into(), name: name.into(), source });
+                    }
+                },
             },
-        },
+        };
     };
+    let deployment = deployment.map(|d| d.to_deployment());
     let acted = Acted { deployment, service, blocked: blocked.or(hold).or(exposed.blocked) };
     report(ctx, mw, namespace, name, acted, &claims).await
 }
 
 /// The live Deployment: the newest the operator knows of (its cache, or what its last apply
-/// returned while the cache lags), else one GET. The caches are full by now (a controller runs
-/// only once every watch has synced), but the Deployment cache is label-selected: "not in the
-/// cache" is either absent, just created and not seen yet, or a Deployment someone else made
-/// under this name, which must not be touched.
+/// returned while the cache lags). The caches are full by now (a controller runs only once
+/// every watch has synced), but the Deployment cache is label-selected: "not in the cache" is
+/// either absent, just created and not seen yet, or a Deployment someone else made under this
+/// name, which must not be touched. A workload never reconciled before (no status) has none
+/// of its own: it is created with a create-only apply, which answers 409 (and the caller looks
+/// it up then) if one exists after all, so no GET precedes the create. Otherwise one GET tells.
 async fn observe_deployment(
     ctx: &Context,
     api: &Api<Deployment>,
     mw: &ManagedWorkload,
     namespace: &str,
     name: &str,
-) -> Result<Option<Deployment>, Error> {
-    let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| d.to_deployment());
+) -> Result<Option<CachedDeployment>, Error> {
+    let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| (*d).clone());
     match ctx.objects.newest_deployment(mw, cached) {
         Some(d) => Ok(Some(d)),
-        None => api.get_opt(name).await.map_err(|source| Error::GetDeployment {
-            namespace: namespace.into(),
-            name: name.into(),
-            source,
-        }),
+        None if ctx.objects.previous_status(mw).is_none() => Ok(None),
+        None => get_deployment(api, namespace, name).await,
     }
+}
+
+async fn get_deployment(api: &Api<Deployment>, namespace: &str, name: &str) -> Result<Option<CachedDeployment>, Error> {
+    let found = api.get_opt(name).await.map_err(|source| Error::GetDeployment {
+        namespace: namespace.into(),
+        name: name.into(),
+        source,
+    })?;
+    Ok(found.map(CachedDeployment::from))
 }
 
 /// Derive the status from what was observed and acted on, and write it when it differs from

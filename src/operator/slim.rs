@@ -29,6 +29,7 @@ use serde_json::Value;
 
 use super::claims::{REPLACED_ANNOTATION, VOLUME_OF_ANNOTATION, WORKLOAD_UID_ANNOTATION};
 use super::deployment::TEMPLATE_HASH_ANNOTATION;
+use super::drift::{Live, OwnedFields};
 use super::ownership::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, INSTANCE_LABEL, MANAGED_BY_LABEL};
 use crate::resource::{NODE_ID_LABEL, OWNER_ANNOTATION};
 
@@ -40,22 +41,34 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "Deployment")]
 pub struct CachedDeployment {
+    /// Without `managedFields`: the operator's own record is `owned`.
     metadata: ObjectMeta,
     /// The pod template's `template-hash` annotation.
     template_hash: Option<String>,
     status: Option<DeploymentStatus>,
+    /// The operator's server-side apply record, as a fingerprint (drift.rs).
+    owned: Option<OwnedFields>,
 }
 
 impl From<Deployment> for CachedDeployment {
     fn from(mut d: Deployment) -> Self {
+        let owned = owned_fingerprint(&mut d.metadata);
         deployment(&mut d);
+        d.metadata.managed_fields = None;
         let template_hash = super::deployment::current_template_hash(&d).map(str::to_owned);
-        CachedDeployment { metadata: d.metadata, template_hash, status: d.status }
+        CachedDeployment { metadata: d.metadata, template_hash, status: d.status, owned }
+    }
+}
+
+impl Live for CachedDeployment {
+    fn owned(&self) -> Option<Cow<'_, OwnedFields>> {
+        self.owned.as_ref().map(Cow::Borrowed)
     }
 }
 
 impl CachedDeployment {
-    /// The trimmed Deployment, as `status` and `drift` read it.
+    /// The trimmed Deployment, as `status` reads it (without the apply record: drift reads the
+    /// cached Deployment itself).
     pub fn to_deployment(&self) -> Deployment {
         Deployment {
             metadata: self.metadata.clone(),
@@ -100,16 +113,21 @@ fn placed_on(node_name: Option<String>) -> Option<PodSpec> {
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "Service")]
 pub struct CachedService {
+    /// Without `managedFields`: the operator's own record is `owned`.
     pub metadata: ObjectMeta,
     type_: Option<String>,
     cluster_ip: Option<String>,
     ports: Option<Vec<ServicePort>>,
     status: Option<ServiceStatus>,
+    /// The operator's server-side apply record, as a fingerprint (drift.rs).
+    owned: Option<OwnedFields>,
 }
 
 impl From<Service> for CachedService {
     fn from(mut s: Service) -> Self {
+        let owned = owned_fingerprint(&mut s.metadata);
         service(&mut s);
+        s.metadata.managed_fields = None;
         let spec = s.spec.unwrap_or_default();
         CachedService {
             metadata: s.metadata,
@@ -117,8 +135,23 @@ impl From<Service> for CachedService {
             cluster_ip: spec.cluster_ip,
             ports: spec.ports,
             status: s.status,
+            owned,
         }
     }
+}
+
+impl Live for CachedService {
+    fn owned(&self) -> Option<Cow<'_, OwnedFields>> {
+        self.owned.as_ref().map(Cow::Borrowed)
+    }
+}
+
+/// The operator's own apply record as a fingerprint, and no managed fields left: the cached
+/// kinds whose drift is judged by the fingerprint keep no field set text.
+fn owned_fingerprint(meta: &mut ObjectMeta) -> Option<OwnedFields> {
+    let owned = super::drift::owned_fields(meta).and_then(OwnedFields::of);
+    meta.managed_fields = None;
+    owned
 }
 
 impl CachedService {

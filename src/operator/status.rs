@@ -204,20 +204,35 @@ pub enum Urgency {
 pub const DETAIL_DELAY: Duration = Duration::from_secs(2);
 /// Details of a workload in transition (Creating, Updating, Stopping) wait longer: the
 /// transition's end is written at once and carries them, and until then they only narrate
-/// progress (replica counts, which step a rollout waits on). A transition that takes longer
-/// (a slow image pull, a busy scheduler, a stuck rollout) has them refreshed once a minute.
-pub const DETAIL_DELAY_IN_TRANSITION: Duration = Duration::from_secs(60);
+/// progress (replica counts, which step a rollout waits on: `ClaimPending`, `Creating`,
+/// `WaitingForLoadBalancer`). Longer than a burst of thousands of new workloads takes to
+/// converge here (about 4 minutes for 5,000), so such a burst costs two status writes per
+/// workload; a transition that takes longer (a slow image pull, a load balancer that takes
+/// minutes) has them refreshed every 5 minutes.
+pub const DETAIL_DELAY_IN_TRANSITION: Duration = Duration::from_secs(300);
+/// Waits a human may have to end, said at once when the workload enters one in transition
+/// (the other steps it waits on are details): no node can host the Pod (a cluster autoscaler
+/// or an administrator adds one; Manager reports the reason); its volume is still attached to
+/// a lost node.
+pub const STUCK_WAITS: [&str; 2] = [UNSCHEDULABLE, volumes::VOLUME_HELD_ELSEWHERE];
 
 /// Kubernetes' kstatus conditions, whose reason is part of what a client waits on.
 const SUMMARY: [&str; 3] = [READY, RECONCILING, STALLED];
 
-/// Whether `next` (which differs from `previous`) must be written at once. Urgent: the first
-/// status; phase, observed generation, provider id or desired replicas; a Pod IP or address
-/// that changes or goes; any
-/// condition's status (what `kubectl wait --for=condition` reads); a summary condition's
-/// reason or observed generation (kstatus), or one appearing. Details: replica counts,
-/// messages, a mirrored condition's reason, message, generation or first appearance, a first
-/// Pod IP or address, `status.service` details (node ports).
+/// Whether `next` (which differs from `previous`) must be written at once. Pure: what decides
+/// status writes, and the one place that does.
+///
+/// Urgent: the first status; phase, observed generation, provider id or desired replicas; a
+/// Pod IP or address that changes or goes; any condition's status (what `kubectl wait
+/// --for=condition` reads); a summary condition's observed generation (kstatus), or one
+/// appearing or going; a summary reason outside a transition (a failure's reason, the end of
+/// one). Details: replica counts, messages, `status.volumes`, a mirrored condition's reason,
+/// message, generation or first appearance, a first Pod IP or address, `status.service`
+/// details (node ports), and, in transition, which step the workload waits on (the
+/// `Ready`/`Reconciling` reason: `ClaimPending` → `Creating` → `WaitingForLoadBalancer`,
+/// not into one of `STUCK_WAITS`): phase, condition statuses and generations, what kstatus,
+/// `kubectl wait`, Argo CD's health check and Manager's status read, are the same either way,
+/// and the change rides with the transition's end.
 pub fn urgency(previous: Option<&ManagedWorkloadStatus>, next: &ManagedWorkloadStatus) -> Urgency {
     let Some(previous) = previous else { return Urgency::Now };
     let same_summary = previous.phase == next.phase
@@ -230,10 +245,13 @@ pub fn urgency(previous: Option<&ManagedWorkloadStatus>, next: &ManagedWorkloadS
         // only with the Service (a load balancer's address arriving, a type change).
         && (previous.address == next.address || previous.address.is_none())
         && previous.desired_replicas == next.desired_replicas;
+    let in_transition = matches!(next.phase, Some(Phase::Creating | Phase::Updating | Phase::Stopping));
     let same_conditions =
         next.conditions.iter().all(|c| match previous.conditions.iter().find(|p| p.type_ == c.type_) {
             Some(p) if SUMMARY.contains(&c.type_.as_str()) => {
-                p.status == c.status && p.reason == c.reason && p.observed_generation == c.observed_generation
+                p.status == c.status
+                    && p.observed_generation == c.observed_generation
+                    && (p.reason == c.reason || (in_transition && !STUCK_WAITS.contains(&c.reason.as_str())))
             }
             // A mirrored condition newly stamped with the current generation was true of the
             // older one too; a client waiting for the stamp gets it with the phase change the
@@ -244,10 +262,7 @@ pub fn urgency(previous: Option<&ManagedWorkloadStatus>, next: &ManagedWorkloadS
     if !(same_summary && same_conditions) {
         return Urgency::Now;
     }
-    match next.phase {
-        Some(Phase::Creating | Phase::Updating | Phase::Stopping) => Urgency::Within(DETAIL_DELAY_IN_TRANSITION),
-        _ => Urgency::Within(DETAIL_DELAY),
-    }
+    Urgency::Within(if in_transition { DETAIL_DELAY_IN_TRANSITION } else { DETAIL_DELAY })
 }
 
 /// When the same world, unchanged, would derive a different status: a restarted container
@@ -503,11 +518,20 @@ pub const UNSCHEDULABLE: &str = "Unschedulable";
 /// stop, and the Pod is then placed with no change of the spec. So the workload stays
 /// `Creating` (or `Updating`) with `Reconciling=True` and this reason, reported at once; the
 /// progress deadline bounds the wait (then `Failed`, `ProgressDeadlineExceeded`).
+///
+/// Not when the scheduler only waited for the workload's claims to bind: the verdict reads
+/// that from the claims themselves (`ClaimPending`, before this is asked), and once they are
+/// bound the scheduler's word is stale until its retry places the Pod, a moment later.
 fn unschedulable(pod: &Pod) -> Option<&str> {
     let conditions = pod.status.as_ref()?.conditions.as_ref()?;
     let c = conditions.iter().find(|c| c.type_ == "PodScheduled")?;
-    (c.status == "False" && c.reason.as_deref() == Some(UNSCHEDULABLE)).then(|| c.message.as_deref().unwrap_or(""))
+    let message = c.message.as_deref().unwrap_or("");
+    (c.status == "False" && c.reason.as_deref() == Some(UNSCHEDULABLE) && !message.contains(UNBOUND_CLAIMS))
+        .then_some(message)
 }
+
+/// kube-scheduler's words for a Pod whose claims are not bound yet (its VolumeBinding plugin).
+const UNBOUND_CLAIMS: &str = "pod has unbound immediate PersistentVolumeClaims";
 
 /// The scheduler's message without its preemption postscript ("preemption: 0/3 nodes are
 /// available: 3 No preemption victims found for incoming pod."), which says nothing about

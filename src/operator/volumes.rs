@@ -68,76 +68,85 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
         return Ok(Step::Done(out));
     }
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    for volume in &mw.spec.volumes {
+    'volumes: for volume in &mw.spec.volumes {
         let name = claims::claim_name(&mw.name_any(), &volume.name);
-        let live = observe(ctx, &api, namespace, &name).await?;
+        let mut live = observe(ctx, &api, mw, namespace, &name).await?;
         let own = |c: &PersistentVolumeClaim| claims::is_own(c, mw, volume);
-        // Never applied to: an apply cannot stop a deletion, and would only race it. (Someone
-        // else's claim being deleted is `Departing` below: waited for.)
-        if let Some(live) = live.as_ref().filter(|c| c.metadata.deletion_timestamp.is_some() && own(c)) {
-            out.deleting.get_or_insert_with(|| Box::new(live.clone()));
-            out.own.push(live.clone());
-            continue;
-        }
-        let replacing = live.is_none() && existed(ctx, mw, &name);
-        let Some(desired) = claims::claim(mw, volume, live.as_ref(), replacing) else { continue };
-        let decision = plan::decide_by(mw, own, &desired, live.as_ref());
-        if !matches!(decision, Decision::Apply(_)) {
-            ctx.objects.accepted(mw, &name);
-        }
-        match decision {
-            Decision::Conflict => {
-                let whose = live.as_ref().and_then(|c| claims::retained_for_another(c, mw, volume));
-                out.blocked.get_or_insert_with(|| conflict(&name, whose.as_deref()));
+        loop {
+            // Never applied to: an apply cannot stop a deletion, and would only race it. (Someone
+            // else's claim being deleted is `Departing` below: waited for.)
+            if let Some(live) = live.as_ref().filter(|c| c.metadata.deletion_timestamp.is_some() && own(c)) {
+                out.deleting.get_or_insert_with(|| Box::new(live.clone()));
+                out.own.push(live.clone());
+                continue 'volumes;
             }
-            Decision::Departing => {
-                out.blocked.get_or_insert_with(|| Blocked::departing("PersistentVolumeClaim", &name));
+            let replacing = live.is_none() && existed(ctx, mw, &name);
+            let Some(desired) = claims::claim(mw, volume, live.as_ref(), replacing) else { continue 'volumes };
+            let decision = plan::decide_by(mw, own, &desired, live.as_ref());
+            if !matches!(decision, Decision::Apply(_)) {
+                ctx.objects.accepted(mw, &name);
             }
-            Decision::UpToDate => out.own.extend(live),
-            Decision::Apply(mode) => {
-                let fingerprint = applied_hash(&desired).unwrap_or_default().to_owned();
-                if let Some((refused, wait)) =
-                    ctx.objects.refusal(mw, &name, &fingerprint).filter(|(_, w)| !w.is_zero())
-                {
-                    // The same change was refused moments ago: not sent again before its backoff.
-                    out.refused_change(name, refused.message, wait, live);
-                    continue;
+            match decision {
+                Decision::Conflict => {
+                    let whose = live.as_ref().and_then(|c| claims::retained_for_another(c, mw, volume));
+                    out.blocked.get_or_insert_with(|| conflict(&name, whose.as_deref()));
                 }
-                match apply(&ctx.metrics, "persistentvolumeclaims", &api, &name, &desired, mode).await {
-                    Ok(applied) => {
-                        info!(claim = %name, verb = if mode.force() { "updated" } else { "created" }, "applied PersistentVolumeClaim");
-                        ctx.objects.accepted(mw, &name);
-                        if replacing {
-                            announce_replacement(ctx, mw, &name);
-                        }
-                        out.own.push(applied);
+                Decision::Departing => {
+                    out.blocked.get_or_insert_with(|| Blocked::departing("PersistentVolumeClaim", &name));
+                }
+                Decision::UpToDate => out.own.extend(live),
+                Decision::Apply(mode) => {
+                    let fingerprint = applied_hash(&desired).unwrap_or_default().to_owned();
+                    if let Some((refused, wait)) =
+                        ctx.objects.refusal(mw, &name, &fingerprint).filter(|(_, w)| !w.is_zero())
+                    {
+                        // The same change was refused moments ago: not sent again before its backoff.
+                        out.refused_change(name, refused.message, wait, live);
+                        continue 'volumes;
                     }
-                    Err(source) => match plan::judge(mode, &source) {
-                        Refusal::Appeared => {
-                            info!(claim = %name, "a PersistentVolumeClaim appeared while creating it; rechecking");
-                            return Ok(Step::Requeue(plan::APPEARED_RECHECK));
+                    match apply(&ctx.metrics, "persistentvolumeclaims", &api, &name, &desired, mode).await {
+                        Ok(applied) => {
+                            info!(claim = %name, verb = if mode.force() { "updated" } else { "created" }, "applied PersistentVolumeClaim");
+                            ctx.objects.accepted(mw, &name);
+                            if replacing {
+                                announce_replacement(ctx, mw, &name);
+                            }
+                            out.own.push(applied);
                         }
-                        // The claim exists and serves as it is: only the change is refused.
-                        Refusal::Rejected(message) if mode != Mode::Create && live.is_some() => {
-                            let wait = ctx.objects.refused(mw, &name, &fingerprint, &message);
-                            warn!(claim = %name, %message, retry_in = ?wait, "the API server refused a change to a PersistentVolumeClaim");
-                            let note = format!("the API server refused the change to claim {name}: {message}");
-                            ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimChangeRefused", &note);
-                            out.refused_change(name, message, wait, live);
-                        }
-                        Refusal::Rejected(message) => {
-                            out.blocked.get_or_insert_with(|| Blocked {
-                                reason: REJECTED,
-                                message: format!("the API server refused claim {name}: {message}"),
-                            });
-                            out.own.extend(live);
-                        }
-                        Refusal::Retry => {
-                            return Err(Error::ApplyClaim { namespace: namespace.into(), name, source });
-                        }
-                    },
+                        Err(source) => match plan::judge(mode, &source) {
+                            Refusal::Appeared => {
+                                // One exists after all (someone else's, or ours not yet cached):
+                                // what it is decides, as if it had been seen before.
+                                info!(claim = %name, "a PersistentVolumeClaim of that name exists after all; looking it up");
+                                live = get(&api, namespace, &name).await?;
+                                if live.is_none() {
+                                    return Ok(Step::Requeue(plan::APPEARED_RECHECK));
+                                }
+                                continue;
+                            }
+                            // The claim exists and serves as it is: only the change is refused.
+                            Refusal::Rejected(message) if mode != Mode::Create && live.is_some() => {
+                                let wait = ctx.objects.refused(mw, &name, &fingerprint, &message);
+                                warn!(claim = %name, %message, retry_in = ?wait, "the API server refused a change to a PersistentVolumeClaim");
+                                let note = format!("the API server refused the change to claim {name}: {message}");
+                                ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimChangeRefused", &note);
+                                out.refused_change(name, message, wait, live);
+                            }
+                            Refusal::Rejected(message) => {
+                                out.blocked.get_or_insert_with(|| Blocked {
+                                    reason: REJECTED,
+                                    message: format!("the API server refused claim {name}: {message}"),
+                                });
+                                out.own.extend(live);
+                            }
+                            Refusal::Retry => {
+                                return Err(Error::ApplyClaim { namespace: namespace.into(), name, source });
+                            }
+                        },
+                    }
                 }
             }
+            break;
         }
     }
     Ok(Step::Done(out))
@@ -161,16 +170,31 @@ fn announce_replacement(ctx: &Context, mw: &ManagedWorkload, name: &str) {
 }
 
 /// The live claim: the cache (label-selected, so "not there" may be absent, just created, or
-/// someone else's claim of that name), else one GET.
+/// someone else's claim of that name). Not there for a workload never reconciled before (no
+/// status): none of its own, and the create-only apply guards against anyone else's (a 409,
+/// then the caller looks it up), so no GET precedes the create. Otherwise one GET tells (a
+/// blocked workload's recheck looks, and does not try a create the API server refuses).
 async fn observe(
     ctx: &Context,
     api: &Api<PersistentVolumeClaim>,
+    mw: &ManagedWorkload,
     namespace: &str,
     name: &str,
 ) -> Result<Option<PersistentVolumeClaim>, Error> {
     if let Some(cached) = ctx.claims.get(&ObjectRef::new(name).within(namespace)) {
         return Ok(Some((*cached).clone()));
     }
+    if ctx.objects.previous_status(mw).is_none() {
+        return Ok(None);
+    }
+    get(api, namespace, name).await
+}
+
+async fn get(
+    api: &Api<PersistentVolumeClaim>,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<PersistentVolumeClaim>, Error> {
     api.get_opt(name).await.map_err(|source| Error::GetClaim { namespace: namespace.into(), name: name.into(), source })
 }
 

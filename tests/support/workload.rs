@@ -82,6 +82,23 @@ pub async fn wait_phase(api: &Api<ManagedWorkload>, name: &str, phase: Phase) ->
     .unwrap()
 }
 
+/// Wait until the workload's Deployment `name` has its one Pod available (what a wait that
+/// starts after the Pod, the load balancer's, is judged from).
+pub async fn wait_pod_available(client: &kube::Client, namespace: &str, name: &str) {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), namespace);
+    wait_until(
+        &deployments,
+        name,
+        "the Pod available",
+        TIMEOUT,
+        |d: Option<&k8s_openapi::api::apps::v1::Deployment>| {
+            d.and_then(|d| d.status.as_ref()).is_some_and(|s| s.available_replicas == Some(1))
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// Wait until condition `type_` has `status` for the CR's current generation.
 pub async fn wait_condition(api: &Api<ManagedWorkload>, name: &str, type_: &str, status: &str) -> ManagedWorkload {
     let what = format!("{type_}={status} at the current generation");

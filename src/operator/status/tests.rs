@@ -956,9 +956,15 @@ fn an_unschedulable_pod_is_a_wait_naming_what_is_missing() {
     );
     assert_eq!(cond(&s, READY).reason, "Unschedulable");
     assert_eq!(cond(&s, STALLED).reason, "Healthy");
-    // Said at once: the reason changed, so the write is not held back.
+    // Said at once: a wait a human may have to end (the other steps a new workload waits on
+    // are details, see `a_new_workload_costs_two_status_writes_whatever_it_waits_on`).
     let before = derive_with(&mw, Some(&d), &[pod(&d, true, false, "")]);
     assert_eq!(urgency(Some(&before), &s), Urgency::Now);
+    let mut still = s.clone();
+    still.conditions.iter_mut().for_each(|c| c.message.push_str(" (more)"));
+    assert_eq!(urgency(Some(&s), &still), Urgency::Within(DETAIL_DELAY_IN_TRANSITION), "already said");
+    // Leaving it for the next step is a detail: the phase and conditions are the same.
+    assert_eq!(urgency(Some(&s), &before), Urgency::Within(DETAIL_DELAY_IN_TRANSITION));
 }
 
 #[test]
@@ -1238,4 +1244,131 @@ fn an_address_that_changes_is_written_at_once() {
     let mut next = first.clone();
     next.address = Some("10.96.0.20".into());
     assert_eq!(urgency(Some(&first), &next), Urgency::Within(DETAIL_DELAY), "a first address is a detail");
+}
+
+/// A new workload's status writes, for each thing it may own and wait on (issue 25): the
+/// first status and `Running` are written at once; every step between (which it waits on:
+/// its claim, its Pod, its load balancer) is a detail that rides with the next write, so the
+/// lifecycle costs two status writes, and what kstatus, `kubectl wait`, Argo CD and Manager
+/// read (phase, condition statuses, generations) is right at every step.
+#[test]
+fn a_new_workload_costs_two_status_writes_whatever_it_waits_on() {
+    use crate::resource::ServiceType;
+    let mw = with_service(with_volume(workload(DesiredState::Running, 1)), ServiceType::LoadBalancer);
+    let d0 = deployment(&mw, 1, 0, [0, 0, 0, 0]);
+    let d1 = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let d2 = deployment(&mw, 1, 1, [1, 1, 1, 1]);
+    let (pending, bound) = (claim("Pending", None), claim("Bound", Some("1Gi")));
+    let (starting, serving) = (pod(&d1, true, false, ""), pod(&d2, true, true, "10.0.0.5"));
+    let (no_lb, lb) = (live_service(&mw, None), live_service(&mw, Some("192.0.2.10")));
+    type Step<'a> = (&'a str, &'a Deployment, Vec<&'a Pod>, &'a k8s_openapi::api::core::v1::PersistentVolumeClaim);
+    let steps: [Step<'_>; 5] = [
+        ("the claim is made, not bound yet", &d0, vec![], &pending),
+        ("bound on first consumer: the Pod is scheduled", &d1, vec![&starting], &pending),
+        ("bound", &d1, vec![&starting], &bound),
+        ("the scheduler waited for the claim", &d1, vec![], &bound),
+        ("the Pod is available, the load balancer not yet", &d2, vec![&serving], &bound),
+    ];
+    let derive_at = |known: &ManagedWorkload, d: &Deployment, pods: &[&Pod], c, svc| {
+        let observed = Observed {
+            settings: &Default::default(),
+            deployment: Some(d),
+            pods: pods.to_vec(),
+            blocked: None,
+            claims: vec![c],
+            refused: &[],
+            service: Some(svc),
+        };
+        derive(known, &observed, &at(1000))
+    };
+    let mut known = mw.clone();
+    let mut writes = 0;
+    let mut reasons = Vec::new();
+    for (what, d, pods, c) in &steps {
+        let s = derive_at(&known, d, pods, c, &no_lb);
+        // kstatus InProgress, Argo CD Progressing, Manager "creating", `kubectl wait` waits.
+        assert_summary(&s, Phase::Creating, "False", "True", "False");
+        assert_eq!(s.observed_generation, Some(1), "{what}");
+        reasons.push(cond(&s, RECONCILING).reason.clone());
+        match urgency(known.status.as_ref(), &s) {
+            Urgency::Now => {
+                writes += 1;
+                known.status = Some(s);
+            }
+            Urgency::Within(wait) => assert_eq!(wait, DETAIL_DELAY_IN_TRANSITION, "{what}"),
+        }
+    }
+    assert_eq!(reasons, ["ClaimPending", "ClaimPending", "Creating", "Creating", WAITING_FOR_LOAD_BALANCER]);
+    assert_eq!(writes, 1, "only the first Creating was written");
+    assert_eq!(cond(known.status.as_ref().unwrap(), RECONCILING).reason, "ClaimPending", "a stale detail");
+    let running = derive_at(&known, &d2, &[&serving], &bound, &lb);
+    assert_summary(&running, Phase::Running, "True", "False", "False");
+    assert_eq!(urgency(known.status.as_ref(), &running), Urgency::Now, "Ready is written at once");
+    // The write is the whole status: the stale detail goes with it.
+    assert_eq!(running.volumes[0].phase.as_deref(), Some("Bound"));
+    assert_eq!(running.address.as_deref(), Some("192.0.2.10"));
+}
+
+/// Only a wait's reason is a detail: the same reason change outside a transition (a failure
+/// that turns into another, the end of one) is written at once, and so is every change of
+/// phase, condition status or generation during a transition.
+#[test]
+fn a_reason_is_a_detail_only_while_waiting() {
+    let mw = workload(DesiredState::Running, 1);
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let pull = derive_with(&mw, Some(&d), &[waiting(pod(&d, true, false, ""), "ErrImagePull", "")]);
+    assert_summary(&pull, Phase::Failed, "False", "False", "True");
+    let config = derive_with(&mw, Some(&d), &[waiting(pod(&d, true, false, ""), "CreateContainerConfigError", "x")]);
+    assert_eq!(urgency(Some(&pull), &config), Urgency::Now, "another failure");
+    let creating = derive_with(&mw, Some(&d), &[pod(&d, true, false, "")]);
+    assert_eq!(urgency(Some(&pull), &creating), Urgency::Now, "a failure's end");
+    assert_eq!(urgency(Some(&creating), &pull), Urgency::Now, "a failure");
+    type Change = (&'static str, fn(&mut ManagedWorkloadStatus));
+    let changes: [Change; 4] = [
+        ("the phase", |s| s.phase = Some(Phase::Updating)),
+        ("a summary condition's status", |s| {
+            s.conditions.iter_mut().find(|c| c.type_ == STALLED).unwrap().status = "True".into()
+        }),
+        ("a summary condition's generation", |s| {
+            s.conditions.iter_mut().find(|c| c.type_ == RECONCILING).unwrap().observed_generation = Some(2)
+        }),
+        ("the observed generation", |s| s.observed_generation = Some(2)),
+    ];
+    for (what, change) in changes {
+        let mut next = creating.clone();
+        change(&mut next);
+        next.conditions.iter_mut().for_each(|c| c.reason = "Other".into());
+        assert_eq!(urgency(Some(&creating), &next), Urgency::Now, "{what}");
+    }
+}
+
+/// The scheduler's moment of waiting for a claim to bind is the claim's wait, not a capacity
+/// wait: once the claim is bound, the scheduler's word is stale until its retry, and the
+/// workload reads `Creating` meanwhile (no `Unschedulable` write of its own).
+#[test]
+fn the_schedulers_wait_for_a_claim_to_bind_is_no_capacity_wait() {
+    let mw = with_volume(workload(DesiredState::Running, 1));
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let waiting = unscheduled(
+        &d,
+        "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/1 nodes are \
+         available: 1 Preemption is not helpful for scheduling.",
+    );
+    let with_claim = |c| {
+        let observed = Observed {
+            settings: &Default::default(),
+            deployment: Some(&d),
+            pods: vec![&waiting],
+            blocked: None,
+            claims: vec![c],
+            refused: &[],
+            service: None,
+        };
+        derive(&mw, &observed, &at(1000))
+    };
+    let (pending, bound) = (claim("Pending", None), claim("Bound", Some("1Gi")));
+    assert_eq!(cond(&with_claim(&pending), RECONCILING).reason, "ClaimPending");
+    let s = with_claim(&bound);
+    assert_summary(&s, Phase::Creating, "False", "True", "False");
+    assert_eq!(cond(&s, RECONCILING).reason, "Creating");
 }
