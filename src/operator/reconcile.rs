@@ -43,6 +43,9 @@ const RESYNC: Duration = Duration::from_secs(600);
 /// outside the operator's label-selected watch, so nothing announces its deletion; a GET
 /// every few seconds lets the workload recover within seconds of the cause going away.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(5);
+/// Recheck of a workload whose cached copy was deleted and re-created under its name: the
+/// watch delivers both events within moments.
+const SUPERSEDED_RECHECK: Duration = Duration::from_secs(1);
 /// Recheck of a workload waiting for an object of its name to be deleted (garbage collection
 /// of a deleted predecessor's objects takes moments; the watches announce most of them).
 const DEPARTING_RECHECK: Duration = Duration::from_secs(2);
@@ -125,6 +128,10 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     let Some(desired) = deployment::deployment(mw, &ctx.pod_settings) else {
         return Ok(Action::await_change());
     };
+    if is_superseded(ctx, mw, namespace, name).await {
+        debug!("a newer ManagedWorkload of this name exists; waiting for the cache to catch up");
+        return Ok(Action::requeue(SUPERSEDED_RECHECK));
+    }
     // Claims first, so a Pod never waits for a claim the operator has yet to make.
     let claims = match volumes::reconcile(ctx, mw, namespace).await? {
         volumes::Step::Done(claims) => claims,
@@ -218,6 +225,30 @@ async fn observe_deployment(
         Some(d) => Ok(Some(d)),
         None if ctx.objects.previous_status(mw).is_none() => Ok(None),
         None => get_deployment(api, namespace, name).await,
+    }
+}
+
+/// Whether `mw`, as the cache holds it, has been deleted and re-created under its name. The
+/// watches are separate streams: a reconcile can see the ManagedWorkload cache still holding
+/// the deleted workload while the Deployment cache has already seen its Deployment go. Acting
+/// then would create a Deployment (Service, claims) owned by a deleted workload, which garbage
+/// collection deletes at once and the successor creates again (found by `make soak`: a
+/// Deployment write too many per re-creation). Asked, with one GET, only of a workload
+/// reconciled before whose Deployment the cache lacks; a Running or Stopped one has it. A
+/// failed GET answers no: the check saves a write, it never holds a workload.
+async fn is_superseded(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: &str) -> bool {
+    if ctx.objects.previous_status(mw).is_none()
+        || ctx.deployments.get(&ObjectRef::new(name).within(namespace)).is_some()
+    {
+        return false;
+    }
+    let api: Api<ManagedWorkload> = Api::namespaced(ctx.client.clone(), namespace);
+    match api.get_opt(name).await {
+        Ok(current) => current.and_then(|c| c.metadata.uid) != mw.metadata.uid,
+        Err(err) => {
+            debug!(error = %err, "could not confirm that the workload is current; going on");
+            false
+        }
     }
 }
 
