@@ -269,6 +269,15 @@ async fn soak() {
             ));
         }
 
+        // The leader may have changed hands (an API server outage longer than its renewal
+        // deadline): memory is the current leader's.
+        for (k, r) in replicas.iter().enumerate() {
+            if k != leader && leads(r).await {
+                events.push(format!("minute {minute}: {} leads now", r.user));
+                leader = k;
+            }
+        }
+
         // This minute's changes: distinct workloads, none with a change still pending.
         let busy: std::collections::HashSet<usize> = pending.iter().map(|p| p.i).collect();
         let mut chosen = std::collections::BTreeSet::new();
@@ -337,10 +346,11 @@ async fn soak() {
             tokio::time::sleep(Duration::from_secs(10).min(minute_end.saturating_duration_since(Instant::now()))).await;
         }
         eprintln!(
-            "soak: minute {minute}: {} changes so far, {} pending, {} stuck",
+            "soak: minute {minute}: {} changes so far, {} pending, {} stuck, leader RSS {:.0} KiB",
             changes.values().sum::<usize>(),
             pending.len(),
-            stuck.len()
+            stuck.len(),
+            rss.last().map_or(0.0, |(_, kib)| *kib)
         );
     }
     // The last changes: carried out within STUCK_AFTER, or stuck (reported with their reason).
@@ -369,13 +379,24 @@ async fn soak() {
     }
     let total_changes: usize = changes.values().sum();
 
-    // At rest: once nothing moves, no write at all for a minute.
+    // At rest: once nothing moves, no write for a minute, by any replica, to anything but the
+    // leader's Lease (renewed every 2 s).
     let users: Vec<String> = replicas.iter().map(|r| r.user.clone()).collect();
-    let live = &replicas[leader].user;
-    audit::settled_writes_by(live, &ns.name).await;
-    let before = timed_accepted_writes_by(live, &ns.name).len();
+    let workload_writes = || -> usize {
+        users.iter().map(|u| audit::writes_by(u, &ns.name).iter().filter(|w| w.resource != "leases").count()).sum()
+    };
+    let mut before = workload_writes();
+    let settle = Instant::now();
+    loop {
+        tokio::time::sleep(audit::QUIET).await;
+        let now = workload_writes();
+        if now == before || settle.elapsed() > Duration::from_secs(120) {
+            break;
+        }
+        before = now;
+    }
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let at_rest = timed_accepted_writes_by(live, &ns.name).len() - before;
+    let at_rest = workload_writes() - before;
 
     let writes = deployment_writes(&users, &ns.name, since);
     let deployment_total: usize = writes.values().sum();
