@@ -20,7 +20,9 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::{Value, json};
-use support::audit::{Write, timed_accepted_writes_by, timed_writes_by, user_agents};
+use support::audit::{
+    Write, deployment_writes_per_name, deployment_writes_since, timed_accepted_writes_by, timed_writes_by, user_agents,
+};
 use support::controlplane::Stopped;
 use support::operator::{Operator, http_get, sample, service_account_kubeconfig, write_kubeconfig};
 use support::workload::{TIMEOUT, apply, condition, condition_current, phase_of, wait_condition, wait_ready};
@@ -71,23 +73,6 @@ async fn all_converged(ns: &TestNamespace, names: &[String], image: &str, timeou
         }
     })
     .await;
-}
-
-/// Deployment writes per workload name in `writes`.
-fn deployment_writes_per_name(writes: &[&Write]) -> std::collections::BTreeMap<String, usize> {
-    let mut counts = std::collections::BTreeMap::new();
-    for w in writes.iter().filter(|w| w.resource == "deployments") {
-        *counts.entry(w.name.clone().unwrap_or_default()).or_insert(0) += 1;
-    }
-    counts
-}
-
-/// Deployment writes by `users` in the namespace that the API server accepted after `since`
-/// (attempts refused during an outage are retries, not writes).
-fn deployment_writes_since(users: &[&str], ns: &str, since: Timestamp) -> std::collections::BTreeMap<String, usize> {
-    let writes: Vec<(Timestamp, Write)> = users.iter().flat_map(|u| timed_accepted_writes_by(u, ns)).collect();
-    let after: Vec<&Write> = writes.iter().filter(|(t, _)| *t > since).map(|(_, w)| w).collect();
-    deployment_writes_per_name(&after)
 }
 
 fn exactly_once(counts: &std::collections::BTreeMap<String, usize>, names: &[String], what: &str) {

@@ -209,7 +209,7 @@ async fn create_secret(ns: &str, client: &Client, name: &str, data: &[(&str, Str
 /// Where the real node's Pods reach this host's loopback `port` (hack/realnode.sh node-expose).
 fn expose_to_pods(port: u16) -> String {
     let out = std::process::Command::new("bash")
-        .args(["hack/controlplane.sh", "node-expose", &env("MW_TEST_CLUSTER"), &port.to_string()])
+        .args(["hack/controlplane.sh", "node-expose", &support::controlplane::cluster(), &port.to_string()])
         .output()
         .expect("running hack/controlplane.sh node-expose");
     assert!(out.status.success(), "node-expose: {}", String::from_utf8_lossy(&out.stderr));

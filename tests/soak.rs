@@ -27,7 +27,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::{Value, json};
-use support::audit::{self, timed_accepted_writes_by};
+use support::audit;
 use support::controlplane::Stopped;
 use support::operator::{Operator, free_address, service_account_kubeconfig};
 use support::procfs::memory_kib;
@@ -148,19 +148,6 @@ async fn replica(ns: &TestNamespace, name: &str) -> Replica {
 
 async fn leads(r: &Replica) -> bool {
     r.op.metric(&format!("leader_election_master_status{{name=\"{LEASE}\"}}")).await == Some(1.0)
-}
-
-/// Deployment writes per workload name by `users` since `since`, accepted by the API server.
-fn deployment_writes(users: &[String], ns: &str, since: Timestamp) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for user in users {
-        for (t, w) in timed_accepted_writes_by(user, ns) {
-            if t >= since && w.resource == "deployments" {
-                *counts.entry(w.name.unwrap_or_default()).or_insert(0) += 1;
-            }
-        }
-    }
-    counts
 }
 
 #[tokio::test]
@@ -398,7 +385,8 @@ async fn soak() {
     tokio::time::sleep(Duration::from_secs(60)).await;
     let at_rest = workload_writes() - before;
 
-    let writes = deployment_writes(&users, &ns.name, since);
+    let user_refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    let writes = audit::deployment_writes_since(&user_refs, &ns.name, since);
     let deployment_total: usize = writes.values().sum();
     let off: Vec<String> = per_name
         .iter()

@@ -168,3 +168,24 @@ pub async fn stop_and_see_a_write_by(
     workloads.patch(name, &params, &kube::api::Patch::Merge(&stop)).await.expect("stopping the workload");
     wait_for_write_by(user, namespace, seen).await;
 }
+
+/// Deployment writes per workload name in `writes`.
+pub fn deployment_writes_per_name(writes: &[&Write]) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for w in writes.iter().filter(|w| w.resource == "deployments") {
+        *counts.entry(w.name.clone().unwrap_or_default()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Deployment writes by `users` in the namespace that the API server accepted after `since`
+/// (attempts refused during an outage are retries, not writes).
+pub fn deployment_writes_since(
+    users: &[&str],
+    ns: &str,
+    since: Timestamp,
+) -> std::collections::BTreeMap<String, usize> {
+    let writes: Vec<(Timestamp, Write)> = users.iter().flat_map(|u| timed_accepted_writes_by(u, ns)).collect();
+    let after: Vec<&Write> = writes.iter().filter(|(t, _)| *t > since).map(|(_, w)| w).collect();
+    deployment_writes_per_name(&after)
+}
