@@ -168,16 +168,53 @@ fn restarts(pod: &Pod) -> i32 {
 
 /// Every Pod of the release runs on the real node, ready, never restarted (the kubelet's
 /// liveness probe has not failed), with image tag `tag`; there are `count` of them.
-async fn running_on_the_real_node(pods: impl std::future::Future<Output = Vec<Pod>>, count: usize, tag: &str) {
-    let pods = pods.await;
+///
+/// Waited for, not sampled: `helm install --wait` returns once each Deployment was available,
+/// and a leading bridge's readiness then follows its sync passes, so a first pass that fails
+/// (and is retried) makes its Pod unready for a moment. Should one stay unready, the panic
+/// carries the Pods' logs, which a clean CI machine keeps nowhere else.
+async fn running_on_the_real_node<F, Fut>(pods: F, count: usize, tag: &str)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Vec<Pod>>,
+{
+    let all_ready = || async {
+        let pods = pods().await;
+        let live: Vec<&Pod> = pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+        if live.len() != count {
+            return Err(format!("{} Pods, not {count}", live.len()));
+        }
+        match live.iter().find(|p| !ready(p)) {
+            Some(pod) => Err(format!("{} is not Ready: {:?}", pod.name_any(), pod.status)),
+            None => Ok(()),
+        }
+    };
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match all_ready().await {
+            Ok(()) => break,
+            Err(last) if tokio::time::Instant::now() >= deadline => {
+                let logs: Vec<String> =
+                    pods().await.iter().map(|p| format!("--- {}\n{}", p.name_any(), pod_logs(p))).collect();
+                panic!("the release's Pods are not all Ready after {TIMEOUT:?}: {last}\n{}", logs.join("\n"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    let pods = pods().await;
     assert_eq!(pods.len(), count, "{:?}", pods.iter().map(|p| p.name_any()).collect::<Vec<_>>());
     for pod in &pods {
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         assert_eq!(node.as_deref(), Some(REAL_NODE), "{} runs on {node:?}", pod.name_any());
-        assert!(ready(pod), "{} is not Ready: {:?}", pod.name_any(), pod.status);
-        assert_eq!(restarts(pod), 0, "{} restarted: {:?}", pod.name_any(), pod.status);
+        assert_eq!(restarts(pod), 0, "{} restarted: {:?}\n{}", pod.name_any(), pod.status, pod_logs(pod));
         assert!(image_of(pod).ends_with(&format!(":{tag}")), "{} runs {}", pod.name_any(), image_of(pod));
     }
+}
+
+/// A Pod's log, through kubectl (as an operations team would read it).
+fn pod_logs(pod: &Pod) -> String {
+    let (_, out, err) = kubectl(&["-n", &pod.namespace().unwrap_or_default(), "logs", &pod.name_any()]);
+    format!("{out}{err}")
 }
 
 /// The workload's Service address answers HTTP with `body` (kube-proxy on the real node
@@ -312,12 +349,12 @@ async fn the_chart_runs_on_the_real_node_hands_over_upgrades_and_uninstalls() {
     // Install: `helm install --wait` returns once both Deployments are available, i.e. the
     // kubelet's readiness probes passed (caches synced) on two replicas of each.
     let release = Release::install(&home, "prod", &values);
-    running_on_the_real_node(release.pods(), 2, "test-1").await;
+    running_on_the_real_node(|| release.pods(), 2, "test-1").await;
     let bridge_pods = || async {
         let selector = "app.kubernetes.io/instance=prod,app.kubernetes.io/name=mw-bridge";
         home.api::<Pod>().list(&ListParams::default().labels(selector)).await.unwrap().items
     };
-    running_on_the_real_node(bridge_pods(), 2, "test-1").await;
+    running_on_the_real_node(bridge_pods, 2, "test-1").await;
     let first_leader = release.wait_leader("test-1", None).await;
 
     // A workload with a port, a Service and a disk reaches Running and answers.
@@ -435,7 +472,7 @@ async fn the_namespace_scoped_chart_serves_its_namespace_only() {
     let watched = TestNamespace::new("scoped-watched").await;
     let other = TestNamespace::new("scoped-other").await;
     let release = Release::install(&home, "scoped", &["--set".into(), format!("watchNamespaces={{{}}}", watched.name)]);
-    running_on_the_real_node(release.pods(), 2, "test-1").await;
+    running_on_the_real_node(|| release.pods(), 2, "test-1").await;
     release.wait_leader("test-1", None).await;
 
     let in_other = other.api::<ManagedWorkload>();
