@@ -2,6 +2,7 @@
 //! "this workload may need a reconcile" to whichever controller runs now. They run from
 //! start to exit, leader or not, so a standby is warm when it takes over.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -43,7 +44,19 @@ pub struct Caches {
     pub objects: Arc<PerObject>,
     /// Workloads to reconcile, mapped from every watch. Only a leader subscribes; a
     /// standby's sends go nowhere.
-    pub triggers: broadcast::Sender<ObjectRef<Workload>>,
+    pub triggers: broadcast::Sender<Trigger>,
+}
+
+/// What a watch event asks of the controller.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Trigger {
+    /// Reconcile this workload.
+    One(ObjectRef<Workload>),
+    /// A watch re-listed (after an API server restart, or once its resourceVersion expired):
+    /// its cache now holds the new list, and what changed while it was away came as no event
+    /// of its own (a deletion never does). Reconcile every workload, from the caches as they
+    /// now are.
+    All,
 }
 
 /// Queued triggers per subscriber. A leader that falls this far behind reconciles everything
@@ -58,10 +71,8 @@ impl Caches {
 
         // Each cache keeps only what the operator reads of its objects (see slim.rs).
         let (deployments, writer) = reflector::store();
-        let deployment_events = watcher(api::<CachedDeployment>(client, ns), managed.clone())
-            .default_backoff()
-            .reflect(writer)
-            .touched_objects();
+        let deployment_events =
+            watcher(api::<CachedDeployment>(client, ns), managed.clone()).default_backoff().reflect(writer);
         let deployment_targets = targets(deployment_events, "deployments", owner_of);
 
         // ReplicaSets: only which Deployment controls each (see replica_sets.rs). A new one
@@ -75,8 +86,7 @@ impl Caches {
                 if let Ok(event) = event {
                     indexer.observe(event);
                 }
-            })
-            .touched_objects();
+            });
         let replica_set_targets = targets(replica_set_events, "replicasets", |rs: &PartialObjectMeta<ReplicaSet>| {
             let deployment =
                 rs.owner_references().iter().find(|o| o.controller == Some(true) && o.kind == "Deployment")?;
@@ -93,8 +103,7 @@ impl Caches {
                     indexer.observe(event);
                 }
             })
-            .reflect(writer)
-            .touched_objects();
+            .reflect(writer);
         let pod_targets = targets(pod_events, "pods", |pod: &CachedPod| {
             let name = pod.labels().get(INSTANCE_LABEL)?;
             Some(ObjectRef::new(name).within(&pod.namespace()?))
@@ -106,8 +115,7 @@ impl Caches {
         let claim_events = watcher(api::<PersistentVolumeClaim>(client, ns), managed.clone())
             .default_backoff()
             .modify(super::slim::claim)
-            .reflect(writer)
-            .touched_objects();
+            .reflect(writer);
         let claim_targets = targets(claim_events, "persistentvolumeclaims", |claim: &PersistentVolumeClaim| {
             let name = claim.labels().get(INSTANCE_LABEL)?;
             Some(ObjectRef::new(name).within(&claim.namespace()?))
@@ -118,10 +126,8 @@ impl Caches {
         // the workload. kube-controller-manager's endpoint updates go to EndpointSlices, not
         // to the Service, so a serving workload's Service is quiet.
         let (services, writer) = reflector::store();
-        let service_events = watcher(api::<CachedService>(client, ns), managed.clone())
-            .default_backoff()
-            .reflect(writer)
-            .touched_objects();
+        let service_events =
+            watcher(api::<CachedService>(client, ns), managed.clone()).default_backoff().reflect(writer);
         let service_targets = targets(service_events, "services", owner_of);
 
         // Our own status writes change neither generation nor labels, so they do not echo back
@@ -130,6 +136,7 @@ impl Caches {
         let (workloads, writer) = reflector::store();
         let objects = Arc::new(PerObject::default());
         let pruner = objects.clone();
+        let mut changes = SpecChanges::default();
         let workload_events = watcher(api::<Workload>(client, ns), watcher::Config::default().any_semantic())
             .default_backoff()
             .modify(super::slim::workload)
@@ -139,8 +146,7 @@ impl Caches {
                 }
             })
             .reflect(writer)
-            .applied_objects()
-            .predicate_filter(predicates::generation.combine(predicates::labels), Default::default());
+            .filter(move |event| std::future::ready(event.as_ref().map_or(true, |e| changes.asks_for_reconcile(e))));
         let workload_targets =
             targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
         // One task drives all six watches, so their events (and cache updates) are handled
@@ -178,23 +184,87 @@ fn owner_of(deployment: &impl Resource) -> Option<ObjectRef<Workload>> {
     Some(ObjectRef::new(&owner.name).within(&deployment.namespace()?))
 }
 
-/// What one watch event means for the controller: the workload to reconcile (if any), or the
-/// watch's failure, named by resource.
-type Target = Result<Option<ObjectRef<Workload>>, (&'static str, watcher::Error)>;
+/// What one watch event means for the controller: a trigger (if any), or the watch's
+/// failure, named by resource.
+type Target = Result<Option<Trigger>, (&'static str, watcher::Error)>;
 
+/// The triggers of one watch's events. An object changed or deleted triggers the workload
+/// `map` names; a re-list triggers nothing until it is done, then everything: its objects
+/// reach the cache only at InitDone (the reflector swaps the whole list in), so a trigger for
+/// one of them earlier would reconcile from the cache as it was before the gap (a deleted
+/// workload in place of its successor, a Deployment already gone), and nothing would come
+/// for it again.
 fn targets<K: Send + 'static>(
-    events: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     resource: &'static str,
     map: impl Fn(&K) -> Option<ObjectRef<Workload>> + Send + 'static,
 ) -> futures::stream::BoxStream<'static, Target> {
-    events.map(move |event| event.map(|object| map(&object)).map_err(|err| (resource, err))).boxed()
+    events
+        .filter_map(move |event| {
+            std::future::ready(match event {
+                Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => {
+                    Some(Ok(map(&object).map(Trigger::One)))
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
+                Ok(watcher::Event::InitDone) => Some(Ok(Some(Trigger::All))),
+                Err(err) => Some(Err((resource, err))),
+            })
+        })
+        .boxed()
+}
+
+/// Which ManagedWorkload events ask for a reconcile: a new generation (the spec) or new
+/// labels, and the end of a re-list. The operator's own status writes change neither, so they
+/// do not come back as reconciles; a deleted workload needs none (its objects are garbage
+/// collection's). Remembers one hash per workload UID, forgotten with the workload (or when
+/// a re-list no longer holds it).
+#[derive(Default)]
+struct SpecChanges {
+    seen: HashMap<String, u64>,
+    /// What the re-list under way has listed so far.
+    listing: Option<HashMap<String, u64>>,
+}
+
+impl SpecChanges {
+    fn asks_for_reconcile(&mut self, event: &watcher::Event<Workload>) -> bool {
+        let key =
+            |mw: &Workload| Some((mw.uid()?, predicates::generation.combine(predicates::labels).hash_property(mw)?));
+        match event {
+            watcher::Event::Apply(mw) => match key(mw) {
+                Some((uid, hash)) => self.seen.insert(uid, hash) != Some(hash),
+                None => true,
+            },
+            watcher::Event::Delete(mw) => {
+                if let Some(uid) = mw.uid() {
+                    self.seen.remove(&uid);
+                }
+                false
+            }
+            watcher::Event::Init => {
+                self.listing = Some(HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(mw) => {
+                if let (Some(listing), Some((uid, hash))) = (self.listing.as_mut(), key(mw)) {
+                    listing.insert(uid, hash);
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = self.listing.take() {
+                    self.seen = listed;
+                }
+                true
+            }
+        }
+    }
 }
 
 /// Drive the watches (which fill the caches) and send the workload each event concerns to the
 /// subscribed controller, if any.
 async fn fan_out(
     events: impl futures::Stream<Item = Target>,
-    triggers: broadcast::Sender<ObjectRef<Workload>>,
+    triggers: broadcast::Sender<Trigger>,
     metrics: Arc<Metrics>,
 ) {
     let mut events = std::pin::pin!(events);
@@ -217,13 +287,16 @@ async fn fan_out(
 /// The triggers from now on, as a stream; a gap (the buffer overflowed) asks for a reconcile
 /// of everything through `resync`.
 pub fn subscribe(
-    triggers: &broadcast::Sender<ObjectRef<Workload>>,
+    triggers: &broadcast::Sender<Trigger>,
     resync: mpsc::UnboundedSender<()>,
 ) -> impl futures::Stream<Item = ObjectRef<Workload>> + Send + 'static {
     futures::stream::unfold((triggers.subscribe(), resync), |(mut rx, resync)| async move {
         loop {
             match rx.recv().await {
-                Ok(target) => return Some((target, (rx, resync))),
+                Ok(Trigger::One(target)) => return Some((target, (rx, resync))),
+                Ok(Trigger::All) => {
+                    let _ = resync.send(());
+                }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     warn!(missed, "the controller fell behind its watches; reconciling every workload");
                     let _ = resync.send(());
@@ -255,5 +328,63 @@ mod tests {
         assert_eq!(owner_of(&d), None);
         d.metadata.owner_references.as_mut().unwrap().push(owner("ManagedWorkload", true));
         assert_eq!(owner_of(&d), Some(ObjectRef::new("ManagedWorkload-owner").within("a")));
+    }
+
+    fn workload(uid: &str, generation: i64, team: &str) -> Workload {
+        let mut mw = ManagedWorkload::new("web", Default::default());
+        mw.metadata.namespace = Some("a".into());
+        mw.metadata.uid = Some(uid.into());
+        mw.metadata.generation = Some(generation);
+        mw.metadata.labels = Some([("team".to_string(), team.to_string())].into());
+        DeserializeGuard(Ok(mw))
+    }
+
+    #[test]
+    fn a_workload_asks_for_a_reconcile_when_its_spec_or_labels_change_not_its_status() {
+        use watcher::Event::{Apply, Delete};
+        let mut changes = SpecChanges::default();
+        assert!(changes.asks_for_reconcile(&Apply(workload("u1", 1, "x"))), "first seen");
+        assert!(!changes.asks_for_reconcile(&Apply(workload("u1", 1, "x"))), "a status write");
+        assert!(changes.asks_for_reconcile(&Apply(workload("u1", 2, "x"))), "a new generation");
+        assert!(changes.asks_for_reconcile(&Apply(workload("u1", 2, "y"))), "new labels");
+        assert!(!changes.asks_for_reconcile(&Delete(workload("u1", 2, "y"))), "deleted: garbage collection's");
+        assert!(changes.asks_for_reconcile(&Apply(workload("u2", 1, "x"))), "a successor under the same name");
+    }
+
+    #[test]
+    fn a_relist_asks_for_everything_once_done_and_remembers_only_what_it_listed() {
+        use watcher::Event::{Apply, Init, InitApply, InitDone};
+        let mut changes = SpecChanges::default();
+        changes.asks_for_reconcile(&Apply(workload("kept", 1, "x")));
+        changes.asks_for_reconcile(&Apply(workload("gone", 1, "x")));
+        assert!(!changes.asks_for_reconcile(&Init));
+        assert!(!changes.asks_for_reconcile(&InitApply(workload("kept", 1, "x"))));
+        assert!(!changes.asks_for_reconcile(&InitApply(workload("new", 1, "x"))));
+        assert!(changes.asks_for_reconcile(&InitDone));
+        assert!(!changes.asks_for_reconcile(&Apply(workload("kept", 1, "x"))), "listed unchanged");
+        assert!(!changes.asks_for_reconcile(&Apply(workload("new", 1, "x"))), "listed, reconciled with everything");
+        assert_eq!(changes.seen.len(), 2, "the workload deleted during the gap is forgotten");
+    }
+
+    #[tokio::test]
+    async fn a_relist_triggers_nothing_until_done_then_everything() {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let deployment = |name: &str| {
+            let mut d = k8s_openapi::api::apps::v1::Deployment::default();
+            d.metadata.name = Some(name.into());
+            d
+        };
+        let events = futures::stream::iter([
+            Ok(Init),
+            Ok(InitApply(deployment("a"))),
+            Ok(InitDone),
+            Ok(Apply(deployment("b"))),
+            Ok(Delete(deployment("c"))),
+        ]);
+        let by_name = |d: &k8s_openapi::api::apps::v1::Deployment| Some(ObjectRef::new(&d.name_any()).within("ns"));
+        let triggers: Vec<Option<Trigger>> =
+            targets(events, "deployments", by_name).map(|t| t.map_err(|_| ()).unwrap()).collect().await;
+        let one = |name: &str| Some(Trigger::One(ObjectRef::new(name).within("ns")));
+        assert_eq!(triggers, vec![Some(Trigger::All), one("b"), one("c")]);
     }
 }
