@@ -1,7 +1,7 @@
 //! The operator: watches ManagedWorkloads and what they own, and reconciles each into the
 //! objects it asks for. One room per concern:
 //!
-//! - `watches` (the three watches, their caches, the fan-out of triggers), `pod_index`,
+//! - `watches` (the six watches, their caches, the fan-out of triggers), `pod_index`,
 //!   `slim` (what the caches keep), `memory` (what is remembered per workload);
 //! - `reconcile`: one reconcile as a pipeline, observe → decide → act → report;
 //! - `plan` (pure): the decision table for an owned object and what an apply's refusal means;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -24,7 +24,7 @@ use super::ownership::FIELD_MANAGER;
 use super::plan::{self, Decision, Mode, Refusal};
 use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
-use super::slim::{CachedDeployment, CachedPod, CachedService};
+use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
 use super::status::{self, Blocked, Observed};
 use super::watches::Workload;
 use super::{deployment, events, expose, volumes};
@@ -65,7 +65,7 @@ pub struct Context {
     pub replica_sets: Arc<ReplicaSets>,
     pub pods: Store<CachedPod>,
     /// The workloads' claims (label-selected, trimmed).
-    pub claims: Store<PersistentVolumeClaim>,
+    pub claims: Store<CachedClaim>,
     /// The workloads' Services (label-selected, trimmed).
     pub services: Store<CachedService>,
     /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.

@@ -20,10 +20,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, PodStatus, PodTemplateSpec, Service,
-    ServicePort, ServiceSpec, ServiceStatus,
+    ContainerState, ContainerStatus, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+    Pod, PodSpec, PodStatus, PodTemplateSpec, Service, ServicePort, ServiceSpec, ServiceStatus,
+    VolumeResourceRequirements,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
 use kube::ResourceExt;
 use serde_json::Value;
 
@@ -146,6 +148,76 @@ impl Live for CachedService {
     }
 }
 
+/// What the claim cache holds of each claim (see `claim` for what is kept): the apply record
+/// as a fingerprint, and the one size each map holds (what it asks for, what its volume
+/// provides) as a field of its own: a map's room is most of a small claim's. A reconcile turns
+/// it back into a claim with `to_claim`.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(from = "PersistentVolumeClaim")]
+pub struct CachedClaim {
+    /// Without managed fields: the operator's record is `owned`, and `applied` says it exists.
+    metadata: ObjectMeta,
+    applied: bool,
+    /// The operator's server-side apply record, as a fingerprint (drift.rs).
+    owned: Option<OwnedFields>,
+    /// Without resources: the storage it asks for is `requested`.
+    spec: Option<PersistentVolumeClaimSpec>,
+    requested: Option<Quantity>,
+    /// Without capacity: the bound volume's storage is `capacity`.
+    status: Option<PersistentVolumeClaimStatus>,
+    capacity: Option<Quantity>,
+}
+
+/// The resources' name the operator asks for and reads.
+const STORAGE: &str = "storage";
+
+impl From<PersistentVolumeClaim> for CachedClaim {
+    fn from(mut c: PersistentVolumeClaim) -> Self {
+        claim(&mut c);
+        let owned = super::drift::owned_fields(&c.metadata).and_then(OwnedFields::of);
+        let applied = c.metadata.managed_fields.take().is_some_and(|m| !m.is_empty());
+        let mut spec = c.spec;
+        let requested = spec.as_mut().and_then(|s| s.resources.take()?.requests?.remove(STORAGE));
+        let mut status = c.status;
+        let capacity = status.as_mut().and_then(|s| s.capacity.take()?.remove(STORAGE));
+        CachedClaim { metadata: c.metadata, applied, owned, spec, requested, status, capacity }
+    }
+}
+
+impl Live for CachedClaim {
+    fn owned(&self) -> Option<Cow<'_, OwnedFields>> {
+        self.owned.as_ref().map(Cow::Borrowed)
+    }
+}
+
+impl CachedClaim {
+    /// The trimmed claim, as `claims` and `status` read it: its managed fields hold the
+    /// operator's Apply record without its field set (claims.rs asks whether the operator
+    /// applied it; drift reads the cached claim itself).
+    pub fn to_claim(&self) -> PersistentVolumeClaim {
+        let mut metadata = self.metadata.clone();
+        if self.applied {
+            metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+                manager: Some(FIELD_MANAGER.into()),
+                operation: Some("Apply".into()),
+                ..Default::default()
+            }]);
+        }
+        let mut spec = self.spec.clone();
+        if let (Some(spec), Some(requested)) = (spec.as_mut(), &self.requested) {
+            spec.resources = Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(STORAGE.to_string(), requested.clone())])),
+                ..Default::default()
+            });
+        }
+        let mut status = self.status.clone();
+        if let (Some(status), Some(capacity)) = (status.as_mut(), &self.capacity) {
+            status.capacity = Some(BTreeMap::from([(STORAGE.to_string(), capacity.clone())]));
+        }
+        PersistentVolumeClaim { metadata, spec, status }
+    }
+}
+
 /// The operator's own apply record as a fingerprint, and no managed fields left: the cached
 /// kinds whose drift is judged by the fingerprint keep no field set text.
 fn owned_fingerprint(meta: &mut ObjectMeta) -> Option<OwnedFields> {
@@ -200,6 +272,7 @@ macro_rules! stands_for {
 stands_for!(CachedDeployment, Deployment);
 stands_for!(CachedPod, Pod);
 stands_for!(CachedService, Service);
+stands_for!(CachedClaim, PersistentVolumeClaim);
 
 /// A Deployment spec holding only the pod template's hash annotation.
 fn template_only(template_hash: Option<String>) -> DeploymentSpec {
@@ -304,10 +377,18 @@ pub fn claim(c: &mut PersistentVolumeClaim) {
     );
     own_apply_only(&mut c.metadata);
     c.metadata.finalizers = None;
+    // Of the spec, what it asks for (drift reads the apply record, not the spec) and the
+    // volume it is bound to (named when it is being deleted).
     if let Some(spec) = &mut c.spec {
         spec.selector = None;
         spec.data_source = None;
         spec.data_source_ref = None;
+        spec.access_modes = None;
+    }
+    if let Some(status) = &mut c.status {
+        status.access_modes = None;
+        status.allocated_resources = None;
+        status.allocated_resource_statuses = None;
     }
     if let Some(conditions) = c.status.as_mut().and_then(|s| s.conditions.as_mut()) {
         for condition in conditions.iter_mut() {

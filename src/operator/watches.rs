@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
@@ -20,7 +19,7 @@ use super::memory::PerObject;
 use super::ownership::{INSTANCE_LABEL, MANAGED_LABEL};
 use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
-use super::slim::{CachedDeployment, CachedPod, CachedService};
+use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
 use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
 
@@ -36,7 +35,7 @@ pub struct Caches {
     pub replica_sets: Arc<ReplicaSets>,
     pub pods: Store<CachedPod>,
     /// The workloads' claims, retained ones included (they carry the managed label too).
-    pub claims: Store<PersistentVolumeClaim>,
+    pub claims: Store<CachedClaim>,
     /// The workloads' Services (label-selected, trimmed).
     pub services: Store<CachedService>,
     pub workloads: Store<Workload>,
@@ -112,11 +111,8 @@ impl Caches {
         // Claims: by the instance label, since a retained claim has no owner reference. A claim
         // that binds, grows or goes reconciles its workload.
         let (claims, writer) = reflector::store();
-        let claim_events = watcher(api::<PersistentVolumeClaim>(client, ns), managed.clone())
-            .default_backoff()
-            .modify(super::slim::claim)
-            .reflect(writer);
-        let claim_targets = targets(claim_events, "persistentvolumeclaims", |claim: &PersistentVolumeClaim| {
+        let claim_events = watcher(api::<CachedClaim>(client, ns), managed.clone()).default_backoff().reflect(writer);
+        let claim_targets = targets(claim_events, "persistentvolumeclaims", |claim: &CachedClaim| {
             let name = claim.labels().get(INSTANCE_LABEL)?;
             Some(ObjectRef::new(name).within(&claim.namespace()?))
         });
