@@ -528,22 +528,31 @@ async fn credentials_never_appear_in_output_events_or_status() {
     );
 }
 
+/// A namespace `label` with one operator confined to it (under a ServiceAccount of its own,
+/// whose API user is returned for the audit log), leading, and `count` workloads running
+/// nginx:1.26 under it.
+async fn operator_and_workloads(label: &str, count: usize) -> (TestNamespace, Operator, String, Vec<String>) {
+    let ns = TestNamespace::new(label).await;
+    let (config, _, user) = service_account_kubeconfig(&ns, "op").await;
+    let op = Operator::start(&ns.name, &config, &scoped(&ns, &[]));
+    op.wait_leader(LEASE, TIMEOUT).await;
+    let names: Vec<String> = (0..count).map(|i| format!("w{i:02}")).collect();
+    let workloads = ns.api::<ManagedWorkload>();
+    for name in &names {
+        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
+    }
+    all_converged(&ns, &names, "nginx:1.26", TIMEOUT).await;
+    (ns, op, user, names)
+}
+
 /// One operator through a fault: `pending` workloads changed just before it, `after` changed
 /// once it is over. Each pending change is applied exactly once, and the process never
 /// restarted.
 /// `settle_first`: let the rollouts of the changes made before the outage finish before it
 /// starts, where kwok would otherwise stall them (see the two callers).
 async fn survives(label: &str, component: &'static str, down_for: Duration, settle_first: bool) {
-    let ns = TestNamespace::new(label).await;
-    let (config, _, user) = service_account_kubeconfig(&ns, "op").await;
-    let mut op = Operator::start(&ns.name, &config, &scoped(&ns, &[]));
-    op.wait_leader(LEASE, TIMEOUT).await;
-    let names: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
+    let (ns, mut op, user, names) = operator_and_workloads(label, 10).await;
     let workloads = ns.api::<ManagedWorkload>();
-    for name in &names {
-        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
-    }
-    all_converged(&ns, &names, "nginx:1.26", TIMEOUT).await;
 
     let (before, after) = names.split_at(5);
     let changed_at = Timestamp::now();
@@ -732,16 +741,8 @@ async fn eventually_leader(replicas: &[Operator]) -> usize {
 #[tokio::test]
 #[ignore = "hack/test.sh runs these alone, after the main suite: they stop control-plane components"]
 async fn workloads_recreated_as_the_api_server_returns_are_reconciled() {
-    let ns = TestNamespace::new("recreate-outage").await;
-    let (config, _, _) = service_account_kubeconfig(&ns, "op").await;
-    let mut op = Operator::start(&ns.name, &config, &scoped(&ns, &[]));
-    op.wait_leader(LEASE, TIMEOUT).await;
-    let names: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
+    let (ns, mut op, _, names) = operator_and_workloads("recreate-outage", 20).await;
     let workloads = ns.api::<ManagedWorkload>();
-    for name in &names {
-        apply(&workloads, name, spec("nginx:1.26")).await.unwrap();
-    }
-    all_converged(&ns, &names, "nginx:1.26", TIMEOUT).await;
 
     let stopped = Stopped::stop("kube-apiserver");
     tokio::time::sleep(Duration::from_secs(5)).await;
