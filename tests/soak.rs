@@ -98,6 +98,30 @@ fn settled(mw: &ManagedWorkload, w: &Wanted) -> bool {
     condition_current(mw, "Ready", "True") && mw.status.as_ref().and_then(|s| s.phase) == Some(phase)
 }
 
+/// Where a change not carried out waits: on the operator (no status, or one behind the
+/// workload's generation), or past it, on the rollout (the Deployment controller, the
+/// scheduler, the node), with the phase and Ready reason the operator reports.
+fn waiting_on(mw: Option<&ManagedWorkload>) -> String {
+    let Some(mw) = mw else { return "gone".into() };
+    let Some(status) = &mw.status else { return "operator: no status".into() };
+    if status.observed_generation < mw.metadata.generation {
+        return "operator: status behind".into();
+    }
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").map_or("-", |c| c.reason.as_str());
+    format!("rollout: {:?}, {ready}", status.phase.unwrap_or(Phase::Creating))
+}
+
+/// How many stuck changes wait where (see `waiting_on`), most first.
+fn stuck_by_place(stuck: &[(usize, String)]) -> Vec<(String, usize)> {
+    let mut by: HashMap<String, usize> = HashMap::new();
+    for (_, place) in stuck {
+        *by.entry(place.clone()).or_default() += 1;
+    }
+    let mut by: Vec<(String, usize)> = by.into_iter().collect();
+    by.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    by
+}
+
 /// A small deterministic generator (a run is repeatable; no dependency for it).
 struct Lcg(u64);
 
@@ -199,7 +223,8 @@ async fn soak() {
     let mut changes: BTreeMap<Change, usize> = BTreeMap::new();
     let mut per_name: BTreeMap<String, usize> = BTreeMap::new();
     let mut pending: Vec<Pending> = Vec::new();
-    let mut stuck: Vec<String> = Vec::new();
+    // Each stuck change: its workload's number and where it waits.
+    let mut stuck: Vec<(usize, String)> = Vec::new();
     let mut latest_done = Duration::ZERO;
     let mut rss: Vec<(Duration, f64)> = Vec::new();
     let mut events: Vec<String> = Vec::new();
@@ -324,7 +349,7 @@ async fn soak() {
                     if done {
                         latest_done = latest_done.max(p.since.elapsed());
                     } else if p.since.elapsed() > STUCK_AFTER {
-                        stuck.push(format!("w{} ({})", p.i, kind(p.i)));
+                        stuck.push((p.i, waiting_on(by_name.get(&format!("w{}", p.i)).copied())));
                         return false;
                     }
                     !done
@@ -345,15 +370,9 @@ async fn soak() {
     loop {
         let list = workloads.list(&ListParams::default()).await.expect("listing the workloads");
         let by_name: HashMap<String, &ManagedWorkload> = list.items.iter().map(|m| (m.name_any(), m)).collect();
-        let waiting: Vec<String> = (0..n)
+        let waiting: Vec<(usize, String)> = (0..n)
             .filter(|i| !by_name.get(&format!("w{i}")).is_some_and(|m| settled(m, &wanted[*i])))
-            .map(|i| {
-                let reason = by_name.get(&format!("w{i}")).and_then(|m| {
-                    let ready = m.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
-                    Some(ready.reason.clone())
-                });
-                format!("w{i} ({}, {})", kind(i), reason.unwrap_or_else(|| "no status".into()))
-            })
+            .map(|i| (i, waiting_on(by_name.get(&format!("w{i}")).copied())))
             .collect();
         if waiting.is_empty() {
             break;
@@ -404,7 +423,7 @@ async fn soak() {
          | run | {minutes} minutes, {per_minute} changes a minute |\n\
          | changes | {total_changes} ({changes:?}) |\n\
          | faults | {events} |\n\
-         | changes carried out | {done} of {total_changes}; stuck: {stuck_n} {stuck:?} |\n\
+         | changes carried out | {done} of {total_changes}; stuck: {stuck_n}, waiting on {by_place:?}; the first: {stuck_head:?} |\n\
          | slowest change seen done | {latest:.0} s (checked every 10 s) |\n\
          | Deployment writes | {deployment_total} for {total_changes} changes ({ratio:.3} per change); workloads off one-per-change: {off_n} {off_head:?} |\n\
          | leader RSS, last {window_min} minutes | {lo:.0}–{hi:.0} KiB (mean {mean:.0}): spread {spread:.1}% |\n\
@@ -413,6 +432,9 @@ async fn soak() {
         events = events.join("; "),
         done = total_changes - stuck.len(),
         stuck_n = stuck.len(),
+        by_place = stuck_by_place(&stuck),
+        stuck_head =
+            stuck.iter().take(10).map(|(i, place)| format!("w{i} ({}, {place})", kind(*i))).collect::<Vec<_>>(),
         latest = latest_done.as_secs_f64(),
         ratio = deployment_total as f64 / total_changes.max(1) as f64,
         off_n = off.len(),
@@ -426,6 +448,6 @@ async fn soak() {
         std::fs::create_dir_all(dir).ok();
     }
     std::fs::write(&out, &report).expect("writing the soak report");
-    assert!(stuck.is_empty(), "changes never carried out: {stuck:?}");
+    assert!(stuck.is_empty(), "changes never carried out: {} waiting on {:?}", stuck.len(), stuck_by_place(&stuck));
     assert_eq!(at_rest, 0, "writes at rest");
 }
