@@ -16,6 +16,7 @@
 //! per watched scope.
 
 pub mod apply;
+pub mod by_uid;
 pub mod claims;
 pub mod deployment;
 pub mod drift;

@@ -7,7 +7,6 @@
 //! workload has up to four of them (the current one and the revision history), and this is all
 //! the operator reads of them.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -17,23 +16,19 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
+use super::by_uid::ByUid;
+
 #[derive(Debug)]
 pub struct ReplicaSets {
-    inner: Mutex<Inner>,
+    /// ReplicaSet UID → its controlling Deployment's UID.
+    owners: Mutex<ByUid<String>>,
     /// Turns true once the first list has been indexed.
     synced: watch::Sender<bool>,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    owners: HashMap<String, String>,
-    /// The index being rebuilt by a (re-)list: a watch gap may hide deletions.
-    listing: Option<HashMap<String, String>>,
-}
-
 impl Default for ReplicaSets {
     fn default() -> Self {
-        ReplicaSets { inner: Mutex::default(), synced: watch::channel(false).0 }
+        ReplicaSets { owners: Mutex::default(), synced: watch::channel(false).0 }
     }
 }
 
@@ -46,39 +41,17 @@ fn controller_uid<'a>(
 }
 
 impl ReplicaSets {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, ByUid<String>> {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn observe(&self, event: &watcher::Event<PartialObjectMeta<ReplicaSet>>) {
-        let entry = |rs: &PartialObjectMeta<ReplicaSet>| {
-            Some((rs.uid()?, controller_uid(rs.owner_references(), "Deployment")?.to_string()))
+        let owner = |rs: &PartialObjectMeta<ReplicaSet>| {
+            controller_uid(rs.owner_references(), "Deployment").map(str::to_string)
         };
-        let mut inner = self.lock();
-        match event {
-            watcher::Event::Apply(rs) => {
-                if let Some((uid, owner)) = entry(rs) {
-                    inner.owners.insert(uid, owner);
-                }
-            }
-            watcher::Event::Delete(rs) => {
-                if let Some(uid) = rs.uid() {
-                    inner.owners.remove(&uid);
-                }
-            }
-            watcher::Event::Init => inner.listing = Some(HashMap::new()),
-            watcher::Event::InitApply(rs) => {
-                if let (Some(listing), Some((uid, owner))) = (inner.listing.as_mut(), entry(rs)) {
-                    listing.insert(uid, owner);
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(listed) = inner.listing.take() {
-                    inner.owners = listed;
-                }
-                drop(inner);
-                self.synced.send_replace(true);
-            }
+        self.lock().observe(event, owner);
+        if matches!(event, watcher::Event::InitDone) {
+            self.synced.send_replace(true);
         }
     }
 
@@ -90,12 +63,12 @@ impl ReplicaSets {
     /// `pod`'s controller is a ReplicaSet that the Deployment with UID `deployment` controls.
     pub fn owns(&self, deployment: &str, pod: &Pod) -> bool {
         let Some(rs) = controller_uid(pod.owner_references(), "ReplicaSet") else { return false };
-        self.lock().owners.get(rs).is_some_and(|owner| owner == deployment)
+        self.lock().get(rs).is_some_and(|owner| owner == deployment)
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().owners.len()
+        self.lock().len()
     }
 }
 

@@ -50,10 +50,10 @@ pub struct Claims {
 impl Claims {
     /// A change to claim `name` was refused: the workload goes on with `live` as it is, the
     /// refusal is reported, and the step looks again once `wait` has passed.
-    fn refused_change(&mut self, name: String, message: String, wait: Duration, live: Option<&CachedClaim>) {
+    fn refused_change(&mut self, name: String, message: String, wait: Duration, live: Option<PersistentVolumeClaim>) {
         self.refused.push((name, message));
         self.retry = Some(self.retry.map_or(wait, |r| r.min(wait)));
-        self.own.extend(live.map(CachedClaim::to_claim));
+        self.own.extend(live);
     }
 }
 
@@ -72,41 +72,41 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
     'volumes: for volume in &mw.spec.volumes {
         let name = claims::claim_name(&mw.name_any(), &volume.name);
         let mut live = observe(ctx, &api, mw, namespace, &name).await?;
-        let own = |c: &CachedClaim| claims::is_own(&c.to_claim(), mw, volume);
         loop {
+            // The live claim as `claims` reads it, built once per look.
+            let claim = live.as_ref().map(CachedClaim::to_claim);
+            let own = claim.as_ref().is_some_and(|c| claims::is_own(c, mw, volume));
             // Never applied to: an apply cannot stop a deletion, and would only race it. (Someone
             // else's claim being deleted is `Departing` below: waited for.)
-            if let Some(live) = live.as_ref().filter(|c| c.meta().deletion_timestamp.is_some() && own(c)) {
-                let live = live.to_claim();
-                out.deleting.get_or_insert_with(|| Box::new(live.clone()));
-                out.own.push(live);
+            if let Some(deleting) = claim.as_ref().filter(|c| own && c.metadata.deletion_timestamp.is_some()) {
+                out.deleting.get_or_insert_with(|| Box::new(deleting.clone()));
+                out.own.push(deleting.clone());
                 continue 'volumes;
             }
             let replacing = live.is_none() && existed(ctx, mw, &name);
-            let Some(desired) = claims::claim(mw, volume, live.as_ref().map(CachedClaim::to_claim).as_ref(), replacing)
-            else {
+            let Some(desired) = claims::claim(mw, volume, claim.as_ref(), replacing) else {
                 continue 'volumes;
             };
-            let decision = plan::decide_by(mw, own, &desired, live.as_ref());
+            let decision = plan::decide_by(mw, |_| own, &desired, live.as_ref());
             if !matches!(decision, Decision::Apply(_)) {
                 ctx.objects.accepted(mw, &name);
             }
             match decision {
                 Decision::Conflict => {
-                    let whose = live.as_ref().and_then(|c| claims::retained_for_another(&c.to_claim(), mw, volume));
+                    let whose = claim.as_ref().and_then(|c| claims::retained_for_another(c, mw, volume));
                     out.blocked.get_or_insert_with(|| conflict(&name, whose.as_deref()));
                 }
                 Decision::Departing => {
                     out.blocked.get_or_insert_with(|| Blocked::departing("PersistentVolumeClaim", &name));
                 }
-                Decision::UpToDate => out.own.extend(live.as_ref().map(CachedClaim::to_claim)),
+                Decision::UpToDate => out.own.extend(claim),
                 Decision::Apply(mode) => {
                     let fingerprint = applied_hash(&desired).unwrap_or_default().to_owned();
                     if let Some((refused, wait)) =
                         ctx.objects.refusal(mw, &name, &fingerprint).filter(|(_, w)| !w.is_zero())
                     {
                         // The same change was refused moments ago: not sent again before its backoff.
-                        out.refused_change(name, refused.message, wait, live.as_ref());
+                        out.refused_change(name, refused.message, wait, claim);
                         continue 'volumes;
                     }
                     match apply(&ctx.metrics, "persistentvolumeclaims", &api, &name, &desired, mode).await {
@@ -135,14 +135,14 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
                                 warn!(claim = %name, %message, retry_in = ?wait, "the API server refused a change to a PersistentVolumeClaim");
                                 let note = format!("the API server refused the change to claim {name}: {message}");
                                 ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimChangeRefused", &note);
-                                out.refused_change(name, message, wait, live.as_ref());
+                                out.refused_change(name, message, wait, claim);
                             }
                             Refusal::Rejected(message) => {
                                 out.blocked.get_or_insert_with(|| Blocked {
                                     reason: REJECTED,
                                     message: format!("the API server refused claim {name}: {message}"),
                                 });
-                                out.own.extend(live.as_ref().map(CachedClaim::to_claim));
+                                out.own.extend(claim);
                             }
                             Refusal::Retry => {
                                 return Err(Error::ApplyClaim { namespace: namespace.into(), name, source });

@@ -2,7 +2,6 @@
 //! "this workload may need a reconcile" to whichever controller runs now. They run from
 //! start to exit, leader or not, so a standby is warm when it takes over.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -15,6 +14,7 @@ use tokio::sync::{broadcast, mpsc};
 use tracing::warn;
 
 use super::api;
+use super::by_uid::ByUid;
 use super::memory::PerObject;
 use super::ownership::{INSTANCE_LABEL, MANAGED_LABEL};
 use super::pod_index::PodIndex;
@@ -216,42 +216,18 @@ fn targets<K: Send + 'static>(
 /// a re-list no longer holds it).
 #[derive(Default)]
 struct SpecChanges {
-    seen: HashMap<String, u64>,
-    /// What the re-list under way has listed so far.
-    listing: Option<HashMap<String, u64>>,
+    seen: ByUid<u64>,
 }
 
 impl SpecChanges {
     fn asks_for_reconcile(&mut self, event: &watcher::Event<Workload>) -> bool {
-        let key =
-            |mw: &Workload| Some((mw.uid()?, predicates::generation.combine(predicates::labels).hash_property(mw)?));
+        let hash = |mw: &Workload| predicates::generation.combine(predicates::labels).hash_property(mw);
+        let changed = self.seen.observe(event, hash);
         match event {
-            watcher::Event::Apply(mw) => match key(mw) {
-                Some((uid, hash)) => self.seen.insert(uid, hash) != Some(hash),
-                None => true,
-            },
-            watcher::Event::Delete(mw) => {
-                if let Some(uid) = mw.uid() {
-                    self.seen.remove(&uid);
-                }
-                false
-            }
-            watcher::Event::Init => {
-                self.listing = Some(HashMap::new());
-                false
-            }
-            watcher::Event::InitApply(mw) => {
-                if let (Some(listing), Some((uid, hash))) = (self.listing.as_mut(), key(mw)) {
-                    listing.insert(uid, hash);
-                }
-                false
-            }
-            watcher::Event::InitDone => {
-                if let Some(listed) = self.listing.take() {
-                    self.seen = listed;
-                }
-                true
-            }
+            // One that cannot be told apart from its last sighting is reconciled.
+            watcher::Event::Apply(mw) => changed || mw.uid().is_none() || hash(mw).is_none(),
+            watcher::Event::InitDone => true,
+            _ => false,
         }
     }
 }

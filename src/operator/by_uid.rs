@@ -1,0 +1,120 @@
+//! A map keyed by object UID, kept in step with a watch, re-lists included: a re-list builds
+//! a new map and swaps it in when it is done, so an object deleted during a watch gap (which
+//! comes as no event at all) is forgotten then. For what the operator keeps of a kind
+//! without caching its objects (which ReplicaSet belongs to which Deployment; the spec hash
+//! of each ManagedWorkload).
+
+use std::collections::HashMap;
+
+use kube::Resource;
+use kube::runtime::watcher;
+
+#[derive(Debug)]
+pub struct ByUid<V> {
+    entries: HashMap<String, V>,
+    /// What the re-list under way has listed so far.
+    listing: Option<HashMap<String, V>>,
+}
+
+impl<V> Default for ByUid<V> {
+    fn default() -> Self {
+        ByUid { entries: HashMap::new(), listing: None }
+    }
+}
+
+impl<V: PartialEq> ByUid<V> {
+    /// Follow one watch event; `value` is what an object stands for (`None`: nothing to keep,
+    /// or no UID). Says whether an `Apply` changed the entry (a new object or a new value).
+    pub fn observe<K: Resource>(&mut self, event: &watcher::Event<K>, value: impl Fn(&K) -> Option<V>) -> bool {
+        let uid = |object: &K| object.meta().uid.clone();
+        match event {
+            watcher::Event::Apply(object) => match (uid(object), value(object)) {
+                (Some(uid), Some(value)) => {
+                    let changed = self.entries.get(&uid) != Some(&value);
+                    self.entries.insert(uid, value);
+                    changed
+                }
+                _ => false,
+            },
+            watcher::Event::Delete(object) => {
+                if let Some(uid) = uid(object) {
+                    self.entries.remove(&uid);
+                }
+                false
+            }
+            watcher::Event::Init => {
+                self.listing = Some(HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(object) => {
+                if let (Some(listing), Some(uid), Some(value)) = (self.listing.as_mut(), uid(object), value(object)) {
+                    listing.insert(uid, value);
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = self.listing.take() {
+                    self.entries = listed;
+                }
+                false
+            }
+        }
+    }
+
+    pub fn get(&self, uid: &str) -> Option<&V> {
+        self.entries.get(uid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn object(uid: &str, value: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.uid = Some(uid.into());
+        cm.data = Some([("v".to_string(), value.to_string())].into());
+        cm
+    }
+
+    fn value(cm: &ConfigMap) -> Option<String> {
+        cm.data.as_ref()?.get("v").cloned()
+    }
+
+    #[test]
+    fn follows_events_and_says_what_changed() {
+        let mut map = ByUid::default();
+        assert!(map.observe(&watcher::Event::Apply(object("a", "1")), value), "new");
+        assert!(!map.observe(&watcher::Event::Apply(object("a", "1")), value), "the same again");
+        assert!(map.observe(&watcher::Event::Apply(object("a", "2")), value), "a new value");
+        assert!(!map.observe(&watcher::Event::Apply(ConfigMap::default()), value), "no UID: nothing kept");
+        assert_eq!(map.get("a").map(String::as_str), Some("2"));
+        assert!(!map.observe(&watcher::Event::Delete(object("a", "2")), value));
+        assert!(map.is_empty());
+    }
+
+    #[test]
+    fn a_relist_replaces_everything_when_it_is_done() {
+        let mut map = ByUid::default();
+        map.observe(&watcher::Event::Apply(object("gone", "1")), value);
+        map.observe(&watcher::Event::Apply(object("kept", "1")), value);
+        map.observe(&watcher::Event::<ConfigMap>::Init, value);
+        map.observe(&watcher::Event::InitApply(object("kept", "2")), value);
+        map.observe(&watcher::Event::InitApply(object("new", "1")), value);
+        assert_eq!(map.len(), 2, "the old map serves until the re-list is done");
+        assert_eq!(map.get("kept").map(String::as_str), Some("1"));
+        map.observe(&watcher::Event::<ConfigMap>::InitDone, value);
+        assert_eq!(map.get("gone"), None, "deleted during the gap");
+        assert_eq!(map.get("kept").map(String::as_str), Some("2"));
+        assert_eq!(map.len(), 2);
+    }
+}
