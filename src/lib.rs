@@ -5,10 +5,11 @@
 //! `operator` (ManagedWorkload → the objects it owns, and their state back into its status) and
 //! `bridge` (Manager's database → ManagedWorkloads, and their address back). Shared: `client`
 //! (connecting), `election` (leader election), `error`, `metrics`, `telemetry` (probes and
-//! metrics server), `retry` (backoff); `check` verifies an install; `crdgen` prints the CRDs;
+//! metrics server), `retry` (backoff), `cached` (what the caches keep in place of a kind); `check` verifies an install; `crdgen` prints the CRDs;
 //! `cli` is the binary's command line.
 
 pub mod bridge;
+mod cached;
 pub mod check;
 pub mod cli;
 pub mod client;

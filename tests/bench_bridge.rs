@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 use mw_operator::bridge::mapping::ENV_DIGEST_ANNOTATION;
@@ -38,6 +39,11 @@ fn took(line: &str) -> f64 {
         (value.trim_end_matches('s'), 1.0)
     };
     number.parse::<f64>().unwrap_or(0.0) * scale
+}
+
+/// The writes of the sync itself: the Lease renewals of the bridge's leader election are not.
+fn sync_writes(counts: &HashMap<String, usize>) -> usize {
+    counts.iter().filter(|(kind, _)| !kind.ends_with(" leases")).map(|(_, n)| n).sum()
 }
 
 fn writes_by_kind(namespace: &str) -> HashMap<String, usize> {
@@ -71,12 +77,21 @@ async fn bridge_at_scale() {
 
     // The first sync: every CR and Secret created.
     let started = Instant::now();
+    let started_at = Timestamp::now();
     let bridge = Bridge::spawn(&ns, &db, &kubeconfig(), &["--resync-interval", "1h"]).await;
     let pid = bridge.pid();
     let first = bridge.wait_for_line(&["full resync done"], Duration::from_secs(3600)).await;
     let first_wall = started.elapsed().as_secs_f64();
     let first_cpu = cpu_seconds(pid);
     let first_writes = writes_by_kind(&ns.name);
+    // When the last CR was created (the API server's clock): the Secrets' owners follow.
+    let last_created = audit::timed_accepted_writes_by("mw-bridge", &ns.name)
+        .iter()
+        .filter(|(_, w)| w.resource == "managedworkloads")
+        .map(|(at, _)| *at)
+        .max()
+        .unwrap_or(started_at);
+    let every_cr_s = last_created.duration_since(started_at).as_secs_f64();
 
     // A full resync with nothing to do, triggered at once by a Settings change that maps to
     // the same env (the bridge re-reads everything when Settings change).
@@ -94,7 +109,7 @@ async fn bridge_at_scale() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let idle_cpu = cpu_seconds(pid) - cpu_before;
-    let idle_writes: usize = writes_by_kind(&ns.name).values().sum::<usize>() - first_writes.values().sum::<usize>();
+    let idle_writes = sync_writes(&writes_by_kind(&ns.name)) - sync_writes(&first_writes);
 
     // Row change → CR applied, `changes` rows changed 100 ms apart.
     let workloads = ns.api::<ManagedWorkload>();
@@ -146,7 +161,8 @@ async fn bridge_at_scale() {
         "rows": total_rows,
         "engine": "PostgreSQL",
         "poll_interval_s": 2,
-        "first_sync": {"wall_s": first_wall, "resync_took_s": took(&first), "cpu_s": first_cpu, "writes": first_writes},
+        "first_sync": {"wall_s": first_wall, "every_cr_created_s": every_cr_s, "resync_took_s": took(&first),
+            "cpu_s": first_cpu, "writes": first_writes},
         "full_resync_no_changes": {"wall_s": took(&second), "cpu_s": idle_cpu, "writes": idle_writes},
         "row_change_to_cr_applied": {"changes": changed_at.len(), "observed": latencies.len(),
             "p50_s": percentile(&latencies, 50.0), "p99_s": percentile(&latencies, 99.0)},
@@ -159,9 +175,10 @@ async fn bridge_at_scale() {
     writes.sort();
     println!(
         "\n## Bridge: {total_rows} rows on PostgreSQL\n\n| figure | value |\n|---|---|\n\
-         | first sync, start to all CRs and Secrets applied | {first_wall:.1} s wall, {first_cpu:.1} s CPU |\n\
+         | first sync, start to every CR created | {every_cr_s:.1} s wall |\n\
+         | first sync, start to the first pass done (every CR and Secret written, the Secrets owned) | {first_wall:.1} s wall, {first_cpu:.1} s CPU |\n\
          | first sync API writes | {} |\n\
-         | full resync, nothing to do | {:.2} s wall, {idle_cpu:.2} s CPU, {idle_writes} writes |\n\
+         | full resync, nothing to do | {:.2} s wall, {idle_cpu:.2} s CPU, {idle_writes} writes (Lease renewals not counted) |\n\
          | row change → CR applied ({} changes, poll 2 s) | p50 {:.2} s, p99 {:.2} s |\n\
          | memory | {rss:.0} MiB RSS, {hwm:.0} MiB peak |\n",
         writes.join(", "),

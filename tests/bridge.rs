@@ -69,10 +69,17 @@ async fn end_to_end(engine: Engine) {
     // Rows → CRs and Secrets → Running → provider id and Pod IP in the rows.
     for name in SAMPLES {
         wait_ready(&workloads, name, Phase::Running).await;
-        let secret = secrets.get(&format!("{name}-manager-env")).await.expect("the env Secret");
-        assert_eq!(secret.labels()[SYNCED_BY_LABEL], "mw-bridge");
-        let owner = &secret.owner_references()[0];
-        assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("ManagedWorkload", name));
+        // The Secret gets its CR as owner once the pass has created every new row's CR.
+        let owner_of = |secret: &Secret| secret.owner_references().first().map(|o| (o.kind.clone(), o.name.clone()));
+        eventually(&format!("{name}'s Secret to be owned by its CR"), TIMEOUT, || async {
+            let secret = secrets.get(&format!("{name}-manager-env")).await.map_err(|e| e.to_string())?;
+            assert_eq!(secret.labels()[SYNCED_BY_LABEL], "mw-bridge");
+            match owner_of(&secret) {
+                Some(owner) if owner == ("ManagedWorkload".to_string(), name.to_string()) => Ok(()),
+                other => Err(format!("owner {other:?}")),
+            }
+        })
+        .await;
         let ip = wait_row(&db, &workloads, name, true).await;
         assert!(ip.is_some(), "{name} runs with an IP");
     }
@@ -114,6 +121,19 @@ async fn end_to_end(engine: Engine) {
         updated.spec.pod_annotations.get(ENV_DIGEST_ANNOTATION)
     );
     wait_row(&db, &workloads, "team-wiki", true).await;
+
+    // A Secret left without its owner (as by a bridge stopped between the two writes of a new
+    // row) gets its CR as owner again, by the next pass.
+    let unowned = json!({"metadata": {"ownerReferences": null}});
+    secrets.patch("team-wiki-manager-env", &PatchParams::default(), &Patch::Merge(&unowned)).await.unwrap();
+    eventually("team-wiki's Secret to be owned by its CR again", TIMEOUT, || async {
+        let secret = secrets.get("team-wiki-manager-env").await.map_err(|e| e.to_string())?;
+        match secret.owner_references().first() {
+            Some(owner) if Some(&owner.uid) == updated.metadata.uid.as_ref() => Ok(()),
+            other => Err(format!("owner {other:?}")),
+        }
+    })
+    .await;
 
     // A hostname changes (or a node is mapped elsewhere): the new CR runs, the old one goes.
     db.exec(&format!(

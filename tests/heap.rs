@@ -11,11 +11,15 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
+use mw_operator::bridge::cached::{CachedSecret, CachedWorkload};
+use mw_operator::bridge::env::DefaultEnv;
+use mw_operator::bridge::mapping::{self, Context};
+use mw_operator::bridge::rows::{ContainerRow, Grants};
 use mw_operator::operator::pod_index::PodIndex;
 use mw_operator::operator::replica_sets::ReplicaSets;
 use mw_operator::operator::slim::{self, CachedClaim, CachedDeployment, CachedPod, CachedService};
@@ -57,6 +61,80 @@ fn live() -> isize {
 
 /// Workloads per measurement: enough for the stores' tables to reach a typical load.
 const N: usize = 1000;
+
+/// What the bridge keeps per Manager row of its caches: the CR it made and its env Secret's
+/// metadata, as trimmed now (`bridge::cached`) and as the whole objects it kept before
+/// (without managed fields and conditions), for a CR made from a row of `make bench`'s shape.
+#[test]
+fn what_the_bridge_keeps_per_row() {
+    let row = ContainerRow {
+        id: 1,
+        node_id: 1,
+        site_id: 1,
+        hostname: "w000001".into(),
+        username: "user1".into(),
+        template: Some("docker.io/library/nginx:1.27".into()),
+        environment_vars: Some(r#"{"TZ":"UTC","ID":"1"}"#.into()),
+        entrypoint: Some(r#"nginx -g "daemon off;""#.into()),
+        nvidia_requested: 0,
+        container_id: None,
+        ipv4_address: None,
+        mac_address: None,
+        created_at: "2026-12-02 12:00:00.000 +00:00".into(),
+        updated_at: "2026-12-02 12:00:00.000 +00:00".into(),
+        services: vec![],
+    };
+    let (defaults, grants) = (DefaultEnv::default(), Grants::default());
+    let cx = Context {
+        namespace: "workloads",
+        field_manager: "mw-bridge",
+        defaults: &defaults,
+        grants: &grants,
+        requests_percent: 100,
+        rootfs: &Default::default(),
+        service: &Default::default(),
+    };
+    let desired = mapping::desired(&row, &cx).expect("a row that maps");
+    // As the API server returns it: identity, and a status of the operator's.
+    let mut cr = serde_json::to_value(&desired.workload).unwrap();
+    cr["metadata"]["uid"] = "8babc3c4-a8c1-489a-b498-3d50ed9d8868".into();
+    cr["metadata"]["resourceVersion"] = "25813".into();
+    cr["metadata"]["generation"] = 1.into();
+    cr["metadata"]["creationTimestamp"] = "2026-12-02T12:00:01Z".into();
+    cr["status"] = fixture("managedworkload")["status"].clone();
+    cr["status"]["providerId"] = "workloads/w000001".into();
+    let before = per_object(&cr, |v| {
+        let mut mw = parse::<ManagedWorkload>(v);
+        mw.metadata.managed_fields = None;
+        if let Some(status) = mw.status.as_mut() {
+            status.conditions.clear();
+        }
+        mw
+    });
+    let after = per_object(&cr, |v| CachedWorkload::from(parse::<ManagedWorkload>(v)));
+    let secret = serde_json::json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {
+            "name": "w000001-manager-env", "namespace": "workloads",
+            "uid": "0123c4a8-a8c1-489a-b498-3d50ed9d8868", "resourceVersion": "25812",
+            "creationTimestamp": "2026-12-02T12:00:01Z",
+            "labels": cr["metadata"]["labels"].clone(),
+            "ownerReferences": [{"apiVersion": "opensource-server.mieweb.org/v1alpha1", "kind": "ManagedWorkload",
+                                 "name": "w000001", "uid": "8babc3c4-a8c1-489a-b498-3d50ed9d8868"}]
+        }
+    });
+    let secret_before = per_object(&secret, |v| {
+        let mut meta = parse::<PartialObjectMeta<Secret>>(v);
+        meta.metadata.annotations = None;
+        meta
+    });
+    let secret_after = per_object(&secret, |v| CachedSecret::from(parse::<PartialObjectMeta<Secret>>(v)));
+    println!(
+        "heap kept per bridge row (bytes): CR {after:.0} (whole, as before: {before:.0}), Secret {secret_after:.0} \
+         (as before: {secret_before:.0})"
+    );
+    assert!(after + secret_after < 2.5 * 1024.0, "{:.0} bytes per row", after + secret_after);
+}
 
 fn fixture(name: &str) -> serde_json::Value {
     let path = format!("{}/tests/fixtures/cluster/{name}.json", env!("CARGO_MANIFEST_DIR"));

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, Preconditions, PropagationPolicy};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -15,6 +16,7 @@ use kube::{Api, Client, Resource};
 use tokio::sync::Notify;
 use tracing::warn;
 
+use super::cached::{CachedSecret, CachedWorkload};
 use super::error::BridgeError;
 use super::mapping::SYNCED_BY_LABEL;
 use super::metrics::Metrics;
@@ -23,8 +25,8 @@ use crate::resource::ManagedWorkload;
 pub struct Cluster {
     client: Client,
     field_manager: String,
-    workloads: HashMap<String, Store<ManagedWorkload>>,
-    secrets: HashMap<String, Store<PartialObjectMeta<Secret>>>,
+    workloads: HashMap<String, Store<CachedWorkload>>,
+    secrets: HashMap<String, Store<CachedSecret>>,
     metrics: Arc<Metrics>,
 }
 
@@ -52,16 +54,10 @@ impl Cluster {
 
             let (store, writer) = reflector::store();
             let notify = changed.clone();
-            let stream = watcher(Api::<ManagedWorkload>::namespaced(watches.clone(), ns), config.clone())
+            // Trimmed as they are read (`cached`): at thousands of rows, what the bridge does
+            // not read of its CRs and Secrets would be most of its memory.
+            let stream = watcher(Api::<CachedWorkload>::namespaced(watches.clone(), ns), config.clone())
                 .default_backoff()
-                .modify(|mw| {
-                    use kube::ResourceExt;
-                    // Only the phase, provider id, Pod IP, address and Service of the status are read.
-                    mw.managed_fields_mut().clear();
-                    if let Some(status) = mw.status.as_mut() {
-                        status.conditions.clear();
-                    }
-                })
                 .reflect(writer)
                 .for_each(move |event| {
                     if let Err(err) = &event {
@@ -73,15 +69,12 @@ impl Cluster {
             tokio::spawn(stream);
             workloads.insert(ns.clone(), store);
 
-            // Metadata only: the bridge needs to know its Secrets exist, never to hold their values.
+            // Metadata only (kube asks the API server for metadata only): the bridge needs to
+            // know its Secrets exist, never to hold their values.
             let (store, writer) = reflector::store();
             let stream = watcher(Api::<PartialObjectMeta<Secret>>::namespaced(watches.clone(), ns), config)
                 .default_backoff()
-                .modify(|secret| {
-                    use kube::ResourceExt;
-                    secret.managed_fields_mut().clear();
-                    secret.metadata.annotations = None;
-                })
+                .map_ok(|event| trimmed(event, CachedSecret::from))
                 .reflect(writer)
                 .for_each(|event| {
                     if let Err(err) = &event {
@@ -105,12 +98,12 @@ impl Cluster {
         }
     }
 
-    pub fn workload(&self, namespace: &str, name: &str) -> Option<Arc<ManagedWorkload>> {
+    pub fn workload(&self, namespace: &str, name: &str) -> Option<Arc<CachedWorkload>> {
         self.workloads.get(namespace)?.get(&ObjectRef::new(name).within(namespace))
     }
 
     /// Every ManagedWorkload this bridge made, in every namespace it serves.
-    pub fn workloads(&self) -> Vec<Arc<ManagedWorkload>> {
+    pub fn workloads(&self) -> Vec<Arc<CachedWorkload>> {
         self.workloads.values().flat_map(Store::state).collect()
     }
 
@@ -118,7 +111,7 @@ impl Cluster {
         self.secrets.get(namespace).is_some_and(|s| s.get(&ObjectRef::new(name).within(namespace)).is_some())
     }
 
-    pub fn secrets(&self) -> Vec<Arc<PartialObjectMeta<Secret>>> {
+    pub fn secrets(&self) -> Vec<Arc<CachedSecret>> {
         self.secrets.values().flat_map(Store::state).collect()
     }
 
@@ -149,6 +142,30 @@ impl Cluster {
         api.patch(name, &self.apply_params(write), &Patch::Apply(write.prepare(secret))).await?;
         self.metrics.wrote("secret_apply");
         Ok(())
+    }
+
+    /// Give the Secret `uid` names its owner, in a patch of its owner references alone (it
+    /// carries no data): if it is no longer that Secret (deleted, or deleted and made
+    /// again), nothing is written.
+    pub async fn set_secret_owner(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        owner: &OwnerReference,
+    ) -> Result<(), kube::Error> {
+        let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
+        // The UID in a patch is a precondition: the API server refuses to change it.
+        let patch = serde_json::json!({"metadata": {"uid": uid, "ownerReferences": [owner]}});
+        let params = PatchParams { field_manager: Some(self.field_manager.clone()), ..Default::default() };
+        match api.patch(name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                self.metrics.wrote("secret_owner");
+                Ok(())
+            }
+            Err(err) if found_another(&err) || matches!(&err, kube::Error::Api(s) if s.code == 404) => Ok(()),
+            Err(err) => Err(err),
+        }
     }
 
     /// The API server's clock now, from the `Date` header of its answer to `GET /version`
@@ -191,6 +208,17 @@ impl Cluster {
     fn apply_params(&self, write: Write) -> PatchParams {
         let params = PatchParams::apply(&self.field_manager);
         if write == Write::Update { params.force() } else { params }
+    }
+}
+
+/// A watch event with its object trimmed to what a cache keeps.
+fn trimmed<K, C>(event: watcher::Event<K>, trim: impl Fn(K) -> C) -> watcher::Event<C> {
+    match event {
+        watcher::Event::Apply(object) => watcher::Event::Apply(trim(object)),
+        watcher::Event::Delete(object) => watcher::Event::Delete(trim(object)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(object) => watcher::Event::InitApply(trim(object)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 

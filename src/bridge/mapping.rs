@@ -281,12 +281,6 @@ pub fn labels(key: RowKey, field_manager: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// Whether an object with these labels is this bridge's: labelled with its field manager and
-/// not taken over by Manager's provider. The one ownership test for CRs and Secrets alike.
-pub fn made_by_bridge(labels: &BTreeMap<String, String>, field_manager: &str) -> bool {
-    labels.get(SYNCED_BY_LABEL).map(String::as_str) == Some(field_manager) && !labels.contains_key(PROVIDER_LABEL)
-}
-
 /// The row a bridge-made object stands for, read back from its labels.
 pub fn key_of(labels: &BTreeMap<String, String>) -> Option<RowKey> {
     Some(RowKey {
@@ -315,7 +309,7 @@ pub fn secret(desired: &Desired, field_manager: &str, owner: Option<OwnerReferen
 
 /// A reference from the Secret to its CR, not a controller one: the CR does not manage it,
 /// it only decides how long it lives.
-pub fn owner_reference(workload: &ManagedWorkload) -> Option<OwnerReference> {
+pub fn owner_reference(workload: &impl Resource<DynamicType = ()>) -> Option<OwnerReference> {
     let mut owner = workload.controller_owner_ref(&())?;
     owner.controller = None;
     owner.block_owner_deletion = None;

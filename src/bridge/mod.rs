@@ -6,6 +6,7 @@
 //! (what to do about a row, a CR, a write-back). I/O: `db` (PostgreSQL or SQLite), `cluster`
 //! (the CRs and Secrets it made), `sync` (the loop).
 
+pub mod cached;
 pub mod cluster;
 pub mod db;
 pub mod env;

@@ -2,17 +2,19 @@
 //! so every ownership rule of DESIGN §5 is unit-tested without a cluster or a database.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
+use super::cached::{CachedSecret, CachedWorkload, SpecFingerprint};
 use super::error::RowError;
-use super::mapping::{BRIDGE_HASH_ANNOTATION, Desired, ROW_CREATED_ANNOTATION, SECRET_SUFFIX, key_of, made_by_bridge};
+use super::mapping::{Desired, SECRET_SUFFIX, owner_reference};
 use super::rows::{RowKey, RowState};
-use crate::resource::{DesiredState, ManagedWorkload, Phase, ServiceType};
+use crate::resource::{Phase, ServiceType};
 
 /// A ManagedWorkload as the bridge sees it: whose it is and what it was made from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,22 +28,22 @@ pub struct Existing {
     pub created_at: Option<String>,
     pub hash: Option<String>,
     pub deleting: bool,
-    /// The live spec, to notice hand edits of fields the bridge sets.
-    pub spec: serde_json::Value,
+    /// The live spec's fields, to notice hand edits of fields the bridge sets.
+    pub spec: SpecFingerprint,
 }
 
 impl Existing {
-    pub fn of(mw: &ManagedWorkload, field_manager: &str) -> Self {
+    pub fn of(mw: &CachedWorkload, field_manager: &str) -> Self {
         Existing {
             uid: mw.uid(),
             namespace: mw.namespace(),
             name: mw.name_any(),
-            ours: made_by_bridge(mw.labels(), field_manager),
-            key: key_of(mw.labels()),
-            created_at: mw.annotations().get(ROW_CREATED_ANNOTATION).cloned(),
-            hash: mw.annotations().get(BRIDGE_HASH_ANNOTATION).cloned(),
-            deleting: mw.metadata.deletion_timestamp.is_some(),
-            spec: serde_json::to_value(&mw.spec).unwrap_or_default(),
+            ours: mw.made_by.bridge(field_manager),
+            key: mw.key,
+            created_at: mw.created_at.clone(),
+            hash: mw.hash.clone(),
+            deleting: mw.meta().deletion_timestamp.is_some(),
+            spec: mw.spec.clone(),
         }
     }
 
@@ -49,20 +51,17 @@ impl Existing {
     /// (`kubectl edit` of the image) is undone; fields it does not set (`state`, `args`,
     /// `ports`) are others' and never compared.
     fn spec_matches(&self, desired: &Desired) -> bool {
-        match serde_json::to_value(&desired.workload.spec) {
-            Ok(serde_json::Value::Object(want)) => want.iter().all(|(k, v)| self.spec.get(k) == Some(v)),
-            _ => false,
-        }
+        self.spec.holds(&desired.workload.spec)
     }
 }
 
 /// The row a CR stands for and that row's `createdAt`, when this bridge made the CR. The
 /// cheap part of `Existing::of`, for the passes that look at every CR (write-back).
-pub fn made_for<'a>(mw: &'a ManagedWorkload, field_manager: &str) -> Option<(RowKey, Option<&'a str>)> {
-    if !made_by_bridge(mw.labels(), field_manager) {
+pub fn made_for<'a>(mw: &'a CachedWorkload, field_manager: &str) -> Option<(RowKey, Option<&'a str>)> {
+    if !mw.made_by.bridge(field_manager) {
         return None;
     }
-    Some((key_of(mw.labels())?, mw.annotations().get(ROW_CREATED_ANNOTATION).map(String::as_str)))
+    Some((mw.key?, mw.created_at.as_deref()))
 }
 
 /// The action for one row.
@@ -70,7 +69,8 @@ pub fn made_for<'a>(mw: &'a ManagedWorkload, field_manager: &str) -> Option<(Row
 pub enum Plan {
     /// The CR and its Secret are what the row says: no write.
     UpToDate,
-    /// No CR of that name: write the Secret, then the CR, then the Secret's owner.
+    /// No CR of that name: write the Secret, then the CR (the Secret's owner follows,
+    /// `unowned_secrets`).
     Create,
     /// Our CR, out of date (or its Secret is gone): write the Secret and the CR.
     Update,
@@ -140,7 +140,7 @@ pub enum AddressSource {
 /// is, and clears it otherwise (a new Pod's IP is written once that Pod serves). A stopped
 /// workload serves nothing: no address. A `LoadBalancer` Service's address is its load
 /// balancer's only: its cluster IP is not what an nginx outside the cluster can reach.
-pub fn row_state(mw: &ManagedWorkload, source: AddressSource, current: Option<&str>) -> RowState {
+pub fn row_state(mw: &CachedWorkload, source: AddressSource, current: Option<&str>) -> RowState {
     let status = mw.status.as_ref();
     let provider_id =
         status.and_then(|s| s.provider_id.clone()).or_else(|| Some(format!("{}/{}", mw.namespace()?, mw.name_any())));
@@ -154,7 +154,7 @@ pub fn row_state(mw: &ManagedWorkload, source: AddressSource, current: Option<&s
             }
         }
     });
-    let phase = status.and_then(|s| s.phase).filter(|_| mw.spec.desired_state() == DesiredState::Running);
+    let phase = status.and_then(|s| s.phase).filter(|_| mw.running);
     let address = match phase {
         Some(Phase::Running | Phase::Updating) => candidate,
         Some(Phase::Creating | Phase::Failed) => candidate.filter(|a| Some(a.as_str()) == current),
@@ -168,7 +168,7 @@ pub fn row_state(mw: &ManagedWorkload, source: AddressSource, current: Option<&s
 /// address; a row with no workload gets no address (Pod IPs are reused quickly: a stale one
 /// would send the container's traffic to whichever Pod gets the IP next). The provider id
 /// stays: it is the name the workload has or will have again.
-pub fn write_back_target(cr: Option<&ManagedWorkload>, written: &RowState, source: AddressSource) -> RowState {
+pub fn write_back_target(cr: Option<&CachedWorkload>, written: &RowState, source: AddressSource) -> RowState {
     match cr {
         Some(cr) => row_state(cr, source, written.ipv4_address.as_deref()),
         None => RowState { container_id: written.container_id.clone(), ipv4_address: None, mac_address: None },
@@ -291,26 +291,47 @@ pub const ORPHAN_SECRET_GRACE: SignedDuration = SignedDuration::from_mins(5);
 /// `workloads` are the (namespace, name) of the CRs that exist. Linear: one set of names,
 /// one look-up per Secret.
 pub fn orphan_secrets<'a>(
-    secrets: impl IntoIterator<Item = &'a ObjectMeta>,
+    secrets: impl IntoIterator<Item = &'a CachedSecret>,
     workloads: impl IntoIterator<Item = (String, String)>,
     field_manager: &str,
     server_now: Timestamp,
-) -> Vec<&'a ObjectMeta> {
+) -> Vec<&'a CachedSecret> {
     let created_before = server_now.saturating_sub(ORPHAN_SECRET_GRACE).unwrap_or(Timestamp::UNIX_EPOCH);
     let expected: HashSet<(String, String)> =
         workloads.into_iter().map(|(ns, name)| (ns, format!("{name}{SECRET_SUFFIX}"))).collect();
     secrets
         .into_iter()
-        .filter(|meta| {
-            meta.owner_references.as_ref().is_none_or(Vec::is_empty)
-                && meta.labels.as_ref().is_some_and(|l| made_by_bridge(l, field_manager))
-                && meta.creation_timestamp.as_ref().is_some_and(|t| t.0 < created_before)
+        .filter(|secret| {
+            !secret.owned
+                && secret.made_by.bridge(field_manager)
+                && secret.meta().creation_timestamp.as_ref().is_some_and(|t| t.0 < created_before)
         })
-        .filter(|meta| match (&meta.namespace, &meta.name) {
+        .filter(|secret| match (&secret.meta().namespace, &secret.meta().name) {
             (Some(ns), Some(name)) => !expected.contains(&(ns.clone(), name.clone())),
             _ => false,
         })
         .collect()
+}
+
+/// The env Secrets of this bridge still without their owner, each with the owner to give it:
+/// the CR of the matching name, when it is this bridge's and not being deleted. A new row's
+/// Secret is written before its CR exists (so the Pod never starts without its env) and
+/// gets its owner once the CR does, in one write after the pass has created every new row's
+/// CR; this also completes one whose bridge stopped between the writes. A Secret whose CR
+/// never came is `orphan_secrets`'.
+pub fn unowned_secrets<'a>(
+    secrets: impl IntoIterator<Item = &'a CachedSecret, IntoIter: 'a>,
+    workload: impl Fn(&str, &str) -> Option<Arc<CachedWorkload>> + 'a,
+    field_manager: &'a str,
+) -> impl Iterator<Item = (&'a CachedSecret, OwnerReference)> + 'a {
+    secrets.into_iter().filter(move |secret| !secret.owned && secret.made_by.bridge(field_manager)).filter_map(
+        move |secret| {
+            let (namespace, name) = (secret.meta().namespace.as_deref()?, secret.meta().name.as_deref()?);
+            let cr = workload(namespace, name.strip_suffix(SECRET_SUFFIX)?)?;
+            let live = cr.made_by.bridge(field_manager) && cr.meta().deletion_timestamp.is_none();
+            Some((secret, live.then(|| owner_reference(&*cr)).flatten()?))
+        },
+    )
 }
 
 /// Where a row's CR belongs now: the row's `createdAt`, namespace and hostname.
@@ -354,7 +375,8 @@ pub(crate) mod tests {
     use crate::bridge::env::DefaultEnv;
     use crate::bridge::mapping::{self, Context, PROVIDER_LABEL, SYNCED_BY_LABEL};
     use crate::bridge::rows::{ContainerRow, Grants};
-    use crate::resource::{ManagedWorkloadStatus, ServiceStatus};
+    use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadSpec, ManagedWorkloadStatus, ServiceStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     /// A row of the sample's shape (the other modules' tests start from it too).
     pub(crate) fn row() -> ContainerRow {
@@ -402,8 +424,18 @@ pub(crate) mod tests {
             created_at: Some(d.created_at.clone()),
             hash: Some(d.hash.clone()),
             deleting: false,
-            spec: serde_json::to_value(&d.workload.spec).unwrap(),
+            spec: SpecFingerprint::of(&d.workload.spec),
         }
+    }
+
+    /// `mw` as the bridge's cache holds it.
+    fn cached(mw: &ManagedWorkload) -> CachedWorkload {
+        CachedWorkload::from(mw.clone())
+    }
+
+    /// A Secret with this metadata as the bridge's cache holds it.
+    fn cached_secret(metadata: ObjectMeta) -> CachedSecret {
+        CachedSecret::from(kube::core::PartialObjectMeta { metadata, ..Default::default() })
     }
 
     #[test]
@@ -415,14 +447,22 @@ pub(crate) mod tests {
         let stale = Existing { hash: Some("old".into()), ..existing(&d) };
         assert_eq!(plan(&d, Some(&stale), true, |_| false), Plan::Update);
         // What the bridge applies reads back the same.
-        assert_eq!(Existing::of(&d.workload, "mw-bridge"), Existing { uid: None, ..existing(&d) });
+        assert_eq!(Existing::of(&cached(&d.workload), "mw-bridge"), Existing { uid: None, ..existing(&d) });
         // A hand edit of the image is undone; a hand stop is not the bridge's business.
-        let mut edited = existing(&d);
-        edited.spec["image"] = "nginx:hacked".into();
+        let spec = |edit: fn(&mut ManagedWorkloadSpec)| {
+            let mut spec = d.workload.spec.clone();
+            edit(&mut spec);
+            SpecFingerprint::of(&spec)
+        };
+        let edited = Existing { spec: spec(|s| s.image = "nginx:hacked".into()), ..existing(&d) };
         assert_eq!(plan(&d, Some(&edited), true, |_| false), Plan::Update);
-        let mut stopped = existing(&d);
-        stopped.spec["state"] = "Stopped".into();
-        stopped.spec["args"] = serde_json::json!(["-v"]);
+        let stopped = Existing {
+            spec: spec(|s| {
+                s.state = Some(DesiredState::Stopped);
+                s.args = vec!["-v".into()];
+            }),
+            ..existing(&d)
+        };
         assert_eq!(plan(&d, Some(&stopped), true, |_| false), Plan::UpToDate);
     }
 
@@ -431,13 +471,15 @@ pub(crate) mod tests {
         let d = desired();
         let foreign = Existing { ours: false, ..existing(&d) };
         assert_eq!(plan(&d, Some(&foreign), true, |_| false).reason(), Some("name_taken"));
-        assert!(!Existing::of(&d.workload, "another-bridge").ours);
-        assert_eq!(made_for(&d.workload, "mw-bridge"), Some((d.key, Some(d.created_at.as_str()))));
-        assert_eq!(made_for(&d.workload, "another-bridge"), None);
+        let mine = cached(&d.workload);
+        assert!(!Existing::of(&mine, "another-bridge").ours);
+        assert_eq!(made_for(&mine, "mw-bridge"), Some((d.key, Some(d.created_at.as_str()))));
+        assert_eq!(made_for(&mine, "another-bridge"), None);
         // Taken over by Manager's provider (a node moved to it): the bridge's label is still
         // there, the provider's refuses it.
         let mut taken = d.workload.clone();
         taken.labels_mut().insert(PROVIDER_LABEL.into(), "manager".into());
+        let taken = cached(&taken);
         assert!(!Existing::of(&taken, "mw-bridge").ours);
         assert_eq!(plan(&d, Some(&Existing::of(&taken, "mw-bridge")), true, |_| false).reason(), Some("name_taken"));
         assert_eq!(made_for(&taken, "mw-bridge"), None);
@@ -493,12 +535,12 @@ pub(crate) mod tests {
     fn row_state_follows_status() {
         let mut mw = desired().workload;
         let pod = AddressSource::Pod;
-        assert_eq!(row_state(&mw, pod, None).container_id.as_deref(), Some("ns/app"));
+        assert_eq!(row_state(&cached(&mw), pod, None).container_id.as_deref(), Some("ns/app"));
         mw.status = Some(status(Phase::Creating, Some("10.244.0.9")));
-        assert_eq!(row_state(&mw, pod, None).ipv4_address, None, "not before the workload serves");
+        assert_eq!(row_state(&cached(&mw), pod, None).ipv4_address, None, "not before the workload serves");
         mw.status.as_mut().unwrap().phase = Some(Phase::Running);
         assert_eq!(
-            row_state(&mw, pod, None),
+            row_state(&cached(&mw), pod, None),
             RowState {
                 container_id: Some("ns/app".into()),
                 ipv4_address: Some("10.244.0.9".into()),
@@ -506,7 +548,7 @@ pub(crate) mod tests {
             }
         );
         mw.status.as_mut().unwrap().phase = Some(Phase::Stopped);
-        assert_eq!(row_state(&mw, pod, Some("10.244.0.9")).ipv4_address, None);
+        assert_eq!(row_state(&cached(&mw), pod, Some("10.244.0.9")).ipv4_address, None);
     }
 
     #[test]
@@ -515,30 +557,40 @@ pub(crate) mod tests {
         for source in [AddressSource::Pod, AddressSource::Service] {
             // Updating: the old Pod's IP, then the new one's once it serves.
             mw.status = Some(status(Phase::Updating, Some("10.244.0.9")));
-            assert_eq!(row_state(&mw, source, Some("10.244.0.9")).ipv4_address.as_deref(), Some("10.244.0.9"));
+            assert_eq!(row_state(&cached(&mw), source, Some("10.244.0.9")).ipv4_address.as_deref(), Some("10.244.0.9"));
             mw.status = Some(status(Phase::Updating, Some("10.244.0.10")));
-            assert_eq!(row_state(&mw, source, Some("10.244.0.9")).ipv4_address.as_deref(), Some("10.244.0.10"));
+            assert_eq!(
+                row_state(&cached(&mw), source, Some("10.244.0.9")).ipv4_address.as_deref(),
+                Some("10.244.0.10")
+            );
             // A one-off restart reads Failed for a while; the Pod, and its IP, stay.
             mw.status = Some(status(Phase::Failed, Some("10.244.0.10")));
-            assert_eq!(row_state(&mw, source, Some("10.244.0.10")).ipv4_address.as_deref(), Some("10.244.0.10"));
+            assert_eq!(
+                row_state(&cached(&mw), source, Some("10.244.0.10")).ipv4_address.as_deref(),
+                Some("10.244.0.10")
+            );
             // A new Pod (Creating again) with a new IP: not before it serves.
             mw.status = Some(status(Phase::Creating, Some("10.244.0.11")));
-            assert_eq!(row_state(&mw, source, Some("10.244.0.10")).ipv4_address, None, "{source:?}");
+            assert_eq!(row_state(&cached(&mw), source, Some("10.244.0.10")).ipv4_address, None, "{source:?}");
         }
         // With a Service the address does not move: a new Pod keeps it.
         let mut with_service = status(Phase::Creating, Some("10.244.0.11"));
         with_service.address = Some("10.96.0.20".into());
         with_service.service = Some(ServiceStatus { type_: "ClusterIP".into(), ..Default::default() });
         mw.status = Some(with_service.clone());
-        let kept = row_state(&mw, AddressSource::Service, Some("10.96.0.20"));
+        let kept = row_state(&cached(&mw), AddressSource::Service, Some("10.96.0.20"));
         assert_eq!(kept.ipv4_address.as_deref(), Some("10.96.0.20"));
-        assert_eq!(row_state(&mw, AddressSource::Pod, Some("10.96.0.20")).ipv4_address, None, "pod: not the Service's");
+        assert_eq!(
+            row_state(&cached(&mw), AddressSource::Pod, Some("10.96.0.20")).ipv4_address,
+            None,
+            "pod: not the Service's"
+        );
         mw.status = Some(ManagedWorkloadStatus { phase: Some(Phase::Running), ..with_service });
-        assert_eq!(row_state(&mw, AddressSource::Service, None).ipv4_address.as_deref(), Some("10.96.0.20"));
-        assert_eq!(row_state(&mw, AddressSource::Pod, None).ipv4_address.as_deref(), Some("10.244.0.11"));
+        assert_eq!(row_state(&cached(&mw), AddressSource::Service, None).ipv4_address.as_deref(), Some("10.96.0.20"));
+        assert_eq!(row_state(&cached(&mw), AddressSource::Pod, None).ipv4_address.as_deref(), Some("10.244.0.11"));
         // Stopped on purpose: nothing serves, whatever the row holds.
         mw.spec.state = Some(DesiredState::Stopped);
-        assert_eq!(row_state(&mw, AddressSource::Service, Some("10.96.0.20")).ipv4_address, None);
+        assert_eq!(row_state(&cached(&mw), AddressSource::Service, Some("10.96.0.20")).ipv4_address, None);
     }
 
     #[test]
@@ -548,12 +600,12 @@ pub(crate) mod tests {
         pending.address = Some("10.96.0.20".into());
         pending.service = Some(ServiceStatus { type_: "LoadBalancer".into(), ..Default::default() });
         mw.status = Some(pending.clone());
-        assert_eq!(row_state(&mw, AddressSource::Service, None).ipv4_address, None, "not its cluster IP");
+        assert_eq!(row_state(&cached(&mw), AddressSource::Service, None).ipv4_address, None, "not its cluster IP");
         let mut served = ManagedWorkloadStatus { phase: Some(Phase::Running), ..pending };
         served.address = Some("192.0.2.10".into());
         served.service.as_mut().unwrap().load_balancer_ingress = vec!["192.0.2.10".into()];
         mw.status = Some(served);
-        assert_eq!(row_state(&mw, AddressSource::Service, None).ipv4_address.as_deref(), Some("192.0.2.10"));
+        assert_eq!(row_state(&cached(&mw), AddressSource::Service, None).ipv4_address.as_deref(), Some("192.0.2.10"));
     }
 
     #[test]
@@ -571,7 +623,7 @@ pub(crate) mod tests {
         let mut mw = desired().workload;
         mw.status = Some(status(Phase::Running, Some("10.244.0.10")));
         assert_eq!(
-            write_back_target(Some(&mw), &written, AddressSource::Service).ipv4_address.as_deref(),
+            write_back_target(Some(&cached(&mw)), &written, AddressSource::Service).ipv4_address.as_deref(),
             Some("10.244.0.10")
         );
     }
@@ -687,20 +739,67 @@ pub(crate) mod tests {
                 ..meta("c", "v-manager-env", "mw-bridge", old, false)
             },
         ];
+        let secrets = secrets.map(cached_secret);
         let orphans = orphan_secrets(&secrets, [("a".to_string(), "x".to_string())], "mw-bridge", server_now);
         assert_eq!(orphans.len(), 1);
-        assert_eq!((orphans[0].namespace.as_deref(), orphans[0].name.as_deref()), (Some("b"), Some("x-manager-env")));
+        let (namespace, name) = (orphans[0].namespace(), orphans[0].name_any());
+        assert_eq!((namespace.as_deref(), name.as_str()), (Some("b"), "x-manager-env"));
 
         // 40,000 workloads and Secrets: linear is milliseconds, workloads × Secrets would be
         // 1.6 billion name comparisons.
         let n = 40_000;
-        let many: Vec<ObjectMeta> =
-            (0..n).map(|i| meta("a", &format!("w{i}{SECRET_SUFFIX}"), "mw-bridge", old, false)).collect();
+        let many: Vec<CachedSecret> = (0..n)
+            .map(|i| cached_secret(meta("a", &format!("w{i}{SECRET_SUFFIX}"), "mw-bridge", old, false)))
+            .collect();
         let started = std::time::Instant::now();
         let orphans =
             orphan_secrets(&many, (1..n).map(|i| ("a".to_string(), format!("w{i}"))), "mw-bridge", server_now);
-        assert_eq!(orphans.iter().map(|m| m.name.as_deref()).collect::<Vec<_>>(), [Some("w0-manager-env")]);
+        assert_eq!(orphans.iter().map(|s| s.name_any()).collect::<Vec<_>>(), ["w0-manager-env"]);
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_secret_without_its_owner_gets_its_live_cr_of_the_same_name() {
+        let d = desired();
+        let secret = |name: &str, owned: bool, fm: &str| {
+            cached_secret(ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some(format!("{name}{SECRET_SUFFIX}")),
+                labels: Some([(SYNCED_BY_LABEL.to_string(), fm.to_string())].into()),
+                owner_references: owned.then(|| vec![Default::default()]),
+                ..Default::default()
+            })
+        };
+        let mut live = d.workload.clone();
+        live.metadata.uid = Some("uid-1".into());
+        let expected = mapping::owner_reference(&live);
+        let mut deleting = live.clone();
+        deleting.metadata.name = Some("going".into());
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+        let mut foreign = live.clone();
+        foreign.metadata.name = Some("foreign".into());
+        foreign.labels_mut().insert(SYNCED_BY_LABEL.into(), "another-bridge".into());
+        let workloads: Vec<Arc<CachedWorkload>> =
+            [live, deleting, foreign].iter().map(|mw| Arc::new(cached(mw))).collect();
+        let workload = |ns: &str, name: &str| {
+            workloads.iter().find(|w| w.namespace().as_deref() == Some(ns) && w.name_any() == name).cloned()
+        };
+        let secrets = [
+            secret("app", false, "mw-bridge"),     // adopted
+            secret("app", true, "mw-bridge"),      // owned already
+            secret("app", false, "another"),       // another bridge's
+            secret("missing", false, "mw-bridge"), // no CR: orphan_secrets'
+            secret("going", false, "mw-bridge"),   // its CR is being deleted
+            secret("foreign", false, "mw-bridge"), // the CR of that name is not ours
+        ];
+        let adopted: Vec<_> = unowned_secrets(&secrets, workload, "mw-bridge").collect();
+        assert_eq!(adopted.len(), 1);
+        assert!(std::ptr::eq(adopted[0].0, &secrets[0]));
+        let owner = &adopted[0].1;
+        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("ManagedWorkload", "app", "uid-1"));
+        assert_eq!((owner.controller, owner.block_owner_deletion), (None, None), "not a controller reference");
+        assert_eq!(Some(owner), expected.as_ref(), "as an update writes it");
     }
 
     #[test]
@@ -716,9 +815,9 @@ pub(crate) mod tests {
             creation_timestamp: Some(Time(server_now - age)),
             ..Default::default()
         };
-        let young = [meta(SignedDuration::from_mins(1))];
+        let young = [cached_secret(meta(SignedDuration::from_mins(1)))];
         assert!(orphan_secrets(&young, [], "mw-bridge", server_now).is_empty());
-        let old = [meta(SignedDuration::from_mins(6))];
+        let old = [cached_secret(meta(SignedDuration::from_mins(6)))];
         assert_eq!(orphan_secrets(&old, [], "mw-bridge", server_now).len(), 1);
     }
 

@@ -16,12 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use super::cached::{CachedWorkload, MadeBy};
 use super::cluster::{Cluster, Write, found_another};
 use super::db::{self, Database, WriteBackError};
 use super::env::{self, DefaultEnv};
@@ -107,7 +109,9 @@ pub struct Bridge {
     defaults_known: bool,
     defaults_error: Option<String>,
     grants: Grants,
-    rows: HashMap<RowKey, Tracked>,
+    /// Boxed: the table has room for up to twice the rows it holds, and an empty slot then
+    /// costs a pointer rather than a whole row.
+    rows: HashMap<RowKey, Box<Tracked>>,
     unmapped: HashSet<RowKey>,
     /// Rows updated at or after this (less `OVERLAP`) are read by the next incremental poll:
     /// the newest `updatedAt` seen, but never later than the database's clock at the read,
@@ -123,6 +127,8 @@ pub struct Bridge {
     deletions: Option<Sighting>,
     /// The token of the held set last reported, so a held set is logged once, not every read.
     held: Option<String>,
+    /// The UIDs of Secrets given their owner that the cache still shows without one.
+    adopted: HashSet<String>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
 }
@@ -182,6 +188,7 @@ impl Bridge {
             next_full: Instant::now(),
             deletions: None,
             held: None,
+            adopted: HashSet::new(),
             metrics,
             health,
         }
@@ -274,6 +281,7 @@ impl Bridge {
         self.fingerprint = Some(fingerprint);
         let allowed: HashSet<String> = deleting.iter().map(|o| o.uid.clone()).collect();
         self.sync_pending(&allowed).await?;
+        self.adopt_secrets().await?;
         if full {
             self.collect_orphans(deleting).await?;
             self.next_full = self.next_full_after(Instant::now());
@@ -428,7 +436,7 @@ impl Bridge {
                     synced_at: None,
                     own_stamp: None,
                 };
-                self.rows.insert(tracked.row.key(), tracked);
+                self.rows.insert(tracked.row.key(), Box::new(tracked));
             }
         }
         if moved {
@@ -601,7 +609,7 @@ impl Bridge {
                     name: mw.name_any(),
                     uid,
                     key: existing.key,
-                    approval: mw.annotations().get(APPROVE_DELETION_ANNOTATION).cloned(),
+                    approval: mw.approval.clone(),
                 });
             }
         }
@@ -616,7 +624,7 @@ impl Bridge {
         self.cluster
             .workloads()
             .iter()
-            .filter(|mw| mw.metadata.deletion_timestamp.is_none())
+            .filter(|mw| mw.meta().deletion_timestamp.is_none())
             .filter(|mw| plan::made_for(mw, fm).is_some_and(|(key, _)| self.served.contains_key(&key.node_id)))
             .count()
     }
@@ -704,8 +712,9 @@ impl Bridge {
         let workloads = self.cluster.workloads();
         let names = workloads.iter().filter_map(|mw| Some((mw.namespace()?, mw.name_any())));
         let orphaned =
-            plan::orphan_secrets(secrets.iter().map(|s| &s.metadata), names, &self.settings.field_manager, server_now);
-        for meta in orphaned {
+            plan::orphan_secrets(secrets.iter().map(|s| &**s), names, &self.settings.field_manager, server_now);
+        for secret in orphaned {
+            let meta = secret.meta();
             let (Some(ns), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid) else { continue };
             info!(namespace = %ns, name = %name, "deleting an env Secret whose ManagedWorkload was never created");
             self.cluster
@@ -714,6 +723,68 @@ impl Bridge {
                 .map_err(|source| BridgeError::Kube { operation: format!("deleting Secret {ns}/{name}"), source })?;
         }
         Ok(())
+    }
+
+    /// Give each env Secret of this bridge still without its owner its CR (`plan::unowned_secrets`),
+    /// a bounded number of writes at once. A CR created moments ago may not be cached yet:
+    /// its Secret is adopted by the next pass. A Secret given its owner is not written again
+    /// while the cache, behind the write, still shows it without.
+    async fn adopt_secrets(&mut self) -> Result<(), BridgeError> {
+        let fm = self.settings.field_manager.clone();
+        {
+            let secrets = self.cluster.secrets();
+            let still_unowned: HashSet<&str> =
+                secrets.iter().filter(|s| !s.owned).filter_map(|s| s.meta().uid.as_deref()).collect();
+            self.adopted.retain(|uid| still_unowned.contains(uid.as_str()));
+        }
+        // A chunk at a time, each read afresh from the cache: a first sync of thousands of
+        // rows never holds every owner at once, nor keeps every Secret's old cache entry alive
+        // while the watch replaces them with the owned ones.
+        loop {
+            let chunk: Vec<(String, String, String, OwnerReference)> = {
+                let secrets = self.cluster.secrets();
+                let cluster = &self.cluster;
+                plan::unowned_secrets(secrets.iter().map(|s| &**s), |ns, name| cluster.workload(ns, name), &fm)
+                    .filter_map(|(secret, owner)| {
+                        let meta = secret.meta();
+                        let uid = meta.uid.clone().filter(|uid| !self.adopted.contains(uid))?;
+                        Some((meta.namespace.clone()?, meta.name.clone()?, uid, owner))
+                    })
+                    .take(SYNC_CHUNK)
+                    .collect()
+            };
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            debug!(secrets = chunk.len(), "giving env Secrets their ManagedWorkload as owner");
+            let cluster = &self.cluster;
+            let results: Vec<Result<String, BridgeError>> = futures::stream::iter(chunk)
+                .map(|(ns, name, uid, owner)| async move {
+                    match cluster.set_secret_owner(&ns, &name, &uid, &owner).await {
+                        Ok(()) => Ok(uid),
+                        Err(source) => Err(BridgeError::Kube {
+                            operation: format!("setting the owner of Secret {ns}/{name}"),
+                            source,
+                        }),
+                    }
+                })
+                .buffer_unordered(self.settings.concurrency.max(1))
+                .collect()
+                .await;
+            let mut failed = None;
+            for result in results {
+                match result {
+                    Ok(uid) => {
+                        self.adopted.insert(uid);
+                    }
+                    Err(err) => failed = failed.or(Some(err)),
+                }
+            }
+            // The rest waits for the next pass, as every pending row does.
+            if let Some(err) = failed {
+                return Err(err);
+            }
+        }
     }
 
     /// Write each CR's provider id and Pod IP to its row where they differ.
@@ -835,7 +906,7 @@ async fn try_sync_one(
             .get_workload(ns, name)
             .await
             .map_err(api(&format!("reading ManagedWorkload {ns}/{name}")))?
-            .map(|mw| Existing::of(&mw, fm)),
+            .map(|mw| Existing::of(&CachedWorkload::from(mw), fm)),
     };
     let mut secret_present = secret_cached;
     if !secret_cached
@@ -844,7 +915,7 @@ async fn try_sync_one(
             .await
             .map_err(api(&format!("reading Secret {ns}/{}", d.secret_name)))?
     {
-        if !mapping::made_by_bridge(meta.labels(), fm) {
+        if !MadeBy::of(meta.labels()).bridge(fm) {
             return Ok(Outcome::Row(RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() }));
         }
         secret_present = true;
@@ -876,22 +947,19 @@ async fn try_sync_one(
         }
         Plan::Create => {
             // Secret first, so the Pod never starts without its env; then the CR, created
-            // only where none exists (never merged into one made meanwhile by someone else);
-            // then the Secret's owner, so it goes with the CR.
+            // only where none exists (never merged into one made meanwhile by someone else).
+            // The Secret's owner, so that it goes with the CR, follows once the pass has
+            // created every new row's CR (`Bridge::adopt_secrets`): a first sync of thousands
+            // of rows starts every workload before it spends a write on any owner.
             let secret = mapping::secret(d, fm, None);
             cluster
                 .apply_secret(&secret, secret_write)
                 .await
                 .map_err(write(format!("creating Secret {ns}/{}", d.secret_name), secret_taken()))?;
-            let applied = cluster
+            cluster
                 .apply_workload(&d.workload, Write::Create)
                 .await
                 .map_err(write(format!("creating ManagedWorkload {ns}/{name}"), name_taken()))?;
-            let owned = mapping::secret(d, fm, mapping::owner_reference(&applied));
-            cluster
-                .apply_secret(&owned, Write::Update)
-                .await
-                .map_err(api(&format!("applying Secret {ns}/{}", d.secret_name)))?;
             info!("created ManagedWorkload {ns}/{name}");
             Ok(Outcome::Synced)
         }

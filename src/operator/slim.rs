@@ -33,6 +33,7 @@ use super::claims::{REPLACED_ANNOTATION, VOLUME_OF_ANNOTATION, WORKLOAD_UID_ANNO
 use super::deployment::TEMPLATE_HASH_ANNOTATION;
 use super::drift::{Live, OwnedFields};
 use super::ownership::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, INSTANCE_LABEL, MANAGED_BY_LABEL};
+use crate::cached::stands_for;
 use crate::resource::{NODE_ID_LABEL, OWNER_ANNOTATION};
 
 /// Set by client-side `kubectl apply`: a copy of the whole manifest, read by kubectl only.
@@ -242,33 +243,6 @@ impl CachedService {
     }
 }
 
-/// Cached types are watched, listed and keyed as the Kubernetes type they stand for.
-macro_rules! stands_for {
-    ($cached:ty, $kind:ty) => {
-        impl kube::Resource for $cached {
-            type DynamicType = ();
-            type Scope = k8s_openapi::NamespaceResourceScope;
-            fn kind(_: &()) -> Cow<'_, str> {
-                <$kind as k8s_openapi::Resource>::KIND.into()
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                <$kind as k8s_openapi::Resource>::GROUP.into()
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                <$kind as k8s_openapi::Resource>::VERSION.into()
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                <$kind as k8s_openapi::Resource>::URL_PATH_SEGMENT.into()
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
 stands_for!(CachedDeployment, Deployment);
 stands_for!(CachedPod, Pod);
 stands_for!(CachedService, Service);
