@@ -3,23 +3,23 @@
 //! trimmed at once. `stands_for!` makes one watched, listed and keyed as the kind it stands for.
 
 /// `stands_for!(Cached, Kind)`: `Cached` (with a `metadata: ObjectMeta` field) is watched,
-/// listed and keyed as the namespaced `Kind`.
+/// listed and keyed as the namespaced `Kind` (whose names it borrows: no allocation).
 macro_rules! stands_for {
     ($cached:ty, $kind:ty) => {
         impl kube::Resource for $cached {
             type DynamicType = ();
             type Scope = k8s_openapi::NamespaceResourceScope;
             fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-                <$kind as kube::Resource>::kind(&()).into_owned().into()
+                <$kind as kube::Resource>::kind(&())
             }
             fn group(_: &()) -> std::borrow::Cow<'_, str> {
-                <$kind as kube::Resource>::group(&()).into_owned().into()
+                <$kind as kube::Resource>::group(&())
             }
             fn version(_: &()) -> std::borrow::Cow<'_, str> {
-                <$kind as kube::Resource>::version(&()).into_owned().into()
+                <$kind as kube::Resource>::version(&())
             }
             fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-                <$kind as kube::Resource>::plural(&()).into_owned().into()
+                <$kind as kube::Resource>::plural(&())
             }
             fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 &self.metadata

@@ -5,8 +5,9 @@
 //! `operator` (ManagedWorkload → the objects it owns, and their state back into its status) and
 //! `bridge` (Manager's database → ManagedWorkloads, and their address back). Shared: `client`
 //! (connecting), `election` (leader election), `error`, `metrics`, `telemetry` (probes and
-//! metrics server), `retry` (backoff), `cached` (what the caches keep in place of a kind); `check` verifies an install; `crdgen` prints the CRDs;
-//! `cli` is the binary's command line.
+//! metrics server), `retry` (backoff), `cached` (how a cache's trimmed type stands for its
+//! kind); `check` verifies an install; `crdgen` prints the CRDs; `cli` is the binary's command
+//! line.
 
 pub mod bridge;
 mod cached;

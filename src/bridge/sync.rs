@@ -736,6 +736,10 @@ impl Bridge {
             let still_unowned: HashSet<&str> =
                 secrets.iter().filter(|s| !s.owned).filter_map(|s| s.meta().uid.as_deref()).collect();
             self.adopted.retain(|uid| still_unowned.contains(uid.as_str()));
+            // The usual pass: every Secret has its owner.
+            if still_unowned.is_empty() {
+                return Ok(());
+            }
         }
         // A chunk at a time, each read afresh from the cache: a first sync of thousands of
         // rows never holds every owner at once, nor keeps every Secret's old cache entry alive
@@ -758,26 +762,29 @@ impl Bridge {
             }
             debug!(secrets = chunk.len(), "giving env Secrets their ManagedWorkload as owner");
             let cluster = &self.cluster;
-            let results: Vec<Result<String, BridgeError>> = futures::stream::iter(chunk)
+            let results: Vec<(String, Result<(), Failure>)> = futures::stream::iter(chunk)
                 .map(|(ns, name, uid, owner)| async move {
-                    match cluster.set_secret_owner(&ns, &name, &uid, &owner).await {
-                        Ok(()) => Ok(uid),
-                        Err(source) => Err(BridgeError::Kube {
-                            operation: format!("setting the owner of Secret {ns}/{name}"),
-                            source,
-                        }),
-                    }
+                    let result = cluster.set_secret_owner(&ns, &name, &uid, &owner).await;
+                    (uid, result.map_err(|e| classify(e, format!("setting the owner of Secret {ns}/{name}"))))
                 })
                 .buffer_unordered(self.settings.concurrency.max(1))
                 .collect()
                 .await;
             let mut failed = None;
-            for result in results {
+            for (uid, result) in results {
                 match result {
-                    Ok(uid) => {
+                    Ok(()) => {
                         self.adopted.insert(uid);
                     }
-                    Err(err) => failed = failed.or(Some(err)),
+                    // Refused for this Secret alone (400, 422): said once and not asked again,
+                    // so one Secret never fails every pass.
+                    Err(Failure::Row(err) | Failure::Appeared(err)) => {
+                        warn!(error = %err, "the API server refused to give an env Secret its owner; not asked again until its row changes (which rewrites the Secret with its owner) or the bridge restarts");
+                        self.adopted.insert(uid);
+                    }
+                    Err(Failure::Api(operation, source)) => {
+                        failed = failed.or(Some(BridgeError::Kube { operation, source }))
+                    }
                 }
             }
             // The rest waits for the next pass, as every pending row does.
