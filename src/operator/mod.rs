@@ -3,10 +3,13 @@
 //!
 //! - `watches` (the six watches, their caches, the fan-out of triggers), `pod_index`,
 //!   `slim` (what the caches keep), `memory` (what is remembered per workload);
-//! - `reconcile`: one reconcile as a pipeline, observe → decide → act → report;
+//! - `reconcile`: one reconcile as a pipeline, each owned object through `step` (observe →
+//!   decide → act), then report; `context`: what every reconcile of a controller shares;
+//! - `step`: the one step every owned kind goes through (the cache or one GET, the decision,
+//!   the apply, the API server's answer judged), saying what happened as a `Verdict`;
 //! - `plan` (pure): the decision table for an owned object and what an apply's refusal means;
 //! - one room per owned kind, its desired state built purely from the CR: `deployment`,
-//!   `claims` (with its step `volumes`), `service` (with its step `expose`);
+//!   `claims` (with `volumes`, what its step means), `service` (with `expose`);
 //! - shared by every owned kind: `ownership` (field manager, labels, owner, fingerprints) and
 //!   `drift` (is the live object what we would apply?);
 //! - `status` (pure): the status from what was observed; `events`: Events off the reconcile
@@ -15,9 +18,9 @@
 //! This file runs it all: caches first, then (as leader, when election is on) one controller
 //! per watched scope.
 
-pub mod apply;
 pub mod by_uid;
 pub mod claims;
+pub mod context;
 pub mod deployment;
 pub mod drift;
 pub mod events;
@@ -32,6 +35,7 @@ pub mod replica_sets;
 pub mod service;
 pub mod slim;
 pub mod status;
+pub mod step;
 pub mod volumes;
 pub mod watches;
 
@@ -55,8 +59,9 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
 use crate::telemetry::Health;
+use context::Context;
 use ownership::FIELD_MANAGER;
-use reconcile::{Context, error_policy, reconcile};
+use reconcile::{error_policy, reconcile};
 use watches::{Caches, Workload, subscribe};
 
 /// What to watch and how hard to work.

@@ -296,7 +296,7 @@ proptest! {
         (mw, deployment, pods, blocked, now) in world()
     ) {
         let observed = status::Observed {
-            settings: &Default::default(),
+            desired_hash: &status::desired_hash(&mw),
             deployment: deployment.as_ref(),
             pods: pods.iter().collect(),
             blocked,

@@ -1,8 +1,9 @@
-//! One reconcile, read as a pipeline: observe (the caches, one GET when the cache cannot
-//! tell) → decide (`plan`, pure) → act (server-side apply) → report (`status`, pure, then
-//! one status write when it differs). Only observe and act, and the status write, talk to the
-//! API server.
+//! One reconcile, read as a pipeline: the claims (`volumes`), the Service (`expose`) and the
+//! Deployment, each through the owned-object step (`step`: observe → decide → act), then
+//! report (`status`, pure, then one status write when it differs). Only the step and the
+//! status write talk to the API server.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,22 +15,19 @@ use kube::api::{Patch, PatchParams};
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::apply::apply;
-use super::memory::PerObject;
-use super::ownership::FIELD_MANAGER;
-use super::plan::{self, Decision, Mode, Refusal};
-use super::pod_index::PodIndex;
-use super::replica_sets::ReplicaSets;
-use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
+use super::context::Context;
+use super::ownership::{FIELD_MANAGER, applied_hash, is_controlled_by};
+use super::plan::{self, Mode};
+use super::slim::CachedDeployment;
 use super::status::{self, Blocked, Observed};
+use super::step::{self, Verdict};
 use super::watches::Workload;
-use super::{deployment, events, expose, volumes};
+use super::{deployment, expose, volumes};
 use crate::error::Error;
-use crate::metrics::Metrics;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 use crate::retry::Backoff;
 
@@ -55,29 +53,6 @@ const REJECTED_RECHECK: Duration = Duration::from_secs(10);
 
 /// Reason reported when the API server refuses the Deployment built from the spec.
 const REJECTED: &str = "DeploymentRejected";
-
-/// Shared state of one controller (one per watched namespace, or one for all).
-pub struct Context {
-    pub client: Client,
-    pub metrics: Arc<Metrics>,
-    pub deployments: Store<CachedDeployment>,
-    /// Which ReplicaSets each Deployment controls.
-    pub replica_sets: Arc<ReplicaSets>,
-    pub pods: Store<CachedPod>,
-    /// The workloads' claims (label-selected, trimmed).
-    pub claims: Store<CachedClaim>,
-    /// The workloads' Services (label-selected, trimmed).
-    pub services: Store<CachedService>,
-    /// Pod names per workload, so a reconcile reads its own Pods, not every managed Pod.
-    pub pod_index: Arc<PodIndex>,
-    pub events: events::Events,
-    /// Per-workload memory, dropped when the workload goes.
-    pub objects: Arc<PerObject>,
-    /// The operator's settings every pod template is built with.
-    pub pod_settings: Arc<deployment::PodSettings>,
-    /// The reconciles in flight, for liveness.
-    pub in_flight: Arc<super::liveness::InFlight>,
-}
 
 pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = guard.name_any();
@@ -148,8 +123,6 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
     }
     let service = exposed.service.map(|s| *s);
-    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
-    let live = observe_deployment(ctx, &api, mw, namespace, name).await?;
     // A claim problem holds the workload where it is: it is neither started nor rolled out
     // (its Pod would mount someone else's claim, or one on its way out); a stop is carried out.
     let running = mw.spec.desired_state() == DesiredState::Running;
@@ -158,75 +131,40 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         (None, Some(claim)) if running => Some(volumes::deleting(claim)),
         _ => None,
     };
-    if let Some(blocked) = hold.clone().filter(|_| running) {
-        let deployment = live.filter(|d| super::ownership::is_controlled_by(d, mw)).map(|d| d.to_deployment());
-        let acted = Acted { deployment, service, blocked: Some(blocked) };
-        return report(ctx, mw, namespace, name, acted, &claims).await;
-    }
-    // What acting on the Deployment left: the Deployment as it now is, and why it is not
-    // what it should be.
-    let mut live = live;
-    let (deployment, blocked) = loop {
-        break match plan::decide(mw, &desired, live.as_ref()) {
-            Decision::Conflict => (None, Some(conflict(name))),
-            Decision::Departing => (None, Some(Blocked::departing("Deployment", name))),
-            Decision::UpToDate => (live, None),
-            Decision::Apply(mode) => match apply(&ctx.metrics, "deployments", &api, name, &desired, mode).await {
-                Ok(applied) => {
-                    let applied = CachedDeployment::from(applied);
-                    ctx.objects.applied(mw, applied.clone());
-                    info!(verb = if mode.force() { "updated" } else { "created" }, "applied Deployment");
-                    // Spec changes are announced by the phase change they cause; an edit made to
-                    // the Deployment behind the operator's back deserves its own event.
-                    if mode == (Mode::Update { drift: true }) {
-                        let note = format!("Deployment {name} was changed outside the operator; restored");
-                        publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
-                    }
-                    (Some(applied), None)
-                }
-                Err(source) => match plan::judge(mode, &source) {
-                    Refusal::Appeared => {
-                        info!("a Deployment of that name exists after all; looking it up");
-                        live = get_deployment(&api, namespace, name).await?;
-                        if live.is_none() {
-                            return Ok(Action::requeue(plan::APPEARED_RECHECK));
-                        }
-                        continue;
-                    }
-                    Refusal::Rejected(message) => (live, Some(Blocked { reason: REJECTED, message })),
-                    Refusal::Retry => {
-                        return Err(Error::ApplyDeployment { namespace: namespace.into(), name: name.into(), source });
-                    }
-                },
-            },
-        };
+    let held = hold.is_some() && running;
+    let verdict = step::step(ctx, mw, namespace, name, |live| {
+        if held { Err(Held) } else { Ok((Cow::Borrowed(&desired), plan::decide(mw, &desired, live))) }
+    })
+    .await?;
+    // The Deployment as it now is, and why it is not what it should be.
+    let (deployment, blocked) = match verdict {
+        Verdict::Left(Held, live) => (live.filter(|d| is_controlled_by(d, mw)), None),
+        Verdict::Conflict(_) => (None, Some(conflict(name))),
+        Verdict::Departing => (None, Some(Blocked::departing("Deployment", name))),
+        Verdict::UpToDate(live) => (live, None),
+        Verdict::Applied(applied, mode) => {
+            let applied = CachedDeployment::from(applied);
+            ctx.objects.applied(mw, applied.clone());
+            info!(verb = if mode.force() { "updated" } else { "created" }, "applied Deployment");
+            // Spec changes are announced by the phase change they cause; an edit made to the
+            // Deployment behind the operator's back deserves its own event.
+            if mode == (Mode::Update { drift: true }) {
+                let note = format!("Deployment {name} was changed outside the operator; restored");
+                publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
+            }
+            (Some(applied), None)
+        }
+        Verdict::Rejected { live, message, .. } => (live, Some(Blocked { reason: REJECTED, message })),
+        Verdict::Requeue(after) => return Ok(Action::requeue(after)),
     };
     let deployment = deployment.map(|d| d.to_deployment());
     let acted = Acted { deployment, service, blocked: blocked.or(hold).or(exposed.blocked) };
-    report(ctx, mw, namespace, name, acted, &claims).await
+    report(ctx, mw, namespace, name, &desired, acted, &claims).await
 }
 
-/// The live Deployment: the newest the operator knows of (its cache, or what its last apply
-/// returned while the cache lags). The caches are full by now (a controller runs only once
-/// every watch has synced), but the Deployment cache is label-selected: "not in the cache" is
-/// either absent, just created and not seen yet, or a Deployment someone else made under this
-/// name, which must not be touched. A workload never reconciled before (no status) has none
-/// of its own: it is created with a create-only apply, which answers 409 (and the caller looks
-/// it up then) if one exists after all, so no GET precedes the create. Otherwise one GET tells.
-async fn observe_deployment(
-    ctx: &Context,
-    api: &Api<Deployment>,
-    mw: &ManagedWorkload,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<CachedDeployment>, Error> {
-    let cached = ctx.deployments.get(&ObjectRef::new(name).within(namespace)).map(|d| (*d).clone());
-    match ctx.objects.newest_deployment(mw, cached) {
-        Some(d) => Ok(Some(d)),
-        None if ctx.objects.previous_status(mw).is_none() => Ok(None),
-        None => get_deployment(api, namespace, name).await,
-    }
-}
+/// The Deployment step's reason to leave the Deployment alone: a claim problem holds the
+/// workload.
+struct Held;
 
 /// Whether `mw`, as the cache holds it, has been deleted and re-created under its name. The
 /// watches are separate streams: a reconcile can see the ManagedWorkload cache still holding
@@ -252,15 +190,6 @@ async fn is_superseded(ctx: &Context, mw: &ManagedWorkload, namespace: &str, nam
     }
 }
 
-async fn get_deployment(api: &Api<Deployment>, namespace: &str, name: &str) -> Result<Option<CachedDeployment>, Error> {
-    let found = api.get_opt(name).await.map_err(|source| Error::GetDeployment {
-        namespace: namespace.into(),
-        name: name.into(),
-        source,
-    })?;
-    Ok(found.map(CachedDeployment::from))
-}
-
 /// Derive the status from what was observed and acted on, and write it when it differs from
 /// what the CR has (or, for details, once they have waited long enough).
 async fn report(
@@ -268,6 +197,7 @@ async fn report(
     mw: &ManagedWorkload,
     namespace: &str,
     name: &str,
+    desired: &Deployment,
     acted: Acted,
     claims: &volumes::Claims,
 ) -> Result<Action, Error> {
@@ -288,7 +218,7 @@ async fn report(
         None => None,
     };
     let observed = Observed {
-        settings: &ctx.pod_settings,
+        desired_hash: applied_hash(desired).unwrap_or_default(),
         deployment: acted.deployment.as_ref(),
         pods: pods.iter().collect(),
         blocked: acted.blocked,

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod, Se
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use super::deployment::{self as desired, PodSettings, TEMPLATE_HASH_ANNOTATION};
+use super::deployment::{self as desired, TEMPLATE_HASH_ANNOTATION};
 use super::ownership::applied_hash;
 use super::service;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
@@ -45,8 +45,10 @@ const CRASH_LOOP: &str = "CrashLoopBackOff";
 /// What the operator saw of the workload's children in this reconcile.
 #[derive(Debug)]
 pub struct Observed<'a> {
-    /// The operator's settings the desired Deployment was built with.
-    pub settings: &'a PodSettings,
+    /// The fingerprint (`ownership::applied_hash`) of the Deployment the workload's current
+    /// spec asks for, as the reconcile built it: a live Deployment with another one was
+    /// applied from an older spec.
+    pub desired_hash: &'a str,
     /// The Deployment this CR controls, if it exists.
     pub deployment: Option<&'a Deployment>,
     /// Pods labelled as this workload's.
@@ -151,7 +153,7 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
             generation,
         ),
     ];
-    conditions.extend(mirrored(mw, observed.deployment, observed.settings));
+    conditions.extend(mirrored(mw, observed.deployment, observed.desired_hash));
     if looping {
         for c in conditions.iter_mut().filter(|c| c.type_ == AVAILABLE && c.status == "True") {
             // The Deployment controller's own words for a Deployment without its replica.
@@ -324,11 +326,11 @@ fn condition(type_: &str, status: bool, reason: &str, message: &str, generation:
 /// previous template, so they keep the generation they had, and are left out when they never
 /// had one. `kubectl wait --for=condition=Available` then cannot return on the old
 /// ReplicaSet's state.
-fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>, settings: &PodSettings) -> Vec<Condition> {
+fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>, desired_hash: &str) -> Vec<Condition> {
     let Some(conditions) = deployment.and_then(|d| d.status.as_ref()?.conditions.as_ref()) else {
         return Vec::new();
     };
-    let current = deployment.is_some_and(|d| rolled_out(d) && built_from_current_spec(mw, d, settings));
+    let current = deployment.is_some_and(|d| rolled_out(d) && applied_hash(d) == Some(desired_hash));
     let previous = mw.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     MIRRORED
         .iter()
@@ -342,12 +344,6 @@ fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>, settings: &Po
             Some(mirror(c, generation))
         })
         .collect()
-}
-
-/// The live Deployment was applied from the desired object of the CR's current spec.
-fn built_from_current_spec(mw: &ManagedWorkload, deployment: &Deployment, settings: &PodSettings) -> bool {
-    desired::deployment(mw, settings)
-        .is_some_and(|d| applied_hash(&d).is_some_and(|h| Some(h) == applied_hash(deployment)))
 }
 
 /// A Deployment condition in metav1.Condition shape. Its own transition time is kept: it says
@@ -727,6 +723,14 @@ fn address(mw: &ManagedWorkload, observed: &Observed<'_>) -> Option<String> {
 }
 
 mod volumes;
+
+/// The fingerprint of the Deployment `mw`'s spec asks for with the default settings, as a
+/// reconcile builds it (`Observed::desired_hash`), for tests.
+#[cfg(test)]
+pub fn desired_hash(mw: &ManagedWorkload) -> String {
+    let desired = desired::deployment(mw, &Default::default()).expect("a desired Deployment");
+    applied_hash(&desired).expect("its fingerprint").to_owned()
+}
 
 #[cfg(test)]
 mod tests;

@@ -1,29 +1,29 @@
-//! The claims step of a reconcile, run before the Deployment's: observe each volume's claim
-//! (the cache, one GET when the cache cannot tell), decide (`plan::decide_by` with the claims
-//! room's ownership rule), act (server-side apply, never a delete), and say what the
-//! Deployment step must know: the workload's claims as they now are, and whether it may be
-//! started (a foreign, refused or deleting claim holds it; a predecessor's on its way out
-//! makes it wait). A refused change to a claim that exists (an expansion its StorageClass
+//! The claims step of a reconcile, run before the Deployment's: the owned-object step (`step`)
+//! for each volume's claim, deciding by `plan::decide_by` with the claims room's ownership
+//! rule (a server-side apply, never a delete), and what it means for the Deployment step: the
+//! workload's claims as they now are, and whether it may be started (a foreign, refused or
+//! deleting claim holds it; a predecessor's on its way out makes it wait). A refused change to a claim that exists (an expansion its StorageClass
 //! does not allow) holds nothing: the workload runs on the claim as it is, the refusal is
 //! reported on `status.volumes`, and the same apply is retried only after a growing backoff.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::apply::apply;
 use super::claims;
+use super::context::Context;
+use super::memory::Refused;
 use super::ownership::applied_hash;
-use super::plan::{self, Decision, Mode, Refusal};
-use super::reconcile::Context;
+use super::plan::{self, Decision, Mode};
 use super::slim::CachedClaim;
 use super::status::Blocked;
+use super::step::{self, Intent, Verdict};
 use crate::error::Error;
-use crate::resource::ManagedWorkload;
+use crate::resource::{ManagedWorkload, Volume};
 
 /// Reasons reported for a claim problem (Stalled, phase Failed).
 pub const CONFLICT: &str = "ClaimConflict";
@@ -65,96 +65,114 @@ pub enum Step {
 
 pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> Result<Step, Error> {
     let mut out = Claims::default();
-    if mw.spec.volumes.is_empty() {
-        return Ok(Step::Done(out));
-    }
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    'volumes: for volume in &mw.spec.volumes {
+    for volume in &mw.spec.volumes {
         let name = claims::claim_name(&mw.name_any(), &volume.name);
-        let mut live = observe(ctx, &api, mw, namespace, &name).await?;
-        loop {
-            // The live claim as `claims` reads it, built once per look.
-            let claim = live.as_ref().map(CachedClaim::to_claim);
-            let own = claim.as_ref().is_some_and(|c| claims::is_own(c, mw, volume));
-            // Never applied to: an apply cannot stop a deletion, and would only race it. (Someone
-            // else's claim being deleted is `Departing` below: waited for.)
-            if let Some(deleting) = claim.as_ref().filter(|c| own && c.metadata.deletion_timestamp.is_some()) {
-                out.deleting.get_or_insert_with(|| Box::new(deleting.clone()));
-                out.own.push(deleting.clone());
-                continue 'volumes;
-            }
-            let replacing = live.is_none() && existed(ctx, mw, &name);
-            let Some(desired) = claims::claim(mw, volume, claim.as_ref(), replacing) else {
-                continue 'volumes;
-            };
-            let decision = plan::decide_by(mw, |_| own, &desired, live.as_ref());
-            if !matches!(decision, Decision::Apply(_)) {
-                ctx.objects.accepted(mw, &name);
-            }
-            match decision {
-                Decision::Conflict => {
-                    let whose = claim.as_ref().and_then(|c| claims::retained_for_another(c, mw, volume));
-                    out.blocked.get_or_insert_with(|| conflict(&name, whose.as_deref()));
-                }
-                Decision::Departing => {
-                    out.blocked.get_or_insert_with(|| Blocked::departing("PersistentVolumeClaim", &name));
-                }
-                Decision::UpToDate => out.own.extend(claim),
-                Decision::Apply(mode) => {
-                    let fingerprint = applied_hash(&desired).unwrap_or_default().to_owned();
-                    if let Some((refused, wait)) =
-                        ctx.objects.refusal(mw, &name, &fingerprint).filter(|(_, w)| !w.is_zero())
-                    {
-                        // The same change was refused moments ago: not sent again before its backoff.
-                        out.refused_change(name, refused.message, wait, claim);
-                        continue 'volumes;
-                    }
-                    match apply(&ctx.metrics, "persistentvolumeclaims", &api, &name, &desired, mode).await {
-                        Ok(applied) => {
-                            info!(claim = %name, verb = if mode.force() { "updated" } else { "created" }, "applied PersistentVolumeClaim");
-                            ctx.objects.accepted(mw, &name);
-                            if replacing {
-                                announce_replacement(ctx, mw, &name);
-                            }
-                            out.own.push(applied);
-                        }
-                        Err(source) => match plan::judge(mode, &source) {
-                            Refusal::Appeared => {
-                                // One exists after all (someone else's, or ours not yet cached):
-                                // what it is decides, as if it had been seen before.
-                                info!(claim = %name, "a PersistentVolumeClaim of that name exists after all; looking it up");
-                                live = get(&api, namespace, &name).await?;
-                                if live.is_none() {
-                                    return Ok(Step::Requeue(plan::APPEARED_RECHECK));
-                                }
-                                continue;
-                            }
-                            // The claim exists and serves as it is: only the change is refused.
-                            Refusal::Rejected(message) if mode != Mode::Create && live.is_some() => {
-                                let wait = ctx.objects.refused(mw, &name, &fingerprint, &message);
-                                warn!(claim = %name, %message, retry_in = ?wait, "the API server refused a change to a PersistentVolumeClaim");
-                                let note = format!("the API server refused the change to claim {name}: {message}");
-                                ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimChangeRefused", &note);
-                                out.refused_change(name, message, wait, claim);
-                            }
-                            Refusal::Rejected(message) => {
-                                out.blocked.get_or_insert_with(|| Blocked {
-                                    reason: REJECTED,
-                                    message: format!("the API server refused claim {name}: {message}"),
-                                });
-                                out.own.extend(claim);
-                            }
-                            Refusal::Retry => {
-                                return Err(Error::ApplyClaim { namespace: namespace.into(), name, source });
-                            }
-                        },
-                    }
-                }
-            }
-            break;
+        let verdict = step::step(ctx, mw, namespace, &name, |live| intent(ctx, mw, volume, &name, live)).await?;
+        if let Some(after) = out.take(ctx, mw, volume, name, verdict) {
+            return Ok(Step::Requeue(after));
         }
     }
     Ok(Step::Done(out))
+}
+
+/// Why the claims step leaves a claim alone.
+enum Leave {
+    /// No claim is wanted for the volume (`claims::claim` says so).
+    Unwanted,
+    /// The workload's own claim is being deleted: never applied to. An apply cannot stop a
+    /// deletion, and would only race it. (Someone else's claim being deleted is `Departing`:
+    /// waited for.)
+    Deleting,
+    /// The same change was refused moments ago: not sent again before its backoff has passed.
+    Held(Refused, Duration),
+}
+
+/// The claim the workload wants for `volume`, given the live one, and what to do about it.
+fn intent(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    volume: &Volume,
+    name: &str,
+    live: Option<&CachedClaim>,
+) -> Intent<'static, PersistentVolumeClaim, Leave> {
+    // The live claim as `claims` reads it, built once per look.
+    let claim = live.map(CachedClaim::to_claim);
+    let own = claim.as_ref().is_some_and(|c| claims::is_own(c, mw, volume));
+    if own && claim.as_ref().is_some_and(|c| c.metadata.deletion_timestamp.is_some()) {
+        return Err(Leave::Deleting);
+    }
+    let replacing = live.is_none() && existed(ctx, mw, name);
+    let desired = claims::claim(mw, volume, claim.as_ref(), replacing).ok_or(Leave::Unwanted)?;
+    let decision = plan::decide_by(mw, |_| own, &desired, live);
+    if matches!(decision, Decision::Apply(_))
+        && let Some((refused, wait)) =
+            ctx.objects.refusal(mw, name, applied_hash(&desired).unwrap_or_default()).filter(|(_, w)| !w.is_zero())
+    {
+        return Err(Leave::Held(refused, wait));
+    }
+    Ok((Cow::Owned(desired), decision))
+}
+
+impl Claims {
+    /// Take in what the step came to for claim `name` of `volume`; when to look again, if the
+    /// step cannot go on.
+    fn take(
+        &mut self,
+        ctx: &Context,
+        mw: &ManagedWorkload,
+        volume: &Volume,
+        name: String,
+        verdict: Verdict<'_, PersistentVolumeClaim, Leave>,
+    ) -> Option<Duration> {
+        let as_is = |live: Option<CachedClaim>| live.as_ref().map(CachedClaim::to_claim);
+        if matches!(verdict, Verdict::Conflict(_) | Verdict::Departing | Verdict::UpToDate(_) | Verdict::Applied(..)) {
+            ctx.objects.accepted(mw, &name);
+        }
+        match verdict {
+            Verdict::Left(Leave::Unwanted, _) => {}
+            Verdict::Left(Leave::Deleting, live) => {
+                if let Some(claim) = as_is(live) {
+                    self.deleting.get_or_insert_with(|| Box::new(claim.clone()));
+                    self.own.push(claim);
+                }
+            }
+            Verdict::Left(Leave::Held(refused, wait), live) => {
+                self.refused_change(name, refused.message, wait, as_is(live))
+            }
+            Verdict::Conflict(live) => {
+                let whose = as_is(live).and_then(|c| claims::retained_for_another(&c, mw, volume));
+                self.blocked.get_or_insert_with(|| conflict(&name, whose.as_deref()));
+            }
+            Verdict::Departing => {
+                self.blocked.get_or_insert_with(|| Blocked::departing("PersistentVolumeClaim", &name));
+            }
+            Verdict::UpToDate(live) => self.own.extend(as_is(live)),
+            Verdict::Applied(applied, mode) => {
+                info!(claim = %name, verb = if mode.force() { "updated" } else { "created" }, "applied PersistentVolumeClaim");
+                if mode == Mode::Create && existed(ctx, mw, &name) {
+                    announce_replacement(ctx, mw, &name);
+                }
+                self.own.push(applied);
+            }
+            // The claim exists and serves as it is: only the change is refused.
+            Verdict::Rejected { desired, live: Some(live), mode: Mode::Update { .. }, message } => {
+                let wait = ctx.objects.refused(mw, &name, applied_hash(&*desired).unwrap_or_default(), &message);
+                warn!(claim = %name, %message, retry_in = ?wait, "the API server refused a change to a PersistentVolumeClaim");
+                let note = format!("the API server refused the change to claim {name}: {message}");
+                ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimChangeRefused", &note);
+                self.refused_change(name, message, wait, as_is(Some(live)));
+            }
+            Verdict::Rejected { live, message, .. } => {
+                self.blocked.get_or_insert_with(|| Blocked {
+                    reason: REJECTED,
+                    message: format!("the API server refused claim {name}: {message}"),
+                });
+                self.own.extend(as_is(live));
+            }
+            Verdict::Requeue(after) => return Some(after),
+        }
+        None
+    }
 }
 
 /// The workload's status (as the operator last knew it) lists claim `name` as one it had: the
@@ -172,33 +190,6 @@ fn announce_replacement(ctx: &Context, mw: &ManagedWorkload, name: &str) {
          where the reclaim policy of the old claim's PersistentVolume left it (with Retain, on that volume)"
     );
     ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimReplaced", &note);
-}
-
-/// The live claim: the cache (label-selected, so "not there" may be absent, just created, or
-/// someone else's claim of that name). Not there for a workload never reconciled before (no
-/// status): none of its own, and the create-only apply guards against anyone else's (a 409,
-/// then the caller looks it up), so no GET precedes the create. Otherwise one GET tells (a
-/// blocked workload's recheck looks, and does not try a create the API server refuses).
-async fn observe(
-    ctx: &Context,
-    api: &Api<PersistentVolumeClaim>,
-    mw: &ManagedWorkload,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<CachedClaim>, Error> {
-    if let Some(cached) = ctx.claims.get(&ObjectRef::new(name).within(namespace)) {
-        return Ok(Some((*cached).clone()));
-    }
-    if ctx.objects.previous_status(mw).is_none() {
-        return Ok(None);
-    }
-    get(api, namespace, name).await
-}
-
-async fn get(api: &Api<PersistentVolumeClaim>, namespace: &str, name: &str) -> Result<Option<CachedClaim>, Error> {
-    let found = api.get_opt(name).await;
-    let found = found.map_err(|source| Error::GetClaim { namespace: namespace.into(), name: name.into(), source })?;
-    Ok(found.map(CachedClaim::from))
 }
 
 fn conflict(name: &str, retained_for: Option<&str>) -> Blocked {

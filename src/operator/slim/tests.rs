@@ -154,7 +154,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
             assert_eq!(slim_pod, trimmed(&pod, super::pod));
             for with_deployment in [true, false] {
                 let full = Observed {
-                    settings: &Default::default(),
+                    desired_hash: &status::desired_hash(&mw),
                     deployment: with_deployment.then_some(&deployment),
                     pods: vec![&pod],
                     blocked: None,
@@ -163,7 +163,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                     service: None,
                 };
                 let slim = Observed {
-                    settings: &Default::default(),
+                    desired_hash: &status::desired_hash(&slim_mw),
                     deployment: with_deployment.then_some(&slim_deployment),
                     pods: vec![&slim_pod],
                     blocked: None,
@@ -187,7 +187,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
         .iter()
         .map(|(_, pod)| {
             let observed = Observed {
-                settings: &Default::default(),
+                desired_hash: &status::desired_hash(&workload_variants()[0].1),
                 deployment: Some(&slim_deployment),
                 pods: vec![pod],
                 blocked: None,
@@ -364,7 +364,7 @@ fn a_trimmed_claim_tells_the_same() {
     assert!(!drift::up_to_date(&desired, &taken) && !drift::up_to_date(&desired, &CachedClaim::from(taken.clone())));
     let derive = |c: &PersistentVolumeClaim| {
         let observed = Observed {
-            settings: &Default::default(),
+            desired_hash: &status::desired_hash(&mw),
             deployment: None,
             pods: vec![],
             blocked: None,

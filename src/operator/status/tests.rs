@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::operator::deployment as desired;
+use crate::operator::deployment::{self as desired, PodSettings};
 use crate::resource::{ManagedWorkloadSpec, ManagedWorkloadStatus};
 
 fn at(seconds: i64) -> Time {
@@ -110,7 +110,7 @@ fn terminating(mut p: Pod) -> Pod {
 
 fn derive_with(mw: &ManagedWorkload, d: Option<&Deployment>, pods: &[Pod]) -> ManagedWorkloadStatus {
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(mw),
         deployment: d,
         pods: pods.iter().collect(),
         blocked: None,
@@ -211,7 +211,7 @@ fn a_pod_stuck_terminating_on_a_lost_node_does_not_hold_back_its_replacement() {
     old.metadata.name = Some("web-old".into());
     let observed = |now: i64, pods: &[Pod]| {
         let o = Observed {
-            settings: &Default::default(),
+            desired_hash: &desired_hash(&mw),
             deployment: Some(&d),
             pods: pods.iter().collect(),
             blocked: None,
@@ -354,7 +354,7 @@ fn failed_on_replica_failure() {
 fn blocked_reports_stalled_with_its_reason() {
     let mw = workload(DesiredState::Running, 1);
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: None,
         pods: vec![],
         blocked: Some(Blocked { reason: "DeploymentConflict", message: "not ours".into() }),
@@ -375,7 +375,7 @@ fn waiting_for_a_predecessors_objects_is_in_progress_not_stalled() {
     for (state, phase) in [(DesiredState::Running, Phase::Creating), (DesiredState::Stopped, Phase::Stopping)] {
         let mw = workload(state, 1);
         let observed = Observed {
-            settings: &Default::default(),
+            desired_hash: &desired_hash(&mw),
             deployment: None,
             pods: vec![],
             blocked: Some(Blocked::departing("Deployment", "web")),
@@ -399,7 +399,7 @@ fn an_unchanged_world_derives_an_identical_status() {
     let mut again = mw.clone();
     again.status = Some(first.clone());
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d),
         pods: pods.iter().collect(),
         blocked: None,
@@ -423,7 +423,7 @@ fn transition_time_moves_only_when_a_condition_flips() {
     stopping.status = Some(running.clone());
     let d2 = deployment(&stopping, 2, 2, [0, 0, 0, 0]);
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d2),
         pods: vec![&pods[0]],
         blocked: None,
@@ -543,7 +543,7 @@ fn a_crash_loop_stays_failed_through_its_whole_cycle_with_one_status() {
         // Ready while running (no readiness probe) or not: either way a loop.
         let p = crash_cycle(&d, step, restarts, 990);
         let observed = Observed {
-            settings: &Default::default(),
+            desired_hash: &desired_hash(&mw),
             deployment: Some(&d),
             pods: vec![&p],
             blocked: None,
@@ -595,7 +595,7 @@ fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle
     ] {
         let p = crash_cycle(d, step, restarts, 990);
         let observed = Observed {
-            settings: &Default::default(),
+            desired_hash: &desired_hash(&mw),
             deployment: Some(d),
             pods: vec![&p],
             blocked: None,
@@ -610,7 +610,7 @@ fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle
     // Recovered (running for the whole window): the counts and Available are the Deployment's again.
     let p = crash_cycle(&up, "running", 3, 1000 - CRASH_LOOP_RECOVERY.as_secs() as i64);
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&up),
         pods: vec![&p],
         blocked: None,
@@ -630,7 +630,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
     let d = deployment(&mw, 1, 1, [1, 1, 1, 1]);
     let p = crash_cycle(&d, "running", 1, 1000);
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d),
         pods: vec![&p],
         blocked: None,
@@ -649,7 +649,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
     // A healthy Pod needs no revisit.
     let healthy = pod(&d, true, true, "10.0.0.5");
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d),
         pods: vec![&healthy],
         blocked: None,
@@ -817,7 +817,7 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
     let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
     let pending = claim("Pending", None);
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d),
         pods: vec![],
         blocked: None,
@@ -840,7 +840,7 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
         "ReplicaSet \"web-abc\" has timed out progressing.",
     )]);
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&late),
         pods: vec![],
         blocked: None,
@@ -861,7 +861,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
     let pods = [pod(&d, true, true, "10.0.0.5")];
     let lost = claim("Lost", None);
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d),
         pods: pods.iter().collect(),
         blocked: None,
@@ -875,7 +875,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
 
     let bound = claim("Bound", Some("1Gi"));
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d),
         pods: pods.iter().collect(),
         blocked: None,
@@ -892,7 +892,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
     grown.spec.as_mut().unwrap().resources.as_mut().unwrap().requests =
         Some([("storage".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("2Gi".into()))].into());
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d),
         pods: pods.iter().collect(),
         blocked: None,
@@ -907,7 +907,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
     // The class refuses expansion: said on the volume, and the workload runs on as it is.
     let refused = [("web-data".to_string(), "only dynamically provisioned pvc can be resized".to_string())];
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d),
         pods: pods.iter().collect(),
         blocked: None,
@@ -1027,7 +1027,7 @@ fn gpu_workloads_are_judged_against_the_resource_name_they_were_built_with() {
     d.status = deployment(&mw, 1, 1, [1, 1, 1, 1]).status;
     let p = pod(&d, true, true, "10.0.0.9");
     let observed = Observed {
-        settings: &amd,
+        desired_hash: applied_hash(&d).unwrap(),
         deployment: Some(&d),
         pods: vec![&p],
         blocked: None,
@@ -1057,7 +1057,7 @@ fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_
     let replacement = on(waiting(pod(&d, true, false, ""), "ContainerCreating", ""), "node-b");
     let pods = [lost.clone(), replacement.clone()];
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(&mw),
         deployment: Some(&d),
         pods: pods.iter().collect(),
         blocked: None,
@@ -1079,7 +1079,7 @@ fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_
     let running = [lost, on(pod(&d, true, false, "10.0.0.2"), "node-b")];
     for (mw, pods) in [(&mw, &same_node[..]), (&shared, &pods[..]), (&mw, &running[..])] {
         let observed = Observed {
-            settings: &Default::default(),
+            desired_hash: &desired_hash(mw),
             deployment: Some(&d),
             pods: pods.iter().collect(),
             blocked: None,
@@ -1134,7 +1134,7 @@ fn live_service(mw: &ManagedWorkload, ingress: Option<&str>) -> Service {
 
 fn derive_exposed(mw: &ManagedWorkload, d: &Deployment, pods: &[Pod], svc: Option<&Service>) -> ManagedWorkloadStatus {
     let observed = Observed {
-        settings: &Default::default(),
+        desired_hash: &desired_hash(mw),
         deployment: Some(d),
         pods: pods.iter().collect(),
         blocked: None,
@@ -1271,7 +1271,7 @@ fn a_new_workload_costs_two_status_writes_whatever_it_waits_on() {
     ];
     let derive_at = |known: &ManagedWorkload, d: &Deployment, pods: &[&Pod], c, svc| {
         let observed = Observed {
-            settings: &Default::default(),
+            desired_hash: &desired_hash(&mw),
             deployment: Some(d),
             pods: pods.to_vec(),
             blocked: None,
@@ -1356,7 +1356,7 @@ fn the_schedulers_wait_for_a_claim_to_bind_is_no_capacity_wait() {
     );
     let with_claim = |c| {
         let observed = Observed {
-            settings: &Default::default(),
+            desired_hash: &desired_hash(&mw),
             deployment: Some(&d),
             pods: vec![&waiting],
             blocked: None,

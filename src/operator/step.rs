@@ -1,0 +1,258 @@
+//! The one step every owned object goes through (the Deployment, the Service, each claim):
+//! observe (the cache, or one GET when the cache cannot tell) → decide (`plan`) → act (a
+//! create-only or forced server-side apply) → judge the API server's answer (`plan::judge`;
+//! an object that appeared while it was being created is looked up and decided on again).
+//! The step says what happened, as a `Verdict`; what that means for the workload (blocked,
+//! waiting, what its status reports) is the room of each kind's to say: `reconcile` for the
+//! Deployment, `expose` for the Service, `volumes` for the claims.
+
+use std::borrow::Cow;
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::info;
+
+use super::context::Context;
+use super::drift::Live;
+use super::ownership::FIELD_MANAGER;
+use super::plan::{self, Decision, Mode, Refusal};
+use super::slim::{CachedClaim, CachedDeployment, CachedService};
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::resource::ManagedWorkload;
+
+/// An owned kind as the step sees it: what its cache keeps, where that cache is, how a write
+/// is made and how its failures are named.
+pub trait Owned:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + k8s_openapi::Resource
+    + Clone
+    + Serialize
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// What the operator's cache keeps of one.
+    type Cached: Live + Resource<DynamicType = ()> + Clone + From<Self> + Send + Sync + 'static;
+
+    /// The operator's cache of the kind. Label-selected, so "not there" is either absent,
+    /// just made and not seen yet, or someone else's object of that name.
+    fn cache(ctx: &Context) -> &Store<Self::Cached>;
+
+    /// The newest the operator knows of, given what the cache holds.
+    fn newest(_ctx: &Context, _mw: &ManagedWorkload, cached: Option<Self::Cached>) -> Option<Self::Cached> {
+        cached
+    }
+
+    /// The write `mode` asks for: the shared apply, unless the kind needs more.
+    fn act(
+        ctx: &Context,
+        api: &Api<Self>,
+        name: &str,
+        desired: &Self,
+        mode: Mode,
+    ) -> impl Future<Output = Result<Self, kube::Error>> + Send {
+        apply(&ctx.metrics, api, name, desired, mode)
+    }
+
+    /// Reading one failed.
+    fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error;
+
+    /// Applying one failed in a way a retry may cure.
+    fn apply_failed(namespace: &str, name: &str, source: kube::Error) -> Error;
+}
+
+/// What the step came to for one object.
+#[derive(Debug)]
+pub enum Verdict<'d, K: Owned, L> {
+    /// The room left the object alone, for its own reason `L`; the object as it is.
+    Left(L, Option<K::Cached>),
+    /// Someone else's object of that name: never touched.
+    Conflict(Option<K::Cached>),
+    /// One of that name is on its way out: waited for.
+    Departing,
+    /// It is what the workload wants: no write.
+    UpToDate(Option<K::Cached>),
+    /// Applied as `Mode` says; the object as the API server returned it.
+    Applied(K, Mode),
+    /// The API server refused the apply of `desired`, in its own words; the object as it was.
+    Rejected { desired: Cow<'d, K>, live: Option<K::Cached>, mode: Mode, message: String },
+    /// One appeared while it was being created and was gone when looked up: look again soon.
+    Requeue(Duration),
+}
+
+/// The object a room wants, given the live one, and what to do about it; or the room's reason
+/// to leave it alone.
+pub type Intent<'d, K, L> = Result<(Cow<'d, K>, Decision), L>;
+
+/// Carry out one object's step: observe it, then as long as `intent` wants it changed, apply
+/// and judge the answer.
+pub async fn step<'d, K: Owned, L>(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+    mut intent: impl FnMut(Option<&K::Cached>) -> Intent<'d, K, L>,
+) -> Result<Verdict<'d, K, L>, Error> {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut live = observe(ctx, &api, mw, namespace, name).await?;
+    loop {
+        let (desired, mode) = match intent(live.as_ref()) {
+            Err(left) => return Ok(Verdict::Left(left, live)),
+            Ok((_, Decision::Conflict)) => return Ok(Verdict::Conflict(live)),
+            Ok((_, Decision::Departing)) => return Ok(Verdict::Departing),
+            Ok((_, Decision::UpToDate)) => return Ok(Verdict::UpToDate(live)),
+            Ok((desired, Decision::Apply(mode))) => (desired, mode),
+        };
+        let source = match K::act(ctx, &api, name, &desired, mode).await {
+            Ok(applied) => return Ok(Verdict::Applied(applied, mode)),
+            Err(source) => source,
+        };
+        match plan::judge(mode, &source) {
+            Refusal::Appeared => {
+                info!(kind = %K::KIND, %name, "one of that name exists after all; looking it up");
+                live = get(&api, namespace, name).await?;
+                if live.is_none() {
+                    return Ok(Verdict::Requeue(plan::APPEARED_RECHECK));
+                }
+            }
+            Refusal::Rejected(message) => return Ok(Verdict::Rejected { desired, live, mode, message }),
+            Refusal::Retry => return Err(K::apply_failed(namespace, name, source)),
+        }
+    }
+}
+
+/// The live object: the newest the operator knows of. The caches are full by now (a
+/// controller runs only once every watch has synced), but label-selected: "not there" may be
+/// absent, just made, or someone else's object of that name, which must not be touched. A
+/// workload never reconciled before (no status) has none of its own, and the create-only
+/// apply guards against anyone else's (a 409, and the step looks it up then), so no GET
+/// precedes a create. Otherwise one GET tells (a blocked workload's recheck looks, and does
+/// not try a create the API server refuses).
+async fn observe<K: Owned>(
+    ctx: &Context,
+    api: &Api<K>,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<K::Cached>, Error> {
+    let cached = K::cache(ctx).get(&ObjectRef::new(name).within(namespace)).map(|c| (*c).clone());
+    match K::newest(ctx, mw, cached) {
+        Some(live) => Ok(Some(live)),
+        None if ctx.objects.previous_status(mw).is_none() => Ok(None),
+        None => get(api, namespace, name).await,
+    }
+}
+
+async fn get<K: Owned>(api: &Api<K>, namespace: &str, name: &str) -> Result<Option<K::Cached>, Error> {
+    let found = api.get_opt(name).await.map_err(|source| K::get_failed(namespace, name, source))?;
+    Ok(found.map(K::Cached::from))
+}
+
+/// Server-side apply `desired` as `name` under the operator's field manager, counted as a
+/// write of its kind. Updating, forced (controllers own their fields). Creating, neither
+/// forced nor able to touch an existing object: the resourceVersion precondition "1" matches
+/// no stored object (etcd's first write is revision 2) and is ignored when the object is
+/// created, so an object that appeared since it was looked for answers 409 instead of being
+/// merged into.
+pub async fn apply<K: Owned>(
+    metrics: &Metrics,
+    api: &Api<K>,
+    name: &str,
+    desired: &K,
+    mode: Mode,
+) -> Result<K, kube::Error> {
+    metrics.wrote(K::URL_PATH_SEGMENT, "apply");
+    let mut params = PatchParams::apply(FIELD_MANAGER);
+    params.force = mode.force();
+    if mode.force() {
+        return api.patch(name, &params, &Patch::Apply(desired)).await;
+    }
+    let mut create_only = desired.clone();
+    create_only.meta_mut().resource_version = Some("1".into());
+    api.patch(name, &params, &Patch::Apply(&create_only)).await
+}
+
+impl Owned for Deployment {
+    type Cached = CachedDeployment;
+
+    fn cache(ctx: &Context) -> &Store<CachedDeployment> {
+        &ctx.deployments
+    }
+
+    /// What the last apply returned, while the cache lags behind it.
+    fn newest(ctx: &Context, mw: &ManagedWorkload, cached: Option<CachedDeployment>) -> Option<CachedDeployment> {
+        ctx.objects.newest_deployment(mw, cached)
+    }
+
+    fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
+        Error::GetDeployment { namespace: namespace.into(), name: name.into(), source }
+    }
+
+    fn apply_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
+        Error::ApplyDeployment { namespace: namespace.into(), name: name.into(), source }
+    }
+}
+
+impl Owned for Service {
+    type Cached = CachedService;
+
+    fn cache(ctx: &Context) -> &Store<CachedService> {
+        &ctx.services
+    }
+
+    /// On drift, one step of the Service's own first: the ports are exactly the workload's. A
+    /// port someone else added or renamed by hand is theirs to server-side apply, so an apply
+    /// would leave it (and fail outright when it reuses one of ours' names); the list is set
+    /// whole first, then applied as usual.
+    async fn act(
+        ctx: &Context,
+        api: &Api<Service>,
+        name: &str,
+        desired: &Service,
+        mode: Mode,
+    ) -> Result<Service, kube::Error> {
+        if mode == (Mode::Update { drift: true }) {
+            let ports = desired.spec.as_ref().map(|s| s.ports.clone());
+            ctx.metrics.wrote("services", "patch");
+            let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+            api.patch(name, &params, &Patch::Merge(serde_json::json!({ "spec": { "ports": ports } }))).await?;
+        }
+        apply(&ctx.metrics, api, name, desired, mode).await
+    }
+
+    fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
+        Error::GetService { namespace: namespace.into(), name: name.into(), source }
+    }
+
+    fn apply_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
+        Error::ApplyService { namespace: namespace.into(), name: name.into(), source }
+    }
+}
+
+impl Owned for PersistentVolumeClaim {
+    type Cached = CachedClaim;
+
+    fn cache(ctx: &Context) -> &Store<CachedClaim> {
+        &ctx.claims
+    }
+
+    fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
+        Error::GetClaim { namespace: namespace.into(), name: name.into(), source }
+    }
+
+    fn apply_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
+        Error::ApplyClaim { namespace: namespace.into(), name: name.into(), source }
+    }
+}
