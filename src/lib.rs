@@ -6,9 +6,10 @@
 //! `bridge` (Manager's database → ManagedWorkloads, and their address back). Shared: `client`
 //! (connecting), `election` (leader election), `error`, `metrics`, `telemetry` (probes and
 //! metrics server), `retry` (backoff), `cached` (how a cache's trimmed type stands for its
-//! kind); `check` verifies an install; `crdgen` prints the CRDs; `cli` is the binary's command
-//! line.
+//! kind), `allocator` (glibc's allocator set for resident memory); `check` verifies an
+//! install; `crdgen` prints the CRDs; `cli` is the binary's command line.
 
+pub mod allocator;
 pub mod bridge;
 mod cached;
 pub mod check;

@@ -1,16 +1,17 @@
 //! The operator at scale against the control plane's own floor, for `make bench` (ignored by
 //! `make test`). For each N in MW_BENCH_SIZES (default "100,1000"):
-//! - floor: N plain Deployments with the pod templates the operator would build, created at
-//!   once by a plain client; time until all are Available;
+//! - floor: for N workloads, the objects the operator would make (the Deployment, and its
+//!   ClusterIP Service unless MW_BENCH_SERVICE=0), server-side applied at once by a plain
+//!   client, as the workloads themselves are; time until every Deployment is Available;
 //! - operator: N ManagedWorkloads applied at once, each with a port and a ClusterIP Service
 //!   (MW_BENCH_SERVICE=0: without); time until all are Ready; its API writes (from the audit
-//!   log, by resource), CPU seconds and memory. The floor has no Services: a Service's cost is
-//!   the operator's extra apply and cache entry, which the writes and memory figures show.
+//!   log, by resource), CPU seconds and memory.
 //!
 //! Then, on the last N: 60 s of steady state, 200 start/stop flips against the same flips on
-//! plain Deployments (p50/p99), and an operator restart. Last, MW_BENCH_VOLUMES (default 100)
-//! more workloads with a volume each: their writes and the memory each adds. The operator is the one `make bench`
-//! started (its PID file in MW_BENCH_OPERATOR_PIDFILE). Figures go to
+//! the floor's Deployments (p50/p99), and an operator restart. Last, MW_BENCH_VOLUMES (default
+//! 100) more workloads with a volume each, against their floor (the same Deployments, Services
+//! and claims applied directly): their writes and the memory each adds. The operator is the
+//! one `make bench` started (its PID file in MW_BENCH_OPERATOR_PIDFILE). Figures go to
 //! target/bench/operator-$MW_BENCH_LABEL.json and are printed as Markdown.
 
 mod support;
@@ -21,10 +22,13 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use mw_operator::operator::ownership::MANAGED_LABEL;
+use mw_operator::operator::{claims, deployment, service};
 use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, Phase};
 use serde_json::{Value, json};
 use support::TestNamespace;
@@ -75,30 +79,48 @@ fn with_service() -> bool {
     std::env::var("MW_BENCH_SERVICE").map(|v| v != "0").unwrap_or(true)
 }
 
-/// The Deployment the operator would build for workload `i`, as a plain client would create
-/// it: no owner, no operator annotations.
-fn plain_deployment(namespace: &str, i: usize) -> Deployment {
-    let spec: ManagedWorkloadSpec = serde_json::from_value(spec(i)).expect("a valid spec");
-    let mut mw = ManagedWorkload::new(&format!("w{i}"), spec);
+/// The objects the operator would make for workload `name` with `spec` (its Deployment, its
+/// Service and its claims), as a plain client would apply them: no owner, no operator
+/// annotations on the objects themselves.
+fn floor_objects(
+    namespace: &str,
+    name: &str,
+    spec: Value,
+) -> (Deployment, Option<Service>, Vec<PersistentVolumeClaim>) {
+    let spec: ManagedWorkloadSpec = serde_json::from_value(spec).expect("a valid spec");
+    let mut mw = ManagedWorkload::new(name, spec);
     mw.metadata.namespace = Some(namespace.into());
     mw.metadata.uid = Some("00000000-0000-0000-0000-000000000000".into());
-    let mut d = mw_operator::operator::deployment::deployment(&mw, &Default::default()).expect("a desired Deployment");
-    d.metadata.owner_references = None;
-    d.metadata.annotations = None;
-    // Not the operator's label either: the operator's label-selected caches would hold the
-    // floor's Deployments and Pods, and its memory and CPU would count them.
-    let unmanaged = |labels: &mut Option<std::collections::BTreeMap<String, String>>| {
-        if let Some(labels) = labels.as_mut()
-            && labels.remove(MANAGED_LABEL).is_some()
-        {
-            labels.insert(FLOOR_LABEL.into(), "true".into());
-        }
-    };
-    unmanaged(&mut d.metadata.labels);
+    let mut d = deployment::deployment(&mw, &Default::default()).expect("a desired Deployment");
     let spec = d.spec.as_mut().expect("a Deployment spec");
     unmanaged(&mut spec.selector.match_labels);
     unmanaged(&mut spec.template.metadata.get_or_insert_default().labels);
-    d
+    let mut service = service::service(&mw);
+    if let Some(spec) = service.as_mut().and_then(|s| s.spec.as_mut()) {
+        unmanaged(&mut spec.selector);
+    }
+    let mut claims: Vec<_> = mw.spec.volumes.iter().filter_map(|v| claims::claim(&mw, v, None, false)).collect();
+    plain(&mut d.metadata);
+    service.iter_mut().for_each(|s| plain(&mut s.metadata));
+    claims.iter_mut().for_each(|c| plain(&mut c.metadata));
+    (d, service, claims)
+}
+
+/// No owner and no operator annotations; and not the operator's label either: the operator's
+/// label-selected caches would hold the floor's objects, and its memory and CPU would count
+/// them.
+fn plain(meta: &mut ObjectMeta) {
+    meta.owner_references = None;
+    meta.annotations = None;
+    unmanaged(&mut meta.labels);
+}
+
+fn unmanaged(labels: &mut Option<BTreeMap<String, String>>) {
+    if let Some(labels) = labels.as_mut()
+        && labels.remove(MANAGED_LABEL).is_some()
+    {
+        labels.insert(FLOOR_LABEL.into(), "true".into());
+    }
 }
 
 /// Takes the place of the operator's managed label on the floor's objects (about as long, so
@@ -114,17 +136,33 @@ where
     futures::stream::iter(0..n).map(f).buffer_unordered(IN_FLIGHT).collect::<Vec<()>>().await;
 }
 
-/// Create the floor's `n` plain Deployments in `ns`, IN_FLIGHT at once.
-async fn create_floor(ns: &TestNamespace, n: usize) {
+/// The floor: for each of `n` workloads `{prefix}{i}` with `spec(i)`, the objects the operator
+/// would make, server-side applied by a plain client (IN_FLIGHT workloads at once; claims,
+/// Service, Deployment in the operator's order), as the workloads themselves are applied; the
+/// seconds from the first apply until every Deployment was Available.
+async fn floor(ns: &TestNamespace, n: usize, prefix: &str, spec: impl Fn(usize) -> Value) -> f64 {
     let deployments = ns.api::<Deployment>();
+    let watch = tokio::spawn(until_all(deployments.clone(), n, deployment_available));
+    let (services, claims) = (ns.api::<Service>(), ns.api::<PersistentVolumeClaim>());
+    let t = Instant::now();
     each(n, |i| {
-        let api = deployments.clone();
-        let d = plain_deployment(&ns.name, i);
+        let (deployments, services, claims) = (deployments.clone(), services.clone(), claims.clone());
+        let name = format!("{prefix}{i}");
+        let (d, service, owned_claims) = floor_objects(&ns.name, &name, spec(i));
         async move {
-            api.create(&PostParams::default(), &d).await.expect("creating a Deployment");
+            let params = PatchParams::apply("bench");
+            for c in owned_claims {
+                claims.patch(&c.name_any(), &params, &Patch::Apply(&c)).await.expect("applying a claim");
+            }
+            if let Some(s) = service {
+                services.patch(&s.name_any(), &params, &Patch::Apply(&s)).await.expect("applying a Service");
+            }
+            deployments.patch(&name, &params, &Patch::Apply(&d)).await.expect("applying a Deployment");
         }
     })
     .await;
+    let ready = watch.await.expect("the floor watch");
+    ready.values().max().map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0)
 }
 
 /// Watch `api` until `done(obj)` holds for `n` distinct objects; the instant each first did.
@@ -177,14 +215,9 @@ struct Run {
 }
 
 async fn converge(n: usize, pid: u32) -> (Run, TestNamespace) {
-    // Floor: plain Deployments.
+    // Floor: the same objects, applied directly.
     let floor_ns = TestNamespace::new(&format!("floor-{n}")).await;
-    let deployments = floor_ns.api::<Deployment>();
-    let watch = tokio::spawn(until_all(deployments.clone(), n, deployment_available));
-    let t = Instant::now();
-    create_floor(&floor_ns, n).await;
-    let ready = watch.await.expect("the floor watch");
-    let floor_s = ready.values().max().map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0);
+    let floor_s = floor(&floor_ns, n, "w", spec).await;
     gone(floor_ns).await;
 
     // The operator.
@@ -204,27 +237,36 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace) {
 }
 
 struct VolumeRun {
+    floor_s: f64,
     operator_s: f64,
     writes: BTreeMap<String, usize>,
     rss_before_kib: f64,
     rss_kib: f64,
 }
 
+/// Workload `i` with one ReadWriteOnce volume of `class`.
+fn with_volume(i: usize, class: &str) -> Value {
+    let mut spec = spec(i);
+    spec["volumes"] = json!([{"name": "data", "mountPath": "/data", "size": "1Gi", "storageClassName": class}]);
+    spec
+}
+
 /// `n` workloads with one ReadWriteOnce volume each, applied at once beside those already
-/// there, until all are Ready (their claims bound to the volumes `Storage` provides).
+/// there, until all are Ready (their claims bound to the volumes `Storage` provides); and the
+/// floor: the same Deployments, Services and claims applied directly, on volumes of their own.
 async fn converge_with_volumes(n: usize, pid: u32) -> (VolumeRun, Storage, TestNamespace) {
+    let floor_ns = TestNamespace::new(&format!("floor-volumes-{n}")).await;
+    let floor_storage = Storage::new(&floor_ns, n, "1Gi").await;
+    let floor_s = floor(&floor_ns, n, "v", |i| with_volume(i, &floor_storage.class)).await;
+    gone(floor_ns).await;
+    drop(floor_storage);
+
     let ns = TestNamespace::new(&format!("operator-volumes-{n}")).await;
     let storage = Storage::new(&ns, n, "1Gi").await;
     let rss_before_kib = memory_kib(pid).0;
-    let with_volume = |i| {
-        let mut spec = spec(i);
-        spec["volumes"] =
-            json!([{"name": "data", "mountPath": "/data", "size": "1Gi", "storageClassName": storage.class}]);
-        spec
-    };
-    let operator_s = apply_until_ready(&ns.api(), n, "v", with_volume).await;
+    let operator_s = apply_until_ready(&ns.api(), n, "v", |i| with_volume(i, &storage.class)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let run = VolumeRun { operator_s, writes: writes(&ns.name), rss_before_kib, rss_kib: memory_kib(pid).0 };
+    let run = VolumeRun { floor_s, operator_s, writes: writes(&ns.name), rss_before_kib, rss_kib: memory_kib(pid).0 };
     (run, storage, ns)
 }
 
@@ -383,8 +425,7 @@ async fn operator_against_the_floor() {
         let flip_writes = total(&writes(&ns.name)) - total(&writes_before);
         let floor_ns = TestNamespace::new("floor-flips").await;
         let deployments = floor_ns.api::<Deployment>();
-        create_floor(&floor_ns, FLIPS).await;
-        until_all(deployments.clone(), FLIPS, deployment_available).await;
+        floor(&floor_ns, FLIPS, "w", spec).await;
         let floor = flips(
             deployments,
             names,
@@ -429,14 +470,17 @@ async fn operator_against_the_floor() {
             run.writes.iter().filter(|(k, _)| k.ends_with(" persistentvolumeclaims")).map(|(_, v)| v).sum::<usize>();
         let per_workload_kib = (run.rss_kib - run.rss_before_kib) / with_volumes as f64;
         report["volumes"] = json!({
-            "n": with_volumes, "operator_s": run.operator_s, "writes": run.writes,
+            "n": with_volumes, "floor_s": run.floor_s, "operator_s": run.operator_s,
+            "ratio": if run.floor_s > 0.0 { run.operator_s / run.floor_s } else { 0.0 }, "writes": run.writes,
             "writes_per_workload": total(&run.writes) as f64 / with_volumes as f64,
             "claim_writes_per_workload": claims as f64 / with_volumes as f64,
             "kib_per_additional_workload": per_workload_kib,
         });
         table.push_str(&format!(
-            "With a volume each, {with_volumes} more workloads: all Ready (claims bound) in {:.1} s; {:.2} writes per workload, of which {:.2} claim applies; {:.1} KiB more memory per workload.\n",
+            "With a volume each, {with_volumes} more workloads: all Ready (claims bound) in {:.1} s against {:.1} s for the floor (the same Deployments, Services and claims applied directly), ratio {:.2}; {:.2} writes per workload, of which {:.2} claim applies; {:.1} KiB more memory per workload.\n",
             run.operator_s,
+            run.floor_s,
+            if run.floor_s > 0.0 { run.operator_s / run.floor_s } else { 0.0 },
             total(&run.writes) as f64 / with_volumes as f64,
             claims as f64 / with_volumes as f64,
             per_workload_kib
