@@ -11,8 +11,9 @@
 # 2. The operator against the floor (tests/bench_operator.rs), on a control plane whose
 #    kube-controller-manager and kube-scheduler have no client-side rate limit
 #    (MW_CP_UNLIMITED_QPS=1): N = 100 and 1000 (MW_BENCH_5000=1 adds 5000) ManagedWorkloads
-#    applied at once vs the same pod templates as plain Deployments; 60 s steady state; 200
-#    start/stop flips vs the same flips on plain Deployments; an operator restart.
+#    applied at once vs the objects the operator would make (Deployment, Service) applied
+#    directly; 60 s steady state; 200 start/stop flips vs the same flips on those plain
+#    Deployments; an operator restart; 100 workloads with a volume vs their floor.
 # 3. The same convergence at N = 1000 with the control plane's default rate limits
 #    (MW_BENCH_DEFAULT_LIMITS=0 skips it).
 set -euo pipefail

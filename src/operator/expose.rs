@@ -91,7 +91,7 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
 /// one. Preconditioned on its UID, so a Service someone made under that name since is never
 /// deleted; a Service that is already gone is no error.
 async fn remove_own(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: &str) -> Result<(), Error> {
-    let Some(cached) = ctx.services.get(&ObjectRef::new(name).within(namespace)) else { return Ok(()) };
+    let Some(cached) = ctx.caches.services.get(&ObjectRef::new(name).within(namespace)) else { return Ok(()) };
     if !is_controlled_by(&*cached, mw) || cached.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }

@@ -240,20 +240,7 @@ async fn lead(shared: Shared, caches: Arc<Caches>, concurrency: u16, mut stop: w
     let resyncs = futures::stream::unfold(resyncs, |mut rx| async move { rx.recv().await.map(|()| ((), rx)) });
     let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
     let (events, event_sender) = events::start(client.clone(), reporter, metrics.clone());
-    let ctx = Arc::new(Context {
-        events,
-        client,
-        metrics,
-        deployments: caches.deployments.clone(),
-        replica_sets: caches.replica_sets.clone(),
-        pods: caches.pods.clone(),
-        claims: caches.claims.clone(),
-        services: caches.services.clone(),
-        pod_index: caches.pod_index.clone(),
-        objects: caches.objects.clone(),
-        pod_settings,
-        in_flight,
-    });
+    let ctx = Arc::new(Context { client, metrics, caches: caches.clone(), events, pod_settings, in_flight });
     info!(namespace = caches.namespace.as_deref(), "reconciling");
     Controller::for_stream(futures::stream::pending::<Result<Workload, watcher::Error>>(), caches.workloads.clone())
         .reconcile_on(triggers)

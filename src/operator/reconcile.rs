@@ -67,7 +67,7 @@ pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action
     };
     timer.finish(result.is_ok());
     match &result {
-        Ok(_) => ctx.objects.succeeded(guard.uid().as_deref()),
+        Ok(_) => ctx.caches.objects.succeeded(guard.uid().as_deref()),
         // RBAC taken away at runtime: said on the object too (`kubectl describe` is where a
         // workload's owner looks; error_policy logs it for the admin). Retried with backoff,
         // so the operator recovers by itself once the permission is back.
@@ -144,7 +144,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         Verdict::UpToDate(live) => (live, None),
         Verdict::Applied(applied, mode) => {
             let applied = CachedDeployment::from(applied);
-            ctx.objects.applied(mw, applied.clone());
+            ctx.caches.objects.applied(mw, applied.clone());
             info!(verb = if mode.force() { "updated" } else { "created" }, "applied Deployment");
             // Spec changes are announced by the phase change they cause; an edit made to the
             // Deployment behind the operator's back deserves its own event.
@@ -175,8 +175,8 @@ struct Held;
 /// reconciled before whose Deployment the cache lacks; a Running or Stopped one has it. A
 /// failed GET answers no: the check saves a write, it never holds a workload.
 async fn is_superseded(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: &str) -> bool {
-    if ctx.objects.previous_status(mw).is_none()
-        || ctx.deployments.get(&ObjectRef::new(name).within(namespace)).is_some()
+    if ctx.caches.objects.previous_status(mw).is_none()
+        || ctx.caches.deployments.get(&ObjectRef::new(name).within(namespace)).is_some()
     {
         return false;
     }
@@ -204,12 +204,13 @@ async fn report(
     // Labelled as the workload's, and belonging to its Deployment's ReplicaSets: a Pod anyone
     // could create with those labels counts for nothing.
     let deployment_uid = acted.deployment.as_ref().and_then(|d| d.metadata.uid.as_deref());
-    let pods: Vec<Pod> = ctx
+    let caches = &ctx.caches;
+    let pods: Vec<Pod> = caches
         .pod_index
-        .pods(&ctx.pods, namespace, name)
+        .pods(&caches.pods, namespace, name)
         .iter()
         .map(|p| p.to_pod())
-        .filter(|p| deployment_uid.is_some_and(|uid| ctx.replica_sets.owns(uid, p)))
+        .filter(|p| deployment_uid.is_some_and(|uid| caches.replica_sets.owns(uid, p)))
         .collect();
     let recheck = match &acted.blocked {
         Some(b) if b.is_wait() => Some(DEPARTING_RECHECK),
@@ -230,17 +231,17 @@ async fn report(
     // Compared with what the operator last wrote, not only with the cache, which may not
     // hold that write yet: a stale cache would mean a duplicate write and phase Event.
     let mut known = mw.clone();
-    known.status = ctx.objects.previous_status(mw);
+    known.status = ctx.caches.objects.previous_status(mw);
     let status = status::derive(&known, &observed, &now);
 
     let mut held = None;
     if known.status.as_ref() != Some(&status) {
         // Details wait for more changes to fold into one write; the requeue below comes back
         // for them if nothing else does first.
-        let wait = ctx.objects.hold_back(mw, status::urgency(known.status.as_ref(), &status));
+        let wait = ctx.caches.objects.hold_back(mw, status::urgency(known.status.as_ref(), &status));
         if wait.is_zero() {
             let version = write_status(ctx, mw, namespace, name, &status).await?;
-            ctx.objects.wrote(mw, version, status.clone());
+            ctx.caches.objects.wrote(mw, version, status.clone());
             announce_phase_change(ctx, &known, &status);
         } else {
             debug!(?wait, "status details held back");
@@ -330,10 +331,10 @@ pub fn error_policy(mw: Arc<Workload>, err: &Error, ctx: Arc<Context>) -> Action
     if err.is_permanent() {
         // Retrying the same object gets the same answer; its next change is reconciled at once.
         warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), "reconcile failed permanently; waiting for the object to change");
-        ctx.objects.succeeded(mw.uid().as_deref());
+        ctx.caches.objects.succeeded(mw.uid().as_deref());
         return Action::await_change();
     }
-    let failures = ctx.objects.failed(mw.uid());
+    let failures = ctx.caches.objects.failed(mw.uid());
     let delay = BACKOFF.delay(failures);
     warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), failures, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)

@@ -150,7 +150,7 @@ async fn observe<K: Owned>(
     let cached = K::cache(ctx).get(&ObjectRef::new(name).within(namespace)).map(|c| (*c).clone());
     match K::newest(ctx, mw, cached) {
         Some(live) => Ok(Some(live)),
-        None if ctx.objects.previous_status(mw).is_none() => Ok(None),
+        None if ctx.caches.objects.previous_status(mw).is_none() => Ok(None),
         None => get(api, namespace, name).await,
     }
 }
@@ -188,12 +188,12 @@ impl Owned for Deployment {
     type Cached = CachedDeployment;
 
     fn cache(ctx: &Context) -> &Store<CachedDeployment> {
-        &ctx.deployments
+        &ctx.caches.deployments
     }
 
     /// What the last apply returned, while the cache lags behind it.
     fn newest(ctx: &Context, mw: &ManagedWorkload, cached: Option<CachedDeployment>) -> Option<CachedDeployment> {
-        ctx.objects.newest_deployment(mw, cached)
+        ctx.caches.objects.newest_deployment(mw, cached)
     }
 
     fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
@@ -209,7 +209,7 @@ impl Owned for Service {
     type Cached = CachedService;
 
     fn cache(ctx: &Context) -> &Store<CachedService> {
-        &ctx.services
+        &ctx.caches.services
     }
 
     /// On drift, one step of the Service's own first: the ports are exactly the workload's. A
@@ -245,7 +245,7 @@ impl Owned for PersistentVolumeClaim {
     type Cached = CachedClaim;
 
     fn cache(ctx: &Context) -> &Store<CachedClaim> {
-        &ctx.claims
+        &ctx.caches.claims
     }
 
     fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error {

@@ -105,8 +105,11 @@ fn intent(
     let desired = claims::claim(mw, volume, claim.as_ref(), replacing).ok_or(Leave::Unwanted)?;
     let decision = plan::decide_by(mw, |_| own, &desired, live);
     if matches!(decision, Decision::Apply(_))
-        && let Some((refused, wait)) =
-            ctx.objects.refusal(mw, name, applied_hash(&desired).unwrap_or_default()).filter(|(_, w)| !w.is_zero())
+        && let Some((refused, wait)) = ctx
+            .caches
+            .objects
+            .refusal(mw, name, applied_hash(&desired).unwrap_or_default())
+            .filter(|(_, w)| !w.is_zero())
     {
         return Err(Leave::Held(refused, wait));
     }
@@ -126,7 +129,7 @@ impl Claims {
     ) -> Option<Duration> {
         let as_is = |live: Option<CachedClaim>| live.as_ref().map(CachedClaim::to_claim);
         if matches!(verdict, Verdict::Conflict(_) | Verdict::Departing | Verdict::UpToDate(_) | Verdict::Applied(..)) {
-            ctx.objects.accepted(mw, &name);
+            ctx.caches.objects.accepted(mw, &name);
         }
         match verdict {
             Verdict::Left(Leave::Unwanted, _) => {}
@@ -156,7 +159,7 @@ impl Claims {
             }
             // The claim exists and serves as it is: only the change is refused.
             Verdict::Rejected { desired, live: Some(live), mode: Mode::Update { .. }, message } => {
-                let wait = ctx.objects.refused(mw, &name, applied_hash(&*desired).unwrap_or_default(), &message);
+                let wait = ctx.caches.objects.refused(mw, &name, applied_hash(&*desired).unwrap_or_default(), &message);
                 warn!(claim = %name, %message, retry_in = ?wait, "the API server refused a change to a PersistentVolumeClaim");
                 let note = format!("the API server refused the change to claim {name}: {message}");
                 ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimChangeRefused", &note);
@@ -178,7 +181,7 @@ impl Claims {
 /// The workload's status (as the operator last knew it) lists claim `name` as one it had: the
 /// claim is gone now, so a new one would start empty.
 fn existed(ctx: &Context, mw: &ManagedWorkload, name: &str) -> bool {
-    let status = ctx.objects.previous_status(mw);
+    let status = ctx.caches.objects.previous_status(mw);
     status.iter().flat_map(|s| &s.volumes).any(|v| v.claim == name && v.phase.is_some())
 }
 
