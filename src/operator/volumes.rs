@@ -2,9 +2,10 @@
 //! for each volume's claim, deciding by `plan::decide_by` with the claims room's ownership
 //! rule (a server-side apply, never a delete), and what it means for the Deployment step: the
 //! workload's claims as they now are, and whether it may be started (a foreign, refused or
-//! deleting claim holds it; a predecessor's on its way out makes it wait). A refused change to a claim that exists (an expansion its StorageClass
-//! does not allow) holds nothing: the workload runs on the claim as it is, the refusal is
-//! reported on `status.volumes`, and the same apply is retried only after a growing backoff.
+//! deleting claim holds it; a predecessor's on its way out makes it wait). A refused change to
+//! a claim that exists (an expansion its StorageClass does not allow) holds nothing: the
+//! workload runs on the claim as it is, the refusal is reported on `status.volumes`, and the
+//! same apply is retried only after a growing backoff.
 
 use std::borrow::Cow;
 use std::time::Duration;
