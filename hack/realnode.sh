@@ -175,6 +175,7 @@ cmd_node_up() {
   node_lock_free "$name"
   # Whatever a killed earlier run of this node left goes first.
   node_cleanup "$name" || die "an earlier real node of '$name' could not be cleaned up (see above)"
+  claim_bridge
   echo "$state" >"$REAL_NODE_LOCK"
   ensure_node_packages
   local nbin images
@@ -376,6 +377,21 @@ node_lock_free() {
   if [ "$owner" != "$RUN_ROOT/$name" ] && node_alive "$owner" 2>/dev/null; then
     die "a real node already runs on this machine, for the control plane in $owner (one per machine: it owns the host's KUBE-* iptables chains); stop it first (hack/controlplane.sh node-down NAME, or make demo-down)"
   fi
+}
+
+# Fail when the CNI bridge carries another real node's Pods; remove one left empty. The lock
+# lives in /run, so a node started from another container that shares this network namespace
+# (a CI job beside a demo) does not hold it, yet its Pods sit on the same bridge: the CNI
+# bridge plugin would take that bridge over, and two host-local IP pools on one bridge hand
+# out the same Pod IPs (requests reach the other node's Pod, probes fail).
+claim_bridge() {
+  ip link show "$CNI_BRIDGE" >/dev/null 2>&1 || return 0
+  local ports
+  ports=$(ip -o link show master "$CNI_BRIDGE" 2>/dev/null | wc -l)
+  if [ "$ports" -gt 0 ]; then
+    die "the CNI bridge $CNI_BRIDGE has $ports Pod interface(s) of another real node on it: one runs in this network namespace outside this checkout's view (make demo in another checkout or container?); stop it first (make demo-down there)"
+  fi
+  ip link delete "$CNI_BRIDGE" || die "could not delete the empty bridge $CNI_BRIDGE left by an earlier run"
 }
 
 # The comment that marks node NAME's DNAT rules (teardown removes them by it).

@@ -132,9 +132,21 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         _ => None,
     };
     let held = hold.is_some() && running;
-    let verdict = step::step(ctx, mw, namespace, name, |live| {
-        if held { Err(Held) } else { Ok((Cow::Borrowed(&desired), plan::decide(mw, &desired, live))) }
-    })
+    let verdict = step::step_beside(
+        ctx,
+        mw,
+        namespace,
+        name,
+        |live| if held { Err(Held) } else { Ok((Cow::Borrowed(&desired), plan::decide(mw, &desired, live))) },
+        |live| {
+            let before = Acted {
+                deployment: live.map(CachedDeployment::to_deployment),
+                service: service.clone(),
+                blocked: hold.clone().or_else(|| exposed.blocked.clone()),
+            };
+            report_ahead(ctx, mw, namespace, name, &desired, before, &claims)
+        },
+    )
     .await?;
     // The Deployment as it now is, and why it is not what it should be.
     let (deployment, blocked) = match verdict {
@@ -201,6 +213,83 @@ async fn report(
     acted: Acted,
     claims: &volumes::Claims,
 ) -> Result<Action, Error> {
+    let recheck = match &acted.blocked {
+        Some(b) if b.is_wait() => Some(DEPARTING_RECHECK),
+        Some(b) if [REJECTED, volumes::REJECTED, expose::REJECTED].contains(&b.reason) => Some(REJECTED_RECHECK),
+        Some(_) => Some(CONFLICT_RECHECK),
+        None => None,
+    };
+    let derived = derive(ctx, mw, namespace, name, desired, &acted, claims);
+    let mut held = None;
+    if derived.changed() {
+        // Details wait for more changes to fold into one write; the requeue below comes back
+        // for them if nothing else does first.
+        let wait = ctx.caches.objects.hold_back(mw, derived.urgency());
+        if wait.is_zero() {
+            write(ctx, mw, namespace, name, &derived).await?;
+        } else {
+            debug!(?wait, "status details held back");
+            held = Some(wait);
+        }
+    }
+    let requeue = [Some(RESYNC), recheck, derived.revisit, held, claims.retry].into_iter().flatten().min();
+    Ok(Action::requeue(requeue.unwrap_or(RESYNC)))
+}
+
+/// While the Deployment apply of a spec change is in flight, write the transition it starts
+/// (Stopping, Updating, Creating at the new generation), derived from the Deployment as it was
+/// (`acted`): one built from an older spec, which the status reads as not yet rolled out.
+/// That saves a stop or start the apply's round trip before it shows. Only a change the
+/// status has not reported yet, and only what is urgent; the report after the apply derives
+/// again and finds it written, or writes what differs (the apply failed: it says why).
+async fn report_ahead(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+    desired: &Deployment,
+    acted: Acted,
+    claims: &volumes::Claims,
+) {
+    let derived = derive(ctx, mw, namespace, name, desired, &acted, claims);
+    let reported = derived.known.status.as_ref().and_then(|s| s.observed_generation) == mw.metadata.generation;
+    if reported || !derived.changed() || derived.urgency() != status::Urgency::Now {
+        return;
+    }
+    if let Err(err) = write(ctx, mw, namespace, name, &derived).await {
+        debug!(error = %err, "the status written beside the apply failed; the report after it writes it");
+    }
+}
+
+/// The status derived from what was observed and acted on, beside the one the workload has.
+struct Derived {
+    /// The workload with the status the operator last wrote: the cache may not hold that
+    /// write yet, and a stale cache would mean a duplicate write and phase Event.
+    known: ManagedWorkload,
+    status: ManagedWorkloadStatus,
+    /// When the same world would derive another status (`status::revisit_after`).
+    revisit: Option<Duration>,
+}
+
+impl Derived {
+    fn changed(&self) -> bool {
+        self.known.status.as_ref() != Some(&self.status)
+    }
+
+    fn urgency(&self) -> status::Urgency {
+        status::urgency(self.known.status.as_ref(), &self.status)
+    }
+}
+
+fn derive(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+    desired: &Deployment,
+    acted: &Acted,
+    claims: &volumes::Claims,
+) -> Derived {
     // Labelled as the workload's, and belonging to its Deployment's ReplicaSets: a Pod anyone
     // could create with those labels counts for nothing.
     let deployment_uid = acted.deployment.as_ref().and_then(|d| d.metadata.uid.as_deref());
@@ -212,45 +301,35 @@ async fn report(
         .map(|p| p.to_pod())
         .filter(|p| deployment_uid.is_some_and(|uid| caches.replica_sets.owns(uid, p)))
         .collect();
-    let recheck = match &acted.blocked {
-        Some(b) if b.is_wait() => Some(DEPARTING_RECHECK),
-        Some(b) if [REJECTED, volumes::REJECTED, expose::REJECTED].contains(&b.reason) => Some(REJECTED_RECHECK),
-        Some(_) => Some(CONFLICT_RECHECK),
-        None => None,
-    };
     let observed = Observed {
         desired_hash: applied_hash(desired).unwrap_or_default(),
         deployment: acted.deployment.as_ref(),
         pods: pods.iter().collect(),
-        blocked: acted.blocked,
+        blocked: acted.blocked.clone(),
         claims: claims.own.iter().collect(),
         refused: &claims.refused,
         service: acted.service.as_ref(),
     };
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
-    // Compared with what the operator last wrote, not only with the cache, which may not
-    // hold that write yet: a stale cache would mean a duplicate write and phase Event.
     let mut known = mw.clone();
-    known.status = ctx.caches.objects.previous_status(mw);
+    known.status = caches.objects.previous_status(mw);
     let status = status::derive(&known, &observed, &now);
-
-    let mut held = None;
-    if known.status.as_ref() != Some(&status) {
-        // Details wait for more changes to fold into one write; the requeue below comes back
-        // for them if nothing else does first.
-        let wait = ctx.caches.objects.hold_back(mw, status::urgency(known.status.as_ref(), &status));
-        if wait.is_zero() {
-            let version = write_status(ctx, mw, namespace, name, &status).await?;
-            ctx.caches.objects.wrote(mw, version, status.clone());
-            announce_phase_change(ctx, &known, &status);
-        } else {
-            debug!(?wait, "status details held back");
-            held = Some(wait);
-        }
-    }
     let revisit = status::revisit_after(&known, &observed, &now);
-    let requeue = [Some(RESYNC), recheck, revisit, held, claims.retry].into_iter().flatten().min();
-    Ok(Action::requeue(requeue.unwrap_or(RESYNC)))
+    Derived { known, status, revisit }
+}
+
+/// Write the derived status, remember it, and announce a phase change.
+async fn write(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+    derived: &Derived,
+) -> Result<(), Error> {
+    let version = write_status(ctx, mw, namespace, name, &derived.status).await?;
+    ctx.caches.objects.wrote(mw, version, derived.status.clone());
+    announce_phase_change(ctx, &derived.known, &derived.status);
+    Ok(())
 }
 
 fn conflict(name: &str) -> Blocked {

@@ -64,6 +64,17 @@ pub struct Observed<'a> {
     pub service: Option<&'a Service>,
 }
 
+impl Observed<'_> {
+    /// The Deployment, when it was built from the spec being reported (it carries the desired
+    /// one's fingerprint). One that was not describes an older spec: the reconcile is about to
+    /// apply this one (the status is derived while that apply is in flight), or something
+    /// holds it back (then `blocked` says what). Its Pods are no current ones, and its scale,
+    /// failures and conditions say nothing about this generation.
+    fn built(&self) -> Option<&Deployment> {
+        self.deployment.filter(|d| applied_hash(*d) == Some(self.desired_hash))
+    }
+}
+
 /// A reason the desired Deployment cannot be applied: one only a human can fix (reported as
 /// Stalled, phase Failed), or, for `Blocked::departing`, one that time fixes (a wait).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,7 +164,7 @@ pub fn derive(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Mana
             generation,
         ),
     ];
-    conditions.extend(mirrored(mw, observed.deployment, observed.desired_hash));
+    conditions.extend(mirrored(mw, observed));
     if looping {
         for c in conditions.iter_mut().filter(|c| c.type_ == AVAILABLE && c.status == "True") {
             // The Deployment controller's own words for a Deployment without its replica.
@@ -326,11 +337,11 @@ fn condition(type_: &str, status: bool, reason: &str, message: &str, generation:
 /// previous template, so they keep the generation they had, and are left out when they never
 /// had one. `kubectl wait --for=condition=Available` then cannot return on the old
 /// ReplicaSet's state.
-fn mirrored(mw: &ManagedWorkload, deployment: Option<&Deployment>, desired_hash: &str) -> Vec<Condition> {
-    let Some(conditions) = deployment.and_then(|d| d.status.as_ref()?.conditions.as_ref()) else {
+fn mirrored(mw: &ManagedWorkload, observed: &Observed<'_>) -> Vec<Condition> {
+    let Some(conditions) = observed.deployment.and_then(|d| d.status.as_ref()?.conditions.as_ref()) else {
         return Vec::new();
     };
-    let current = deployment.is_some_and(|d| rolled_out(d) && applied_hash(d) == Some(desired_hash));
+    let current = observed.built().is_some_and(rolled_out);
     let previous = mw.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     MIRRORED
         .iter()
@@ -371,9 +382,9 @@ fn live(pod: &Pod) -> bool {
     !finished(pod) && pod.metadata.deletion_timestamp.is_none()
 }
 
-/// Live Pods of the Deployment's current template.
+/// Live Pods of the current template: the one of the Deployment built from the spec.
 fn current_pods<'a>(observed: &'a Observed<'_>) -> impl Iterator<Item = &'a Pod> + 'a {
-    let hash = observed.deployment.and_then(desired::current_template_hash);
+    let hash = observed.built().and_then(desired::current_template_hash);
     observed.pods.iter().copied().filter(move |p| live(p) && hash.is_some() && pod_hash(p) == hash)
 }
 
@@ -395,7 +406,7 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
 
     match mw.spec.desired_state() {
         DesiredState::Stopped => {
-            let scaled_down = deployment.is_some_and(|d| rolled_out(d) && count(d, |s| s.replicas) == 0);
+            let scaled_down = observed.built().is_some_and(|d| rolled_out(d) && count(d, |s| s.replicas) == 0);
             if unfinished == 0 && (scaled_down || deployment.is_none()) {
                 Verdict::new(Phase::Stopped, "Stopped", "Stopped: no Pods are running")
             } else if unfinished == 0 {
@@ -417,7 +428,7 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                 return failure;
             }
             let unbound = volumes::unbound(mw, observed);
-            if let Some(failure) = deployment.and_then(deployment_failure) {
+            if let Some(failure) = observed.built().and_then(deployment_failure) {
                 return match unbound {
                     Some(claim) => volumes::not_bound_in_time(&claim, &failure),
                     None => failure,
@@ -441,7 +452,9 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                 .status
                 .as_ref()
                 .is_some_and(|s| s.phase == Some(Phase::Running) && s.observed_generation == mw.metadata.generation);
-            let settled = rolled_out(deployment) || (ran_this_spec && current.len() == 1 && pod_ready(current[0]));
+            let built = observed.built().is_some();
+            let settled =
+                built && (rolled_out(deployment) || (ran_this_spec && current.len() == 1 && pod_ready(current[0])));
             let complete = settled
                 && [
                     count(deployment, |s| s.replicas),
@@ -487,7 +500,7 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                     format!("{word}: {UNSCHEDULABLE}: {}", scrub_scheduler(why)),
                 );
             }
-            let detail = if !rolled_out(deployment) {
+            let detail = if !built || !rolled_out(deployment) {
                 "waiting for the Deployment controller to observe the new spec"
             } else if others > 0 {
                 "waiting for old Pods to terminate"
@@ -698,7 +711,7 @@ fn pod_ip(mw: &ManagedWorkload, observed: &Observed<'_>) -> Option<String> {
     if mw.spec.desired_state() == DesiredState::Stopped {
         return None;
     }
-    let hash = observed.deployment.and_then(desired::current_template_hash);
+    let hash = observed.built().and_then(desired::current_template_hash);
     let candidates = observed.pods.iter().filter(|p| live(p)).filter_map(|p| {
         let status = p.status.as_ref()?;
         let ip = status.pod_ip.as_ref().filter(|ip| !ip.is_empty())?;

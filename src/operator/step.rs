@@ -103,10 +103,25 @@ pub async fn step<'d, K: Owned, L>(
     mw: &ManagedWorkload,
     namespace: &str,
     name: &str,
+    intent: impl FnMut(Option<&K::Cached>) -> Intent<'d, K, L>,
+) -> Result<Verdict<'d, K, L>, Error> {
+    step_beside(ctx, mw, namespace, name, intent, |_| std::future::ready(())).await
+}
+
+/// `step`, with `beside` run while the first apply is in flight, given the object as it was
+/// before: work of the room's that need not wait for the API server's
+/// answer (the Deployment's room writes the workload's new phase meanwhile).
+pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
     mut intent: impl FnMut(Option<&K::Cached>) -> Intent<'d, K, L>,
+    beside: impl FnOnce(Option<&K::Cached>) -> F,
 ) -> Result<Verdict<'d, K, L>, Error> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
     let mut live = observe(ctx, &api, mw, namespace, name).await?;
+    let mut beside = Some(beside);
     loop {
         let (desired, mode) = match intent(live.as_ref()) {
             Err(left) => return Ok(Verdict::Left(left, live)),
@@ -115,7 +130,12 @@ pub async fn step<'d, K: Owned, L>(
             Ok((_, Decision::UpToDate)) => return Ok(Verdict::UpToDate(live)),
             Ok((desired, Decision::Apply(mode))) => (desired, mode),
         };
-        let source = match K::act(ctx, &api, name, &desired, mode).await {
+        let write = K::act(ctx, &api, name, &desired, mode);
+        let answer = match beside.take() {
+            Some(beside) => tokio::join!(write, beside(live.as_ref())).0,
+            None => write.await,
+        };
+        let source = match answer {
             Ok(applied) => return Ok(Verdict::Applied(applied, mode)),
             Err(source) => source,
         };

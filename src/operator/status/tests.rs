@@ -182,6 +182,63 @@ fn not_running_until_the_deployment_controller_saw_the_latest_spec() {
     assert_summary(&s, Phase::Updating, "False", "True", "False");
 }
 
+/// The status written while the apply of a spec change is in flight is derived from the
+/// Deployment as it was, built from the older spec: it reports the transition the change
+/// starts, at the new generation, and nothing of the old Deployment's state as the new one's.
+#[test]
+fn a_deployment_of_an_older_spec_reports_the_transition_the_change_starts() {
+    let mut old = with_phase(workload(DesiredState::Running, 1), Phase::Running);
+    old.status.as_mut().unwrap().observed_generation = Some(1);
+    let d = deployment(&old, 1, 1, [1, 1, 1, 1]);
+    let serving = pod(&d, true, true, "10.0.0.5");
+    let running = derive_with(&old, Some(&d), std::slice::from_ref(&serving));
+    assert_eq!(running.phase, Some(Phase::Running));
+    old.status = Some(running);
+
+    // An image change: rolled out, available and Ready as the old Deployment is, it is not
+    // Running at the new generation, and the old Pod keeps serving meanwhile.
+    let mut image = old.clone();
+    image.spec.image = "nginx:1.27".into();
+    image.metadata.generation = Some(2);
+    let s = derive_with(&image, Some(&d), std::slice::from_ref(&serving));
+    assert_summary(&s, Phase::Updating, "False", "True", "False");
+    assert_eq!(cond(&s, READY).observed_generation, Some(2));
+    assert_eq!(cond(&s, "Available").observed_generation, Some(1), "the old Deployment's, not the new spec's");
+    assert_eq!(s.pod_ip.as_deref(), Some("10.0.0.5"));
+
+    // A stop: Stopping until the Pods are gone, whatever the old Deployment's scale.
+    let mut stop = old.clone();
+    stop.spec.state = Some(DesiredState::Stopped);
+    stop.metadata.generation = Some(2);
+    let s = derive_with(&stop, Some(&d), std::slice::from_ref(&serving));
+    assert_summary(&s, Phase::Stopping, "False", "True", "False");
+    let stopped = deployment(&with_phase(workload(DesiredState::Stopped, 1), Phase::Stopped), 1, 1, [0, 0, 0, 0]);
+    let mut start = with_phase(workload(DesiredState::Running, 2), Phase::Stopped);
+    start.status.as_mut().unwrap().observed_generation = Some(1);
+    let s = derive_with(&start, Some(&stopped), &[]);
+    assert_summary(&s, Phase::Creating, "False", "True", "False");
+    // Nor Stopped at the new generation from an old Deployment at 0 (an edit while stopped):
+    // its controller has yet to observe the new one.
+    let mut edited = with_phase(workload(DesiredState::Stopped, 2), Phase::Stopped);
+    edited.spec.image = "nginx:1.27".into();
+    let s = derive_with(&edited, Some(&stopped), &[]);
+    assert_eq!(s.phase, Some(Phase::Stopping));
+
+    // A fix of a failing spec: the old Pod's failure and the old Deployment's exceeded
+    // deadline are not the new spec's.
+    let mut failing = d.clone();
+    failing.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
+        "Progressing",
+        "False",
+        "ProgressDeadlineExceeded",
+        "ReplicaSet \"web-abc\" has timed out progressing.",
+    )]);
+    let pulling = waiting(pod(&d, true, false, ""), "ImagePullBackOff", "no such image");
+    assert_eq!(derive_with(&old, Some(&failing), std::slice::from_ref(&pulling)).phase, Some(Phase::Failed));
+    let s = derive_with(&image, Some(&failing), &[pulling]);
+    assert_summary(&s, Phase::Updating, "False", "True", "False");
+}
+
 #[test]
 fn a_deployment_generation_that_changes_no_pod_is_no_rollout() {
     // Someone edited a Deployment field outside the template (the operator restores it): the
