@@ -242,6 +242,10 @@ async fn report(
 /// That saves a stop or start the apply's round trip before it shows. Only a change the
 /// status has not reported yet, and only what is urgent; the report after the apply derives
 /// again and finds it written, or writes what differs (the apply failed: it says why).
+///
+/// Only over a Deployment that exists: before the first one is created, the status cannot
+/// tell what the workload waits on (a claim, the Deployment controller), and a workload
+/// created `Stopped` would read as `Stopped` already.
 async fn report_ahead(
     ctx: &Context,
     mw: &ManagedWorkload,
@@ -251,6 +255,9 @@ async fn report_ahead(
     acted: Acted,
     claims: &volumes::Claims,
 ) {
+    if acted.deployment.is_none() {
+        return;
+    }
     let derived = derive(ctx, mw, namespace, name, desired, &acted, claims);
     let reported = derived.known.status.as_ref().and_then(|s| s.observed_generation) == mw.metadata.generation;
     if reported || !derived.changed() || derived.urgency() != status::Urgency::Now {
