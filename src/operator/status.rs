@@ -401,12 +401,13 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
         return Verdict::new(phase, blocked.reason, format!("{word}: {}", blocked.message));
     }
     let deployment = observed.deployment;
+    let built = observed.built();
     // Pods still holding resources: running, starting or terminating. Finished ones are not.
     let unfinished = observed.pods.iter().filter(|p| !finished(p)).count();
 
     match mw.spec.desired_state() {
         DesiredState::Stopped => {
-            let scaled_down = observed.built().is_some_and(|d| rolled_out(d) && count(d, |s| s.replicas) == 0);
+            let scaled_down = built.is_some_and(|d| rolled_out(d) && count(d, |s| s.replicas) == 0);
             if unfinished == 0 && (scaled_down || deployment.is_none()) {
                 Verdict::new(Phase::Stopped, "Stopped", "Stopped: no Pods are running")
             } else if unfinished == 0 {
@@ -428,7 +429,7 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                 return failure;
             }
             let unbound = volumes::unbound(mw, observed);
-            if let Some(failure) = observed.built().and_then(deployment_failure) {
+            if let Some(failure) = built.and_then(deployment_failure) {
                 return match unbound {
                     Some(claim) => volumes::not_bound_in_time(&claim, &failure),
                     None => failure,
@@ -452,9 +453,8 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                 .status
                 .as_ref()
                 .is_some_and(|s| s.phase == Some(Phase::Running) && s.observed_generation == mw.metadata.generation);
-            let built = observed.built().is_some();
-            let settled =
-                built && (rolled_out(deployment) || (ran_this_spec && current.len() == 1 && pod_ready(current[0])));
+            let settled = built.is_some()
+                && (rolled_out(deployment) || (ran_this_spec && current.len() == 1 && pod_ready(current[0])));
             let complete = settled
                 && [
                     count(deployment, |s| s.replicas),
@@ -500,7 +500,7 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                     format!("{word}: {UNSCHEDULABLE}: {}", scrub_scheduler(why)),
                 );
             }
-            let detail = if !built || !rolled_out(deployment) {
+            let detail = if !built.is_some_and(rolled_out) {
                 "waiting for the Deployment controller to observe the new spec"
             } else if others > 0 {
                 "waiting for old Pods to terminate"

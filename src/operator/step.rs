@@ -109,8 +109,8 @@ pub async fn step<'d, K: Owned, L>(
 }
 
 /// `step`, with `beside` run while the first apply is in flight, given the object as it was
-/// before: work of the room's that need not wait for the API server's
-/// answer (the Deployment's room writes the workload's new phase meanwhile).
+/// before: work of the room's that need not wait for the API server's answer (the
+/// Deployment's room writes the workload's new phase meanwhile).
 pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
     ctx: &Context,
     mw: &ManagedWorkload,
