@@ -27,6 +27,8 @@
 #                                         CNI) and its local images: see hack/realnode.sh
 #
 # NAME defaults to "default"; `make test` uses "test" so a running demo is left alone.
+# MW_CP_PROFILING=true serves the API server's Go profiles (`kubectl get --raw
+# /debug/pprof/profile?seconds=30`), to see where its CPU goes under a benchmark.
 # MW_REAL_NODE=1 makes `up` start the real node too. MW_CONTROLPLANE=compat builds and starts
 # the oldest Kubernetes the operator supports instead (`make test-compat`).
 set -euo pipefail
@@ -392,7 +394,7 @@ cmd_up() {
     --service-cluster-ip-range=10.96.0.0/16 \
     --authorization-mode=Node,RBAC --allow-privileged=true \
     --enable-admission-plugins=NodeRestriction,PodNodeSelector,PodTolerationRestriction \
-    --endpoint-reconciler-type=none --profiling=false \
+    --endpoint-reconciler-type=none --profiling="${MW_CP_PROFILING:-false}" \
     --audit-policy-file="$HERE/audit-policy.yaml" --audit-log-path="$logs/audit.log" \
     --audit-log-maxsize=200 --audit-log-maxbackup="${MW_CP_AUDIT_BACKUPS:-1}"
   wait_for "kube-apiserver" 120 "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \

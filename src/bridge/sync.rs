@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{Resource, ResourceExt};
@@ -153,6 +154,13 @@ fn named(orphans: &[Orphan]) -> String {
     }
     text
 }
+
+/// A mapped row to sync: what it should be, what the CR cache holds of it, and whether its
+/// Secret is cached.
+type Job = (Desired, Option<Existing>, bool);
+
+/// An env Secret to give its owner: its namespace, name and UID, and the owner.
+type Adoption = (String, String, String, OwnerReference);
 
 /// How one row's sync ended.
 enum Outcome {
@@ -493,57 +501,73 @@ impl Bridge {
             }
         }
         self.record(collisions);
-        // In chunks, so a first sync of thousands of rows never holds every desired object
-        // in memory at once.
-        for chunk in order.chunks(SYNC_CHUNK) {
-            let mut jobs = Vec::new();
-            let mut outcomes = Vec::new();
-            for key in chunk {
-                let t = &self.rows[key];
-                let cx = Context {
-                    namespace: &t.namespace,
-                    field_manager: &fm,
-                    defaults: &self.defaults,
-                    grants: &self.grants,
-                    requests_percent: self.settings.requests_percent,
-                    rootfs: &self.settings.rootfs,
-                    service: &self.settings.service,
-                };
-                match mapping::desired(&t.row, &cx) {
-                    Err(err) => outcomes.push((*key, Outcome::Row(err))),
-                    Ok(desired) => {
-                        let cached =
-                            self.cluster.workload(&desired.namespace, &desired.name).map(|mw| Existing::of(&mw, &fm));
-                        let secret = self.cluster.secret_present(&desired.namespace, &desired.secret_name);
-                        jobs.push((desired, cached, secret));
-                    }
+        // Mapped a chunk at a time, so a first sync of thousands of rows never holds every
+        // desired object in memory at once; the next chunk is mapped while the writes of the
+        // one before are still in flight, so the API server never idles on a chunk's tail.
+        // Each row's outcome is recorded as it comes: a pass cut short (its time limit, a
+        // failure) keeps whatever it finished.
+        let cluster = self.cluster.clone();
+        let sync = |(desired, cached, secret): Job| {
+            let (cluster, live, deletable, fm) = (cluster.clone(), live.clone(), deletable.clone(), fm.clone());
+            async move {
+                let key = desired.key;
+                let span = info_span!("row", id = key.id, node = key.node_id, name = %desired.name);
+                let known = Known { live: &live, deletable: &deletable };
+                (key, sync_one(&cluster, &fm, desired, cached, secret, known).instrument(span).await)
+            }
+        };
+        let mut chunks = order.chunks(SYNC_CHUNK);
+        let mut failed = None;
+        let next_chunk = |bridge: &mut Self| {
+            let (jobs, unmappable) = bridge.map_rows(chunks.next()?, &fm);
+            bridge.record(unmappable);
+            Some(jobs)
+        };
+        // After a transient failure nothing new starts; what is in flight finishes.
+        let done = |bridge: &mut Self, outcome| match bridge.record([outcome]) {
+            Some(err) => {
+                failed.get_or_insert(err);
+                false
+            }
+            None => true,
+        };
+        let concurrency = self.settings.concurrency;
+        pipeline(self, concurrency, next_chunk, sync, done).await;
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// `keys`' rows mapped to the objects they should be, each beside what the caches hold
+    /// of them; a row that does not map is its outcome at once.
+    fn map_rows(&self, keys: &[RowKey], fm: &str) -> (Vec<Job>, Vec<(RowKey, Outcome)>) {
+        let mut jobs = Vec::with_capacity(keys.len());
+        let mut unmappable = Vec::new();
+        for key in keys {
+            let t = &self.rows[key];
+            let cx = Context {
+                namespace: &t.namespace,
+                field_manager: fm,
+                defaults: &self.defaults,
+                grants: &self.grants,
+                requests_percent: self.settings.requests_percent,
+                rootfs: &self.settings.rootfs,
+                service: &self.settings.service,
+            };
+            match mapping::desired(&t.row, &cx) {
+                Err(err) => unmappable.push((*key, Outcome::Row(err))),
+                Ok(desired) => {
+                    let cached =
+                        self.cluster.workload(&desired.namespace, &desired.name).map(|mw| Existing::of(&mw, fm));
+                    let secret = self.cluster.secret_present(&desired.namespace, &desired.secret_name);
+                    jobs.push((desired, cached, secret));
                 }
             }
-            let cluster = self.cluster.clone();
-            let results: Vec<(RowKey, Outcome)> = futures::stream::iter(jobs)
-                .map(|(desired, cached, secret)| {
-                    let (cluster, live, deletable, fm) = (cluster.clone(), live.clone(), deletable.clone(), fm.clone());
-                    async move {
-                        let key = desired.key;
-                        let span = info_span!("row", id = key.id, node = key.node_id, name = %desired.name);
-                        let known = Known { live: &live, deletable: &deletable };
-                        (key, sync_one(&cluster, &fm, desired, cached, secret, known).instrument(span).await)
-                    }
-                })
-                .buffer_unordered(self.settings.concurrency.max(1))
-                .collect()
-                .await;
-            outcomes.extend(results);
-            if let Some(err) = self.record(outcomes) {
-                return Err(err);
-            }
         }
-        Ok(())
+        (jobs, unmappable)
     }
 
     /// Apply the outcomes of syncing rows to what the bridge remembers of them; the first
     /// transient error, if any, fails the pass (the rows stay pending).
-    fn record(&mut self, outcomes: Vec<(RowKey, Outcome)>) -> Option<BridgeError> {
+    fn record(&mut self, outcomes: impl IntoIterator<Item = (RowKey, Outcome)>) -> Option<BridgeError> {
         let mut transient = None;
         for (key, outcome) in outcomes {
             let Some(t) = self.rows.get_mut(&key) else { continue };
@@ -743,55 +767,68 @@ impl Bridge {
         }
         // A chunk at a time, each read afresh from the cache: a first sync of thousands of
         // rows never holds every owner at once, nor keeps every Secret's old cache entry alive
-        // while the watch replaces them with the owned ones.
-        loop {
-            let chunk: Vec<(String, String, String, OwnerReference)> = {
-                let secrets = self.cluster.secrets();
-                let cluster = &self.cluster;
-                plan::unowned_secrets(secrets.iter().map(|s| &**s), |ns, name| cluster.workload(ns, name), &fm)
-                    .filter_map(|(secret, owner)| {
-                        let meta = secret.meta();
-                        let uid = meta.uid.clone().filter(|uid| !self.adopted.contains(uid))?;
-                        Some((meta.namespace.clone()?, meta.name.clone()?, uid, owner))
-                    })
-                    .take(SYNC_CHUNK)
-                    .collect()
-            };
-            if chunk.is_empty() {
-                return Ok(());
+        // while the watch replaces them with the owned ones. The next chunk is read while the
+        // writes of the one before are in flight (those are skipped: the cache is behind them).
+        let cluster = self.cluster.clone();
+        let adopt = |(ns, name, uid, owner): Adoption| {
+            let cluster = cluster.clone();
+            async move {
+                let result = cluster.set_secret_owner(&ns, &name, &uid, &owner).await;
+                (uid, result.map_err(|e| classify(e, format!("setting the owner of Secret {ns}/{name}"))))
             }
-            debug!(secrets = chunk.len(), "giving env Secrets their ManagedWorkload as owner");
-            let cluster = &self.cluster;
-            let results: Vec<(String, Result<(), Failure>)> = futures::stream::iter(chunk)
-                .map(|(ns, name, uid, owner)| async move {
-                    let result = cluster.set_secret_owner(&ns, &name, &uid, &owner).await;
-                    (uid, result.map_err(|e| classify(e, format!("setting the owner of Secret {ns}/{name}"))))
-                })
-                .buffer_unordered(self.settings.concurrency.max(1))
-                .collect()
-                .await;
-            let mut failed = None;
-            for (uid, result) in results {
-                match result {
-                    Ok(()) => {
-                        self.adopted.insert(uid);
-                    }
-                    // Refused for this Secret alone (400, 422): said once and not asked again,
-                    // so one Secret never fails every pass.
-                    Err(Failure::Row(err) | Failure::Appeared(err)) => {
-                        warn!(error = %err, "the API server refused to give an env Secret its owner; not asked again until its row changes (which rewrites the Secret with its owner) or the bridge restarts");
-                        self.adopted.insert(uid);
-                    }
-                    Err(Failure::Api(operation, source)) => {
-                        failed = failed.or(Some(BridgeError::Kube { operation, source }))
-                    }
-                }
+        };
+        // UIDs handed out this pass; their cache entries may not show the owner yet.
+        let mut handed_out: HashSet<String> = HashSet::new();
+        let mut read_all = false;
+        let next_chunk = |bridge: &mut Self| {
+            if read_all {
+                return None;
             }
-            // The rest waits for the next pass, as every pending row does.
-            if let Some(err) = failed {
-                return Err(err);
+            let chunk = bridge.unowned_secrets(&fm, &handed_out);
+            read_all = chunk.len() < SYNC_CHUNK;
+            if !chunk.is_empty() {
+                debug!(secrets = chunk.len(), "giving env Secrets their ManagedWorkload as owner");
             }
-        }
+            handed_out.extend(chunk.iter().map(|(_, _, uid, _)| uid.clone()));
+            Some(chunk)
+        };
+        let mut failed = None;
+        let done = |bridge: &mut Self, (uid, result): (String, Result<(), Failure>)| match result {
+            Ok(()) => {
+                bridge.adopted.insert(uid);
+                true
+            }
+            // Refused for this Secret alone (400, 422): said once and not asked again, so one
+            // Secret never fails every pass.
+            Err(Failure::Row(err) | Failure::Appeared(err)) => {
+                warn!(error = %err, "the API server refused to give an env Secret its owner; not asked again until its row changes (which rewrites the Secret with its owner) or the bridge restarts");
+                bridge.adopted.insert(uid);
+                true
+            }
+            // The rest waits for the next pass, as every pending row does; nothing new starts.
+            Err(Failure::Api(operation, source)) => {
+                failed.get_or_insert(BridgeError::Kube { operation, source });
+                false
+            }
+        };
+        let concurrency = self.settings.concurrency;
+        pipeline(self, concurrency, next_chunk, adopt, done).await;
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Up to `SYNC_CHUNK` of this bridge's env Secrets the cache shows without their owner,
+    /// each with its CR as owner; not those given one already, nor those `handed_out`.
+    fn unowned_secrets(&self, fm: &str, handed_out: &HashSet<String>) -> Vec<Adoption> {
+        let secrets = self.cluster.secrets();
+        let cluster = &self.cluster;
+        plan::unowned_secrets(secrets.iter().map(|s| &**s), |ns, name| cluster.workload(ns, name), fm)
+            .filter_map(|(secret, owner)| {
+                let meta = secret.meta();
+                let uid = meta.uid.clone().filter(|uid| !self.adopted.contains(uid) && !handed_out.contains(uid))?;
+                Some((meta.namespace.clone()?, meta.name.clone()?, uid, owner))
+            })
+            .take(SYNC_CHUNK)
+            .collect()
     }
 
     /// Write each CR's provider id and Pod IP to its row where they differ.
@@ -1023,9 +1060,103 @@ fn advance(watermark: Option<Timestamp>, seen: Timestamp, db_now: Option<Timesta
     Some(watermark.map_or(seen, |w| w.max(seen)))
 }
 
+/// Run jobs `concurrency` at a time without a pause between chunks: whenever one can start
+/// and none is queued, `next_chunk` is asked for more (`None`: there are no more); `done` is
+/// given each result as it comes, with `state`, and says whether to go on starting new jobs
+/// (those in flight finish either way). The chunks bound what is held at once; asking for
+/// the next while the last writes of the one before are in flight keeps the API server busy.
+async fn pipeline<S, J, F: Future>(
+    state: &mut S,
+    concurrency: usize,
+    mut next_chunk: impl FnMut(&mut S) -> Option<Vec<J>>,
+    start: impl Fn(J) -> F,
+    mut done: impl FnMut(&mut S, F::Output) -> bool,
+) {
+    let mut queue = Vec::new().into_iter();
+    let mut in_flight = FuturesUnordered::new();
+    let mut go_on = true;
+    loop {
+        while go_on && in_flight.len() < concurrency.max(1) {
+            if let Some(job) = queue.next() {
+                in_flight.push(start(job));
+                continue;
+            }
+            let Some(chunk) = next_chunk(state) else { break };
+            queue = chunk.into_iter();
+        }
+        let Some(result) = in_flight.next().await else { break };
+        go_on &= done(state, result);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::{Cell, RefCell};
+
+    /// What a run of `pipeline` did: jobs started, jobs in flight when each chunk was asked
+    /// for, results seen.
+    #[derive(Default)]
+    struct Trace {
+        started: Vec<usize>,
+        in_flight_at_ask: Vec<usize>,
+        results: Vec<usize>,
+    }
+
+    /// `jobs` jobs in chunks of `chunk`, `concurrency` at once. Job 0 finishes at once; job
+    /// k + 1 finishes only once job k's result has been seen, so every job but the first
+    /// overlaps the one before. `go_on` says, for each result, whether to start more.
+    async fn trace(jobs: usize, chunk: usize, concurrency: usize, go_on: impl Fn(usize) -> bool) -> Trace {
+        let trace = RefCell::new(Trace::default());
+        let in_flight = Cell::new(0usize);
+        let release: Vec<Notify> = (0..=jobs).map(|_| Notify::new()).collect();
+        release[0].notify_one();
+        let mut next = 0;
+        let next_chunk = |_: &mut ()| {
+            (next < jobs).then(|| {
+                trace.borrow_mut().in_flight_at_ask.push(in_flight.get());
+                let ids: Vec<usize> = (next..jobs.min(next + chunk)).collect();
+                next += ids.len();
+                ids
+            })
+        };
+        let start = |id: usize| {
+            trace.borrow_mut().started.push(id);
+            in_flight.set(in_flight.get() + 1);
+            let (released, in_flight) = (&release[id], &in_flight);
+            async move {
+                released.notified().await;
+                in_flight.set(in_flight.get() - 1);
+                id
+            }
+        };
+        let done = |_: &mut (), id: usize| {
+            trace.borrow_mut().results.push(id);
+            release[id + 1].notify_one();
+            go_on(id)
+        };
+        pipeline(&mut (), concurrency, next_chunk, start, done).await;
+        trace.into_inner()
+    }
+
+    #[tokio::test]
+    async fn the_next_chunk_is_asked_for_while_the_one_before_is_still_in_flight() {
+        let t = trace(7, 3, 2, |_| true).await;
+        assert_eq!(t.results, [0, 1, 2, 3, 4, 5, 6], "every job, each once");
+        assert_eq!(t.started, [0, 1, 2, 3, 4, 5, 6]);
+        // The first chunk with nothing in flight; the second and third while the last job of
+        // the chunk before runs (a barrier between chunks would have 0 there).
+        assert_eq!(t.in_flight_at_ask, [0, 1, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_result_that_says_stop_starts_nothing_more_and_lets_the_rest_finish() {
+        let t = trace(7, 3, 2, |id| id < 2).await;
+        // Jobs 0 and 1 start; 0's result starts 2; 1's starts 3; 2's says stop: 3 finishes, and
+        // nothing after it starts.
+        assert_eq!(t.started, [0, 1, 2, 3]);
+        assert_eq!(t.results, [0, 1, 2, 3]);
+    }
 
     #[test]
     fn future_stamps_never_move_the_watermark_past_the_database_clock() {
