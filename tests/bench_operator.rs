@@ -7,6 +7,8 @@
 //!   (MW_BENCH_SERVICE=0: without); time until all are Ready; its API writes (from the audit
 //!   log, by resource), CPU seconds and memory.
 //!
+//! MW_BENCH_VOLUME_EACH=1 gives every workload (and its floor) a volume as well.
+//!
 //! Then, on the last N: 60 s of steady state, 200 start/stop flips against the same flips on
 //! the floor's Deployments (p50/p99), and an operator restart. Last, MW_BENCH_VOLUMES (default
 //! 100) more workloads with a volume each, against their floor (the same Deployments, Services
@@ -214,16 +216,35 @@ struct Run {
     rss_kib: f64,
 }
 
-async fn converge(n: usize, pid: u32) -> (Run, TestNamespace) {
+/// Workload `i`'s spec, with a volume of `storage`'s class when there is one.
+fn spec_with(storage: Option<&Storage>) -> impl Fn(usize) -> Value {
+    move |i| match storage {
+        Some(storage) => with_volume(i, &storage.class),
+        None => spec(i),
+    }
+}
+
+/// MW_BENCH_VOLUME_EACH=1: every workload of every size has a volume too (a claim bound at
+/// once), as every bridged Manager container has, and its floor the same claims.
+fn volume_each() -> bool {
+    std::env::var("MW_BENCH_VOLUME_EACH").is_ok_and(|v| v == "1")
+}
+
+/// `n` workloads against their floor; the storage their claims are bound to, if they have
+/// volumes (MW_BENCH_VOLUME_EACH), lives as long as their namespace is kept.
+async fn converge(n: usize, pid: u32) -> (Run, TestNamespace, Option<Storage>) {
     // Floor: the same objects, applied directly.
     let floor_ns = TestNamespace::new(&format!("floor-{n}")).await;
-    let floor_s = floor(&floor_ns, n, "w", spec).await;
+    let floor_storage = if volume_each() { Some(Storage::new(&floor_ns, n, "1Gi").await) } else { None };
+    let floor_s = floor(&floor_ns, n, "w", spec_with(floor_storage.as_ref())).await;
     gone(floor_ns).await;
+    drop(floor_storage);
 
     // The operator.
     let ns = TestNamespace::new(&format!("operator-{n}")).await;
+    let storage = if volume_each() { Some(Storage::new(&ns, n, "1Gi").await) } else { None };
     let cpu0 = cpu_seconds(pid);
-    let operator_s = apply_until_ready(&ns.api(), n, "w", spec).await;
+    let operator_s = apply_until_ready(&ns.api(), n, "w", spec_with(storage.as_ref())).await;
     // Let trailing writes (the last status, Events) land before counting.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let run = Run {
@@ -233,7 +254,7 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace) {
         cpu_s: cpu_seconds(pid) - cpu0,
         rss_kib: memory_kib(pid).0,
     };
-    (run, ns)
+    (run, ns, storage)
 }
 
 struct VolumeRun {
@@ -354,12 +375,17 @@ async fn operator_against_the_floor() {
     let mut report = json!({"label": label, "sizes": {}});
     let mut table = format!(
         "\n## Operator ({label}{})\n\n| N | floor: all Available | operator: all Ready | ratio | writes per workload | of which Deployment / Service / status / Events | operator CPU per 1000 | RSS after |\n|---|---|---|---|---|---|---|---|\n",
-        if with_service() { ", each workload with a ClusterIP Service" } else { "" }
+        match (with_service(), volume_each()) {
+            (true, true) => ", each workload with a ClusterIP Service and a volume",
+            (true, false) => ", each workload with a ClusterIP Service",
+            (false, true) => ", each workload with a volume",
+            (false, false) => "",
+        }
     );
     let mut kept = Vec::new();
     let mut last_rss = None;
     for &n in &sizes {
-        let (run, ns) = converge(n, pid).await;
+        let (run, ns, storage) = converge(n, pid).await;
         let per = |pred: &dyn Fn(&str) -> bool| {
             run.writes.iter().filter(|(k, _)| pred(k)).map(|(_, v)| *v).sum::<usize>() as f64 / n as f64
         };
@@ -384,13 +410,13 @@ async fn operator_against_the_floor() {
             "cpu_s": run.cpu_s, "rss_kib_after": run.rss_kib, "kib_per_additional_workload": per_workload_kib,
         });
         last_rss = Some(run.rss_kib);
-        kept.push(ns);
+        kept.push((ns, storage));
     }
     let (_, hwm) = memory_kib(pid);
     report["peak_rss_kib"] = json!(hwm);
     table.push_str(&format!("\nOperator peak RSS: {:.1} MiB.\n", hwm / 1024.0));
 
-    let ns = kept.last().expect("at least one size");
+    let (ns, _) = kept.last().expect("at least one size");
     let n = *sizes.last().unwrap();
     // Steady state: 60 s with every workload Ready.
     let before = total(&writes(&ns.name));

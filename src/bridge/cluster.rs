@@ -157,7 +157,7 @@ impl Cluster {
         let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
         // The UID in a patch is a precondition: the API server refuses to change it.
         let patch = serde_json::json!({"metadata": {"uid": uid, "ownerReferences": [owner]}});
-        let params = PatchParams { field_manager: Some(self.field_manager.clone()), ..Default::default() };
+        let params = crate::client::patch_params(&self.field_manager);
         match api.patch(name, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
                 self.metrics.wrote("secret_owner");
@@ -206,7 +206,7 @@ impl Cluster {
     }
 
     fn apply_params(&self, write: Write) -> PatchParams {
-        let params = PatchParams::apply(&self.field_manager);
+        let params = crate::client::apply_params(&self.field_manager);
         if write == Write::Update { params.force() } else { params }
     }
 }

@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -361,8 +361,9 @@ async fn write_status(
     ctx.metrics.wrote("managedworkloads/status", "apply");
     // Server-side apply: fields we stop setting (a pod IP that is gone) are removed, and no
     // resourceVersion is needed, so there are no 409 conflicts with spec writers.
+    let params = crate::client::apply_params(FIELD_MANAGER).force();
     let written = api
-        .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&status_patch(mw, status)))
+        .patch_status(name, &params, &Patch::Apply(&status_patch(mw, status)))
         .await
         .map_err(|source| Error::WriteStatus { namespace: namespace.into(), name: name.into(), source })?;
     debug!(phase = ?status.phase, "status written");

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
 use serde::Serialize;
@@ -194,7 +194,7 @@ pub async fn apply<K: Owned>(
     mode: Mode,
 ) -> Result<K, kube::Error> {
     metrics.wrote(K::URL_PATH_SEGMENT, "apply");
-    let mut params = PatchParams::apply(FIELD_MANAGER);
+    let mut params = crate::client::apply_params(FIELD_MANAGER);
     params.force = mode.force();
     if mode.force() {
         return api.patch(name, &params, &Patch::Apply(desired)).await;
@@ -246,7 +246,7 @@ impl Owned for Service {
         if mode == (Mode::Update { drift: true }) {
             let ports = desired.spec.as_ref().map(|s| s.ports.clone());
             ctx.metrics.wrote("services", "patch");
-            let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+            let params = crate::client::patch_params(FIELD_MANAGER);
             api.patch(name, &params, &Patch::Merge(serde_json::json!({ "spec": { "ports": ports } }))).await?;
         }
         apply(&ctx.metrics, api, name, desired, mode).await
