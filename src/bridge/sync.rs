@@ -256,7 +256,7 @@ impl Bridge {
     async fn poll(&mut self) -> Result<(), BridgeError> {
         // Bounded: a connection that hangs without failing (no reply, no reset) would
         // otherwise pin the pass, and with it every row, forever. Whatever the pass finished
-        // is kept (rows are recorded per chunk); the rest stays pending for the next.
+        // is kept (each row is recorded as its writes end); the rest stays pending for the next.
         let limit = self.settings.pass_timeout;
         let result = tokio::time::timeout(limit, self.pass()).await.unwrap_or(Err(BridgeError::PassTimeout { limit }));
         self.metrics.pass(result.is_ok());
