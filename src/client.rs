@@ -33,19 +33,18 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// at most this long.
 pub const WATCH_TIMEOUT: Duration = Duration::from_secs(295);
 
-/// The parameters of `manager`'s server-side applies.
+/// The parameters of `manager`'s server-side applies, asking for no field validation: every
+/// body the operator and the bridge send is serialized from the types the CRD and the
+/// built-in kinds are generated from, so it has no unknown or duplicate field to report, and
+/// the API server's default (`Warn`) decodes each body a second time, strictly, only to look
+/// for them (a second YAML decode of each apply: 3% of the API server's CPU in a first sync of
+/// 10,000 rows, docs/performance.md). What `Warn` would find comes back as a warning header,
+/// which kube does not surface anyway.
 pub fn apply_params(manager: &str) -> PatchParams {
     PatchParams::apply(manager).validation_ignore()
 }
 
-/// The parameters of `manager`'s merge patches.
-///
-/// Both ask for no field validation: every body the operator and the bridge send is
-/// serialized from the types the CRD and the built-in kinds are generated from, so it has no
-/// unknown or duplicate field to report, and the API server's default (`Warn`) decodes each
-/// body a second time, strictly, only to look for them (a second YAML decode of each apply:
-/// 3% of the API server's CPU in a first sync of 10,000 rows, docs/performance.md). What
-/// `Warn` would find comes back as a warning header, which kube does not surface anyway.
+/// The parameters of `manager`'s merge patches; no field validation, as for `apply_params`.
 pub fn patch_params(manager: &str) -> PatchParams {
     PatchParams { field_manager: Some(manager.into()), ..Default::default() }.validation_ignore()
 }
