@@ -15,7 +15,8 @@
 #    directly; 60 s steady state; 200 start/stop flips vs the same flips on those plain
 #    Deployments; an operator restart; 100 workloads with a volume vs their floor.
 #    MW_BENCH_VOLUME_EACH=1 gives every workload of every size (and its floor) a volume too;
-#    MW_BENCH_SERVICE=0 leaves the Service out, MW_BENCH_VOLUMES=0 the 100 with a volume.
+#    MW_BENCH_SERVICE=0 leaves the Service out, MW_BENCH_VOLUMES=0 the 100 with a volume;
+#    MW_BENCH_FLOOR=0 skips the floor of each size (the memory slope with a volume each).
 # 3. The same convergence at N = 1000 with the control plane's default rate limits
 #    (MW_BENCH_DEFAULT_LIMITS=0 skips it).
 set -euo pipefail

@@ -245,27 +245,29 @@ pub struct ManagedWorkloadSpec {
     /// enforcing the `restricted` Pod Security Standard refuses; it needs `runAsNonRoot: true`,
     /// `allowPrivilegeEscalation: false`, `capabilities: {drop: [ALL]}` and `seccompProfile:
     /// {type: RuntimeDefault}`.
+    // Boxed, as the probes below: every workload's spec is cached, and these are seldom set;
+    // unset, a box costs 8 bytes where the struct costs its whole size (136 and 144).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub security_context: Option<SecurityContext>,
+    pub security_context: Option<Box<SecurityContext>>,
 
     /// Checked while the container runs (exactly one of httpGet, tcpSocket or exec); the Pod,
     /// and so the workload, is Ready only while it passes. Without one, Ready means the
     /// container started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub readiness_probe: Option<Probe>,
+    pub readiness_probe: Option<Box<Probe>>,
 
     /// Checked while the container runs (exactly one of httpGet, tcpSocket or exec); the
     /// container is restarted when it fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("!has(self.successThreshold) || self.successThreshold == 1").message("successThreshold must be 1 for a liveness probe"))]
-    pub liveness_probe: Option<Probe>,
+    pub liveness_probe: Option<Box<Probe>>,
 
     /// Checked from the start until it passes once (exactly one of httpGet, tcpSocket or exec);
     /// the other probes wait for it, and the container is restarted when it fails (for slow
     /// starters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("!has(self.successThreshold) || self.successThreshold == 1").message("successThreshold must be 1 for a startup probe"))]
-    pub startup_probe: Option<Probe>,
+    pub startup_probe: Option<Box<Probe>>,
 }
 
 /// CEL: an explicit `RollingUpdate` only when every volume can be mounted by two Pods at once.

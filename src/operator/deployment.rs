@@ -183,7 +183,7 @@ pub fn desired_replicas(mw: &ManagedWorkload) -> i32 {
 
 fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>, settings: &PodSettings) -> PodTemplateSpec {
     let spec = &mw.spec;
-    let (pod_security, container_security) = security_contexts(spec.security_context.as_ref());
+    let (pod_security, container_security) = security_contexts(spec.security_context.as_deref());
     let container = Container {
         name: CONTAINER_NAME.into(),
         image: Some(spec.image.clone()),
@@ -205,9 +205,9 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>, setting
         volume_mounts: volume_mounts(mw),
         image_pull_policy: spec.image_pull_policy.map(wire),
         security_context: container_security,
-        readiness_probe: spec.readiness_probe.as_ref().map(probe),
-        liveness_probe: spec.liveness_probe.as_ref().map(probe),
-        startup_probe: spec.startup_probe.as_ref().map(probe),
+        readiness_probe: spec.readiness_probe.as_deref().map(probe),
+        liveness_probe: spec.liveness_probe.as_deref().map(probe),
+        startup_probe: spec.startup_probe.as_deref().map(probe),
         ..Default::default()
     };
     PodTemplateSpec {
@@ -710,7 +710,10 @@ mod tests {
             capabilities: Some(Caps { add: vec!["NET_BIND_SERVICE".into()], drop: vec!["ALL".into()] }),
             seccomp_profile: Some(Profile { type_: SeccompProfileType::RuntimeDefault, localhost_profile: None }),
         };
-        let pod = pod_spec(ManagedWorkloadSpec { security_context: Some(restricted), ..nginx() }, &Default::default());
+        let pod = pod_spec(
+            ManagedWorkloadSpec { security_context: Some(Box::new(restricted)), ..nginx() },
+            &Default::default(),
+        );
         let psc = pod.security_context.unwrap();
         assert_eq!(
             (psc.run_as_user, psc.run_as_group, psc.run_as_non_root, psc.fs_group),
@@ -729,11 +732,16 @@ mod tests {
         // Only container settings: no empty Pod security context, and the other way round.
         let only_container =
             crate::resource::SecurityContext { read_only_root_filesystem: Some(true), ..Default::default() };
-        let pod =
-            pod_spec(ManagedWorkloadSpec { security_context: Some(only_container), ..nginx() }, &Default::default());
+        let pod = pod_spec(
+            ManagedWorkloadSpec { security_context: Some(Box::new(only_container)), ..nginx() },
+            &Default::default(),
+        );
         assert!(pod.security_context.is_none() && pod.containers[0].security_context.is_some());
         let only_pod = crate::resource::SecurityContext { run_as_user: Some(0), ..Default::default() };
-        let pod = pod_spec(ManagedWorkloadSpec { security_context: Some(only_pod), ..nginx() }, &Default::default());
+        let pod = pod_spec(
+            ManagedWorkloadSpec { security_context: Some(Box::new(only_pod)), ..nginx() },
+            &Default::default(),
+        );
         assert!(pod.security_context.is_some() && pod.containers[0].security_context.is_none());
     }
 
@@ -743,7 +751,7 @@ mod tests {
             ExecAction as Exec, HttpGetAction as Http, PortRef, Probe as P, Scheme, TcpSocketAction as Tcp,
         };
         let spec = ManagedWorkloadSpec {
-            readiness_probe: Some(P {
+            readiness_probe: Some(Box::new(P {
                 http_get: Some(Http {
                     path: Some("/healthz".into()),
                     port: PortRef::Number(8080),
@@ -752,18 +760,18 @@ mod tests {
                 period_seconds: Some(5),
                 failure_threshold: Some(2),
                 ..Default::default()
-            }),
-            liveness_probe: Some(P {
+            })),
+            liveness_probe: Some(Box::new(P {
                 tcp_socket: Some(Tcp { port: PortRef::Name("postgres".into()) }),
                 initial_delay_seconds: Some(30),
                 ..Default::default()
-            }),
-            startup_probe: Some(P {
+            })),
+            startup_probe: Some(Box::new(P {
                 exec: Some(Exec { command: vec!["pg_isready".into(), "-q".into()] }),
                 timeout_seconds: Some(3),
                 success_threshold: Some(1),
                 ..Default::default()
-            }),
+            })),
             ..nginx()
         };
         let c = pod_spec(spec, &Default::default()).containers.remove(0);
@@ -819,22 +827,22 @@ mod tests {
             (
                 "securityContext",
                 ManagedWorkloadSpec {
-                    security_context: Some(crate::resource::SecurityContext {
+                    security_context: Some(Box::new(crate::resource::SecurityContext {
                         run_as_non_root: Some(true),
                         ..Default::default()
-                    }),
+                    })),
                     ..nginx()
                 },
             ),
             (
                 "readinessProbe",
                 ManagedWorkloadSpec {
-                    readiness_probe: Some(crate::resource::Probe {
+                    readiness_probe: Some(Box::new(crate::resource::Probe {
                         tcp_socket: Some(crate::resource::TcpSocketAction {
                             port: crate::resource::PortRef::Number(80),
                         }),
                         ..Default::default()
-                    }),
+                    })),
                     ..nginx()
                 },
             ),

@@ -22,12 +22,15 @@ use serde_json::{Map, Value};
 
 use super::ownership::{FIELD_MANAGER, applied_hash};
 
-/// A live object as drift judges it: its identity and marks (`Resource`), and the field set
-/// the operator's server-side apply owns on it.
+/// A live object as drift judges it: its identity (`Resource`), the fingerprint it was
+/// applied from, and the field set the operator's server-side apply owns on it.
 pub trait Live: Resource {
     /// The operator's own field set, or None when it has none (never applied, or its record
     /// was removed).
     fn owned(&self) -> Option<std::borrow::Cow<'_, OwnedFields>>;
+
+    /// The fingerprint of the desired object it was last applied from (its annotation).
+    fn applied_hash(&self) -> Option<&str>;
 }
 
 /// Objects as the API server sends them: the operator's apply record, read from
@@ -37,6 +40,10 @@ macro_rules! live_from_managed_fields {
         impl Live for $kind {
             fn owned(&self) -> Option<std::borrow::Cow<'_, OwnedFields>> {
                 owned_fields(self.meta()).and_then(OwnedFields::of).map(std::borrow::Cow::Owned)
+            }
+
+            fn applied_hash(&self) -> Option<&str> {
+                applied_hash(self)
             }
         }
     )*};
@@ -54,8 +61,8 @@ pub fn up_to_date<K: Resource + Serialize, L: Live>(desired: &K, live: &L) -> bo
 
 /// `live` was last applied from exactly this desired object, so any difference between them is
 /// someone else's edit (drift) rather than a change of the workload's spec.
-pub fn same_desired<K: Resource, L: Resource>(desired: &K, live: &L) -> bool {
-    applied_hash(desired).is_some() && applied_hash(desired) == applied_hash(live)
+pub fn same_desired<K: Resource, L: Live>(desired: &K, live: &L) -> bool {
+    applied_hash(desired).is_some() && applied_hash(desired) == live.applied_hash()
 }
 
 /// The operator's `Apply` entry in `live`'s managedFields still covers every field `desired`

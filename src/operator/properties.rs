@@ -73,10 +73,13 @@ prop_compose! {
             image_pull_secrets: pull_secrets.into_iter().map(|name| crate::resource::LocalObjectReference { name }).collect(),
             service_account_name: service_account,
             node_selector,
-            security_context: non_root.map(|n| crate::resource::SecurityContext { run_as_non_root: Some(n), ..Default::default() }),
-            readiness_probe: readiness_port.map(|port| crate::resource::Probe {
-                tcp_socket: Some(crate::resource::TcpSocketAction { port: crate::resource::PortRef::Number(port) }),
-                ..Default::default()
+            security_context: non_root
+                .map(|n| Box::new(crate::resource::SecurityContext { run_as_non_root: Some(n), ..Default::default() })),
+            readiness_probe: readiness_port.map(|port| {
+                Box::new(crate::resource::Probe {
+                    tcp_socket: Some(crate::resource::TcpSocketAction { port: crate::resource::PortRef::Number(port) }),
+                    ..Default::default()
+                })
             }),
             ..Default::default()
         }

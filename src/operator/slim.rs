@@ -4,7 +4,9 @@
 //! field records, image ids, termination logs) would be most of the operator's memory.
 //!
 //! Vectors that keep entries are shrunk: a parsed list has up to twice the room it needs, and
-//! the dropped entries' room would stay allocated.
+//! the dropped entries' room would stay allocated. The few labels and annotations kept are
+//! `Marks`, not maps: a map of one entry allocates a B-tree node with room for eleven (544
+//! bytes) and a copy of its key, which was a sixth of what a workload's caches kept.
 //!
 //! Deployments and Pods are cached as `CachedDeployment` and `CachedPod`: only metadata,
 //! status and what of the spec is read (the pod template's hash; the Pod's node), without the empty room a `Deployment` or `Pod` keeps for its spec (about 2 KiB
@@ -44,8 +46,9 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "Deployment")]
 pub struct CachedDeployment {
-    /// Without `managedFields`: the operator's own record is `owned`.
+    /// Without `managedFields` (the operator's own record is `owned`), labels and annotations.
     metadata: ObjectMeta,
+    annotations: Marks,
     /// The pod template's `template-hash` annotation.
     template_hash: Option<String>,
     status: Option<DeploymentStatus>,
@@ -58,14 +61,19 @@ impl From<Deployment> for CachedDeployment {
         let owned = owned_fingerprint(&mut d.metadata);
         deployment(&mut d);
         d.metadata.managed_fields = None;
+        let annotations = Marks::take(&mut d.metadata.annotations, DEPLOYMENT_ANNOTATIONS);
         let template_hash = super::deployment::current_template_hash(&d).map(str::to_owned);
-        CachedDeployment { metadata: d.metadata, template_hash, status: d.status, owned }
+        CachedDeployment { metadata: d.metadata, annotations, template_hash, status: d.status, owned }
     }
 }
 
 impl Live for CachedDeployment {
     fn owned(&self) -> Option<Cow<'_, OwnedFields>> {
         self.owned.as_ref().map(Cow::Borrowed)
+    }
+
+    fn applied_hash(&self) -> Option<&str> {
+        self.annotations.get(APPLIED_HASH_ANNOTATION)
     }
 }
 
@@ -74,7 +82,7 @@ impl CachedDeployment {
     /// cached Deployment itself).
     pub fn to_deployment(&self) -> Deployment {
         Deployment {
-            metadata: self.metadata.clone(),
+            metadata: ObjectMeta { annotations: self.annotations.to_map(), ..self.metadata.clone() },
             spec: Some(template_only(self.template_hash.clone())),
             status: self.status.clone(),
         }
@@ -85,7 +93,10 @@ impl CachedDeployment {
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "Pod")]
 pub struct CachedPod {
+    /// Without labels and annotations.
     metadata: ObjectMeta,
+    labels: Marks,
+    annotations: Marks,
     /// The node it is placed on.
     node_name: Option<String>,
     status: Option<PodStatus>,
@@ -94,15 +105,27 @@ pub struct CachedPod {
 impl From<Pod> for CachedPod {
     fn from(mut p: Pod) -> Self {
         pod(&mut p);
+        let labels = Marks::take(&mut p.metadata.labels, POD_LABELS);
+        let annotations = Marks::take(&mut p.metadata.annotations, POD_ANNOTATIONS);
         let node_name = p.spec.and_then(|s| s.node_name);
-        CachedPod { metadata: p.metadata, node_name, status: p.status }
+        CachedPod { metadata: p.metadata, labels, annotations, node_name, status: p.status }
     }
 }
 
 impl CachedPod {
     /// The trimmed Pod, as `status` reads it.
     pub fn to_pod(&self) -> Pod {
-        Pod { metadata: self.metadata.clone(), spec: placed_on(self.node_name.clone()), status: self.status.clone() }
+        let metadata = ObjectMeta {
+            labels: self.labels.to_map(),
+            annotations: self.annotations.to_map(),
+            ..self.metadata.clone()
+        };
+        Pod { metadata, spec: placed_on(self.node_name.clone()), status: self.status.clone() }
+    }
+
+    /// The workload it belongs to, by its instance label.
+    pub fn instance(&self) -> Option<&str> {
+        self.labels.get(INSTANCE_LABEL)
     }
 }
 
@@ -116,8 +139,9 @@ fn placed_on(node_name: Option<String>) -> Option<PodSpec> {
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "Service")]
 pub struct CachedService {
-    /// Without `managedFields`: the operator's own record is `owned`.
+    /// Without `managedFields` (the operator's own record is `owned`), labels and annotations.
     pub metadata: ObjectMeta,
+    annotations: Marks,
     type_: Option<String>,
     cluster_ip: Option<String>,
     ports: Option<Vec<ServicePort>>,
@@ -131,9 +155,11 @@ impl From<Service> for CachedService {
         let owned = owned_fingerprint(&mut s.metadata);
         service(&mut s);
         s.metadata.managed_fields = None;
+        let annotations = Marks::take(&mut s.metadata.annotations, SERVICE_ANNOTATIONS);
         let spec = s.spec.unwrap_or_default();
         CachedService {
             metadata: s.metadata,
+            annotations,
             type_: spec.type_,
             cluster_ip: spec.cluster_ip,
             ports: spec.ports,
@@ -147,6 +173,10 @@ impl Live for CachedService {
     fn owned(&self) -> Option<Cow<'_, OwnedFields>> {
         self.owned.as_ref().map(Cow::Borrowed)
     }
+
+    fn applied_hash(&self) -> Option<&str> {
+        self.annotations.get(APPLIED_HASH_ANNOTATION)
+    }
 }
 
 /// What the claim cache holds of each claim (see `claim` for what is kept): the apply record
@@ -156,8 +186,11 @@ impl Live for CachedService {
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "PersistentVolumeClaim")]
 pub struct CachedClaim {
-    /// Without managed fields: the operator's record is `owned`, and `applied` says it exists.
+    /// Without managed fields (the operator's record is `owned`, and `applied` says it
+    /// exists), labels and annotations.
     metadata: ObjectMeta,
+    labels: Marks,
+    annotations: Marks,
     applied: bool,
     /// The operator's server-side apply record, as a fingerprint (drift.rs).
     owned: Option<OwnedFields>,
@@ -177,17 +210,23 @@ impl From<PersistentVolumeClaim> for CachedClaim {
         claim(&mut c);
         let owned = super::drift::owned_fields(&c.metadata).and_then(OwnedFields::of);
         let applied = c.metadata.managed_fields.take().is_some_and(|m| !m.is_empty());
+        let labels = Marks::take(&mut c.metadata.labels, CLAIM_LABELS);
+        let annotations = Marks::take(&mut c.metadata.annotations, CLAIM_ANNOTATIONS);
         let mut spec = c.spec;
         let requested = spec.as_mut().and_then(|s| s.resources.take()?.requests?.remove(STORAGE));
         let mut status = c.status;
         let capacity = status.as_mut().and_then(|s| s.capacity.take()?.remove(STORAGE));
-        CachedClaim { metadata: c.metadata, applied, owned, spec, requested, status, capacity }
+        CachedClaim { metadata: c.metadata, labels, annotations, applied, owned, spec, requested, status, capacity }
     }
 }
 
 impl Live for CachedClaim {
     fn owned(&self) -> Option<Cow<'_, OwnedFields>> {
         self.owned.as_ref().map(Cow::Borrowed)
+    }
+
+    fn applied_hash(&self) -> Option<&str> {
+        self.annotations.get(APPLIED_HASH_ANNOTATION)
     }
 }
 
@@ -196,7 +235,11 @@ impl CachedClaim {
     /// operator's Apply record without its field set (claims.rs asks whether the operator
     /// applied it; drift reads the cached claim itself).
     pub fn to_claim(&self) -> PersistentVolumeClaim {
-        let mut metadata = self.metadata.clone();
+        let mut metadata = ObjectMeta {
+            labels: self.labels.to_map(),
+            annotations: self.annotations.to_map(),
+            ..self.metadata.clone()
+        };
         if self.applied {
             metadata.managed_fields = Some(vec![ManagedFieldsEntry {
                 manager: Some(FIELD_MANAGER.into()),
@@ -217,6 +260,11 @@ impl CachedClaim {
         }
         PersistentVolumeClaim { metadata, spec, status }
     }
+
+    /// The workload it was made for, by its instance label.
+    pub fn instance(&self) -> Option<&str> {
+        self.labels.get(INSTANCE_LABEL)
+    }
 }
 
 /// The operator's own apply record as a fingerprint, and no managed fields left: the cached
@@ -231,7 +279,7 @@ impl CachedService {
     /// The trimmed Service, as `status` and `drift` read it.
     pub fn to_service(&self) -> Service {
         Service {
-            metadata: self.metadata.clone(),
+            metadata: ObjectMeta { annotations: self.annotations.to_map(), ..self.metadata.clone() },
             spec: Some(ServiceSpec {
                 type_: self.type_.clone(),
                 cluster_ip: self.cluster_ip.clone(),
@@ -268,7 +316,7 @@ fn template_only(template_hash: Option<String>) -> DeploymentSpec {
 pub fn deployment(d: &mut Deployment) {
     let template_hash = super::deployment::current_template_hash(d).map(str::to_owned);
     d.spec = Some(template_only(template_hash));
-    keep(&mut d.metadata.annotations, &[APPLIED_HASH_ANNOTATION]);
+    keep(&mut d.metadata.annotations, DEPLOYMENT_ANNOTATIONS);
     d.metadata.labels = None;
     own_apply_only(&mut d.metadata);
     if let Some(conditions) = d.status.as_mut().and_then(|s| s.conditions.as_mut()) {
@@ -306,7 +354,7 @@ fn own_apply_only(meta: &mut ObjectMeta) {
 /// ports) and the load balancer's addresses. The selector, IP families, session affinity and
 /// the rest are the operator's own or the API server's defaults, never read back.
 pub fn service(s: &mut Service) {
-    keep(&mut s.metadata.annotations, &[APPLIED_HASH_ANNOTATION]);
+    keep(&mut s.metadata.annotations, SERVICE_ANNOTATIONS);
     s.metadata.labels = None;
     own_apply_only(&mut s.metadata);
     s.metadata.finalizers = None;
@@ -337,18 +385,8 @@ pub fn service(s: &mut Service) {
 /// (see claims.rs), the operator's own apply record (drift, ownership), what it asks for and
 /// its status (phase, capacity, resize conditions).
 pub fn claim(c: &mut PersistentVolumeClaim) {
-    // What `claims::is_own` judges by (the owner marks too), and what status/volumes.rs reads.
-    keep(&mut c.metadata.labels, &[INSTANCE_LABEL, MANAGED_BY_LABEL, NODE_ID_LABEL]);
-    keep(
-        &mut c.metadata.annotations,
-        &[
-            APPLIED_HASH_ANNOTATION,
-            VOLUME_OF_ANNOTATION,
-            WORKLOAD_UID_ANNOTATION,
-            OWNER_ANNOTATION,
-            REPLACED_ANNOTATION,
-        ],
-    );
+    keep(&mut c.metadata.labels, CLAIM_LABELS);
+    keep(&mut c.metadata.annotations, CLAIM_ANNOTATIONS);
     own_apply_only(&mut c.metadata);
     c.metadata.finalizers = None;
     // Of the spec, what it asks for (drift reads the apply record, not the spec) and the
@@ -384,8 +422,8 @@ pub fn pod(p: &mut Pod) {
         .and_then(|s| s.node_name)
         .map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() });
     p.metadata.managed_fields = None;
-    keep(&mut p.metadata.labels, &[INSTANCE_LABEL]);
-    keep(&mut p.metadata.annotations, &[TEMPLATE_HASH_ANNOTATION]);
+    keep(&mut p.metadata.labels, POD_LABELS);
+    keep(&mut p.metadata.annotations, POD_ANNOTATIONS);
     // Only the controller (its ReplicaSet), by kind and UID: what says whose Pod it is.
     if let Some(owners) = &mut p.metadata.owner_references {
         owners.retain(|o| o.controller == Some(true));
@@ -449,6 +487,38 @@ fn terminated(state: &mut ContainerState) {
     if let Some(t) = &mut state.terminated {
         t.message = None;
         t.container_id = None;
+    }
+}
+
+/// The labels and annotations each kind keeps.
+const DEPLOYMENT_ANNOTATIONS: &[&str] = &[APPLIED_HASH_ANNOTATION];
+const SERVICE_ANNOTATIONS: &[&str] = &[APPLIED_HASH_ANNOTATION];
+const POD_LABELS: &[&str] = &[INSTANCE_LABEL];
+const POD_ANNOTATIONS: &[&str] = &[TEMPLATE_HASH_ANNOTATION];
+/// What `claims::is_own` judges by (the owner marks too), and what status/volumes.rs reads.
+const CLAIM_LABELS: &[&str] = &[INSTANCE_LABEL, MANAGED_BY_LABEL, NODE_ID_LABEL];
+const CLAIM_ANNOTATIONS: &[&str] =
+    &[APPLIED_HASH_ANNOTATION, VOLUME_OF_ANNOTATION, WORKLOAD_UID_ANNOTATION, OWNER_ANNOTATION, REPLACED_ANNOTATION];
+
+/// The labels or annotations a cached object keeps: pairs of one of its kind's kept keys
+/// (static, so not copied) and the value, in one allocation of their own size.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Marks(Box<[(&'static str, Box<str>)]>);
+
+impl Marks {
+    /// The entries of `keys` in `map`, which is left empty: what is not kept is dropped.
+    fn take(map: &mut Option<BTreeMap<String, String>>, keys: &[&'static str]) -> Marks {
+        let Some(map) = map.take() else { return Marks::default() };
+        Marks(keys.iter().filter_map(|&k| Some((k, map.get(k)?.as_str().into()))).collect())
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| &**v)
+    }
+
+    /// As the map it was taken from (None when empty, as `keep` leaves one).
+    fn to_map(&self) -> Option<BTreeMap<String, String>> {
+        (!self.0.is_empty()).then(|| self.0.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
     }
 }
 

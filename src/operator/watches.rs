@@ -16,7 +16,7 @@ use tracing::warn;
 use super::api;
 use super::by_uid::ByUid;
 use super::memory::PerObject;
-use super::ownership::{INSTANCE_LABEL, MANAGED_LABEL};
+use super::ownership::MANAGED_LABEL;
 use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
 use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
@@ -104,7 +104,7 @@ impl Caches {
             })
             .reflect(writer);
         let pod_targets = targets(pod_events, "pods", |pod: &CachedPod| {
-            let name = pod.labels().get(INSTANCE_LABEL)?;
+            let name = pod.instance()?;
             Some(ObjectRef::new(name).within(&pod.namespace()?))
         });
 
@@ -113,7 +113,7 @@ impl Caches {
         let (claims, writer) = reflector::store();
         let claim_events = watcher(api::<CachedClaim>(client, ns), managed.clone()).default_backoff().reflect(writer);
         let claim_targets = targets(claim_events, "persistentvolumeclaims", |claim: &CachedClaim| {
-            let name = claim.labels().get(INSTANCE_LABEL)?;
+            let name = claim.instance()?;
             Some(ObjectRef::new(name).within(&claim.namespace()?))
         });
 

@@ -351,6 +351,14 @@ fn a_trimmed_claim_tells_the_same() {
     let cached = CachedClaim::from(full.clone());
     let slim = cached.to_claim();
     assert!(claims::is_own(&full, &mw, &mw.spec.volumes[0]) && claims::is_own(&slim, &mw, &mw.spec.volumes[0]));
+    // Its marks kept, whatever else it carries: the workload's, by kept key, and nobody else's.
+    assert_eq!(cached.instance(), Some("web"));
+    let mut kept = full.metadata.labels.clone().unwrap();
+    kept.retain(|k, _| k != "team" && k != "opensource-server.mieweb.org/managed");
+    assert_eq!(slim.metadata.labels, Some(kept));
+    let mut kept = full.metadata.annotations.clone().unwrap();
+    kept.remove("pv.kubernetes.io/bind-completed");
+    assert_eq!(slim.metadata.annotations, Some(kept));
     assert!(drift::up_to_date(&desired, &full) && drift::up_to_date(&desired, &cached));
     assert_eq!((claims::requested(&slim), claims::capacity(&slim)), (Some("1Gi".into()), Some("1Gi".into())));
     let mut bigger = mw.clone();
