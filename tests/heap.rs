@@ -1,7 +1,7 @@
 //! Heap accounting: what the operator's caches keep per workload, counted by the allocator
 //! (bytes asked for and not yet given back, on this test's own thread), for objects as a
-//! control plane serves them (tests/fixtures/cluster). The RSS figures of `make bench` add the
-//! allocator's own overhead, the controller's per-workload queue entries and the runtime;
+//! control plane serves them (tests/fixtures/cluster), and what is remembered of a workload at
+//! rest. The RSS figures of `make bench` add the allocator's own overhead and the runtime;
 //! these are the objects' own share, kind by kind, so a change to what a cache keeps shows
 //! here first. `make bench` prints them (`cargo test --release --test heap -- --nocapture`).
 //! The bounds are today's figures with a little room (docs/performance.md): a cache that
@@ -20,6 +20,7 @@ use mw_operator::bridge::cached::{CachedSecret, CachedWorkload};
 use mw_operator::bridge::env::DefaultEnv;
 use mw_operator::bridge::mapping::{self, Context};
 use mw_operator::bridge::rows::{ContainerRow, Grants};
+use mw_operator::operator::memory::PerObject;
 use mw_operator::operator::pod_index::PodIndex;
 use mw_operator::operator::replica_sets::ReplicaSets;
 use mw_operator::operator::slim::{self, CachedClaim, CachedDeployment, CachedPod, CachedService};
@@ -278,13 +279,29 @@ fn what_the_caches_keep_per_workload() {
         kept
     };
     let claim = per_object(&claim_fixture(), |v| CachedClaim::from(parse::<PersistentVolumeClaim>(v)));
-    let plain = workload + deployment + pod + replica_set + pod_index;
-    let full = exposed_workload + deployment + pod + replica_set + pod_index + service + claim;
+    // What is remembered of a workload at rest: its last status write, once the CR watch has
+    // brought that write back (memory.rs), leaves only when it was made.
+    let remembered = {
+        let objects = PerObject::default();
+        let template = fixture("managedworkload");
+        let workloads: Vec<ManagedWorkload> = (0..N).map(|i| parse(nth(&template, i))).collect();
+        let before = live();
+        for mw in &workloads {
+            let status = mw.status.clone().expect("a fixture with a status");
+            objects.wrote(mw, mw.metadata.resource_version.clone(), status);
+            objects.observe(&Event::Apply(DeserializeGuard(Ok(mw.clone()))));
+        }
+        let kept = (live() - before) as f64 / N as f64;
+        drop(workloads);
+        kept
+    };
+    let plain = workload + deployment + pod + replica_set + pod_index + remembered;
+    let full = exposed_workload + deployment + pod + replica_set + pod_index + remembered + service + claim;
     let kib = |b: f64| b / 1024.0;
     println!(
         "heap kept per object (bytes): workload {workload:.0}, workload with a port and a Service \
          {exposed_workload:.0}, Deployment {deployment:.0}, Pod {pod:.0}, ReplicaSet index {replica_set:.0}, Pod index {pod_index:.0}, \
-         Service {service:.0}, claim {claim:.0}"
+         remembered at rest {remembered:.0}, Service {service:.0}, claim {claim:.0}"
     );
     println!("heap kept per workload: plain {:.2} KiB; with a Service and a volume {:.2} KiB", kib(plain), kib(full));
     assert!(plain < 8.0 * 1024.0, "plain: {:.2} KiB", kib(plain));

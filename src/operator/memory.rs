@@ -7,9 +7,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::slim::CachedDeployment;
+use kube::Resource;
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
 
+use super::by_uid::Uid;
 use super::status;
 use super::watches::Workload;
 use crate::resource::{ManagedWorkload, ManagedWorkloadStatus};
@@ -23,22 +24,22 @@ pub struct PerObject {
 #[derive(Default)]
 struct PerObjectInner {
     /// Consecutive failures, for exponential backoff; cleared on success.
-    failures: HashMap<String, u32>,
+    failures: HashMap<Uid, u32>,
     /// The status last written, until the cache has caught up with it.
-    written: HashMap<String, Written>,
+    written: HashMap<Uid, Written>,
     /// The Deployment as the last apply returned it, until the cache has caught up with it:
     /// while a watch is down (an API server outage) the cache keeps the old one, and every
     /// retry would apply the same change again.
-    applied: HashMap<String, CachedDeployment>,
+    applied: HashMap<Uid, CachedDeployment>,
     /// When the operator last wrote each workload's status, to let details wait (see
     /// `status::urgency`).
-    last_write: HashMap<String, Instant>,
+    last_write: HashMap<Uid, Instant>,
     /// Claim applies the API server refused (an expansion the StorageClass does not allow),
     /// per workload and claim, so the same refused apply is not sent again before its backoff
     /// has passed.
-    refusals: HashMap<String, HashMap<String, Refused>>,
+    refusals: HashMap<Uid, HashMap<String, Refused>>,
     /// UIDs listed since the watch (re)started its initial list.
-    listing: Option<HashSet<String>>,
+    listing: Option<HashSet<Uid>>,
 }
 
 /// A refused apply of one desired object, and when it may be tried again.
@@ -73,20 +74,40 @@ fn older(cached: Option<&str>, written: Option<&str>) -> bool {
     }
 }
 
+/// The key of `object` in the maps: its UID.
+fn uid(object: &impl Resource) -> Option<Uid> {
+    object.meta().uid.as_deref().map(Uid::of)
+}
+
+fn version(object: &impl Resource) -> Option<&str> {
+    object.meta().resource_version.as_deref()
+}
+
 impl PerObject {
     fn lock(&self) -> std::sync::MutexGuard<'_, PerObjectInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keep the map in step with the CR watch: forget deleted workloads, and after a re-list
-    /// (a watch gap may hide deletions) every workload that is no longer listed.
+    /// Keep the map in step with the CR watch, once its cache has taken the event in: forget a
+    /// status write the cache now shows (most workloads' last write is followed by no
+    /// reconcile for minutes, and the status is a workload's largest part), forget deleted
+    /// workloads, and after a re-list (a watch gap may hide deletions) every workload that is
+    /// no longer listed. A re-listed object reaches the cache only when the list is done, so
+    /// it forgets no write: the next reconcile does.
     pub fn observe(&self, event: &watcher::Event<Workload>) {
         let mut inner = self.lock();
         match event {
-            watcher::Event::Delete(mw) => inner.forget(mw.uid().as_deref()),
+            watcher::Event::Apply(mw) => {
+                if let Some(uid) = uid(mw)
+                    && inner.written.get(&uid).is_some_and(|w| !older(version(mw), w.version.as_deref()))
+                {
+                    inner.written.remove(&uid);
+                }
+            }
+            watcher::Event::Delete(mw) => inner.forget(uid(mw)),
             watcher::Event::Init => inner.listing = Some(HashSet::new()),
             watcher::Event::InitApply(mw) => {
-                if let (Some(listing), Some(uid)) = (inner.listing.as_mut(), mw.uid()) {
+                if let (Some(listing), Some(uid)) = (inner.listing.as_mut(), uid(mw)) {
                     listing.insert(uid);
                 }
             }
@@ -99,29 +120,36 @@ impl PerObject {
                     inner.refusals.retain(|uid, _| listed.contains(uid));
                 }
             }
-            watcher::Event::Apply(_) => {}
         }
     }
 
     /// The status the CR has as far as the operator knows: the one it last wrote while the
-    /// cached CR predates that write, else the cached one.
-    pub fn previous_status(&self, mw: &ManagedWorkload) -> Option<ManagedWorkloadStatus> {
-        let uid = mw.uid()?;
+    /// cached CR predates that write, else the cached one. `latest` is the cache's copy now,
+    /// which may be newer than the `mw` a reconcile began with: the write it shows is then
+    /// forgotten here already (`observe`).
+    pub fn previous_status(
+        &self,
+        mw: &ManagedWorkload,
+        latest: Option<&ManagedWorkload>,
+    ) -> Option<ManagedWorkloadStatus> {
+        let uid = uid(mw)?;
+        let current =
+            latest.filter(|l| l.metadata.uid == mw.metadata.uid && older(version(mw), version(*l))).unwrap_or(mw);
         let mut inner = self.lock();
         match inner.written.get(&uid) {
-            Some(w) if older(mw.metadata.resource_version.as_deref(), w.version.as_deref()) => Some(w.status.clone()),
+            Some(w) if older(version(current), w.version.as_deref()) => Some(w.status.clone()),
             Some(_) => {
                 inner.written.remove(&uid);
-                mw.status.clone()
+                current.status.clone()
             }
-            None => mw.status.clone(),
+            None => current.status.clone(),
         }
     }
 
     pub fn wrote(&self, mw: &ManagedWorkload, version: Option<String>, status: ManagedWorkloadStatus) {
-        if let Some(uid) = mw.uid() {
+        if let Some(uid) = uid(mw) {
             let mut inner = self.lock();
-            inner.last_write.insert(uid.clone(), Instant::now());
+            inner.last_write.insert(uid, Instant::now());
             inner.written.insert(uid, Written { version, status });
         }
     }
@@ -130,7 +158,7 @@ impl PerObject {
     /// last write (if the operator made one since it started) is long enough ago.
     pub fn hold_back(&self, mw: &ManagedWorkload, urgency: status::Urgency) -> Duration {
         let status::Urgency::Within(delay) = urgency else { return Duration::ZERO };
-        let last = mw.uid().and_then(|uid| self.lock().last_write.get(&uid).copied());
+        let last = uid(mw).and_then(|uid| self.lock().last_write.get(&uid).copied());
         last.map_or(Duration::ZERO, |at| delay.saturating_sub(at.elapsed()))
     }
 
@@ -142,12 +170,10 @@ impl PerObject {
         mw: &ManagedWorkload,
         cached: Option<CachedDeployment>,
     ) -> Option<CachedDeployment> {
-        let Some(uid) = mw.uid() else { return cached };
+        let Some(uid) = uid(mw) else { return cached };
         let mut inner = self.lock();
         let newer = match (&cached, inner.applied.get(&uid)) {
-            (Some(c), Some(a)) if older(c.meta().resource_version.as_deref(), a.meta().resource_version.as_deref()) => {
-                Some(a.clone())
-            }
+            (Some(c), Some(a)) if older(version(c), version(a)) => Some(a.clone()),
             _ => None,
         };
         if newer.is_none() {
@@ -157,7 +183,7 @@ impl PerObject {
     }
 
     pub fn applied(&self, mw: &ManagedWorkload, deployment: CachedDeployment) {
-        if let Some(uid) = mw.uid() {
+        if let Some(uid) = uid(mw) {
             self.lock().applied.insert(uid, deployment);
         }
     }
@@ -177,23 +203,23 @@ impl PerObject {
         inner.last_write.clear();
     }
 
-    pub fn failed(&self, uid: Option<String>) -> u32 {
+    pub fn failed(&self, uid: Option<&str>) -> u32 {
         let mut inner = self.lock();
-        let n = inner.failures.entry(uid.unwrap_or_default()).or_insert(0);
+        let n = inner.failures.entry(Uid::of(uid.unwrap_or_default())).or_insert(0);
         *n = n.saturating_add(1);
         *n
     }
 
     pub fn succeeded(&self, uid: Option<&str>) {
         if let Some(uid) = uid {
-            self.lock().failures.remove(uid);
+            self.lock().failures.remove(&Uid::of(uid));
         }
     }
 
     /// The refusal of `claim`'s apply, if it is still in force for this very desired object
     /// (its fingerprint): the caller does not send it again before `retry_in` is zero.
     pub fn refusal(&self, mw: &ManagedWorkload, claim: &str, desired: &str) -> Option<(Refused, Duration)> {
-        let uid = mw.uid()?;
+        let uid = uid(mw)?;
         let mut inner = self.lock();
         let by_claim = inner.refusals.get_mut(&uid)?;
         match by_claim.get(claim) {
@@ -209,7 +235,7 @@ impl PerObject {
 
     /// `claim`'s apply of `desired` was refused: how long until it may be tried again.
     pub fn refused(&self, mw: &ManagedWorkload, claim: &str, desired: &str, message: &str) -> Duration {
-        let Some(uid) = mw.uid() else { return REFUSAL_BASE };
+        let Some(uid) = uid(mw) else { return REFUSAL_BASE };
         let mut inner = self.lock();
         let by_claim = inner.refusals.entry(uid).or_default();
         let attempts = by_claim.get(claim).filter(|r| r.desired == desired).map_or(0, |r| r.attempts) + 1;
@@ -222,7 +248,7 @@ impl PerObject {
 
     /// `claim` was applied (or needs no apply): any refusal is over.
     pub fn accepted(&self, mw: &ManagedWorkload, claim: &str) {
-        let Some(uid) = mw.uid() else { return };
+        let Some(uid) = uid(mw) else { return };
         let mut inner = self.lock();
         if let Some(by_claim) = inner.refusals.get_mut(&uid) {
             by_claim.remove(claim);
@@ -240,13 +266,13 @@ impl PerObject {
 }
 
 impl PerObjectInner {
-    fn forget(&mut self, uid: Option<&str>) {
+    fn forget(&mut self, uid: Option<Uid>) {
         if let Some(uid) = uid {
-            self.failures.remove(uid);
-            self.written.remove(uid);
-            self.applied.remove(uid);
-            self.last_write.remove(uid);
-            self.refusals.remove(uid);
+            self.failures.remove(&uid);
+            self.written.remove(&uid);
+            self.applied.remove(&uid);
+            self.last_write.remove(&uid);
+            self.refusals.remove(&uid);
         }
     }
 }
@@ -271,16 +297,40 @@ mod tests {
         let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
         let written = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
         objects.wrote(&mw, Some("12".into()), written.clone());
-        assert_eq!(objects.previous_status(&mw), Some(written.clone()), "the cache still holds version 10");
+        assert_eq!(objects.previous_status(&mw, None), Some(written.clone()), "the cache still holds version 10");
         let mut between = mw.clone();
         between.metadata.resource_version = Some("11".into());
-        assert_eq!(objects.previous_status(&between), Some(written), "version 11 (a spec change) predates it too");
+        assert_eq!(
+            objects.previous_status(&between, None),
+            Some(written),
+            "version 11 (a spec change) predates it too"
+        );
         let mut caught_up = mw.clone();
         caught_up.metadata.resource_version = Some("12".into());
-        assert_eq!(objects.previous_status(&caught_up), None, "the cache's own status once it has the write");
+        assert_eq!(objects.previous_status(&caught_up, None), None, "the cache's own status once it has the write");
         assert_eq!(objects.len(), (0, 0, 1), "the write time stays: it spaces the next detail write");
         assert!(older(Some("9"), Some("10")) && !older(Some("10"), Some("10")) && !older(Some("11"), Some("10")));
         assert!(older(Some("x"), Some("y")) && !older(Some("y"), Some("y")), "opaque versions: only equality");
+    }
+
+    #[test]
+    fn a_write_is_forgotten_once_its_echo_is_cached_and_a_reconcile_of_an_older_copy_reads_the_cache() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
+        let written = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
+        objects.wrote(&mw, Some("12".into()), written.clone());
+        objects.observe(&watcher::Event::Apply(workload("u1", "11")));
+        assert_eq!(objects.len(), (0, 1, 1), "an older version: the write is kept");
+        let echo = {
+            let Ok(mut echo) = workload("u1", "12").0 else { unreachable!() };
+            echo.status = Some(written.clone());
+            echo
+        };
+        objects.observe(&watcher::Event::Apply(DeserializeGuard(Ok(echo.clone()))));
+        assert_eq!(objects.len(), (0, 0, 1), "its echo: the status is the cache's now");
+        assert_eq!(objects.previous_status(&mw, Some(&echo)), Some(written), "a reconcile begun before the echo");
+        let Ok(other) = workload("u2", "13").0 else { unreachable!() };
+        assert_eq!(objects.previous_status(&mw, Some(&other)), None, "a successor's copy says nothing of it");
     }
 
     #[test]
@@ -339,12 +389,16 @@ mod tests {
         let written = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
         objects.wrote(&mw, Some("12".into()), written.clone());
         objects.applied(&mw, deployment);
-        objects.failed(Some("u1".into()));
+        objects.failed(Some("u1"));
         let detail = status::Urgency::Within(Duration::from_secs(60));
-        assert_eq!(objects.previous_status(&mw), Some(written), "within the term: the write, not the stale cache");
+        assert_eq!(
+            objects.previous_status(&mw, None),
+            Some(written),
+            "within the term: the write, not the stale cache"
+        );
         assert!(!objects.hold_back(&mw, detail).is_zero(), "within the term: details wait after a write");
         objects.new_term();
-        assert_eq!(objects.previous_status(&mw), None, "the cache's own status");
+        assert_eq!(objects.previous_status(&mw, None), None, "the cache's own status");
         let mut cached = Deployment::default();
         cached.metadata.resource_version = Some("15".into());
         let seen = objects
@@ -365,7 +419,7 @@ mod tests {
     fn per_object_state_goes_with_the_object() {
         let objects = PerObject::default();
         for uid in ["u1", "u2", "u3"] {
-            objects.failed(Some(uid.into()));
+            objects.failed(Some(uid));
             let Ok(mw) = workload(uid, "1").0 else { unreachable!() };
             objects.wrote(&mw, Some("2".into()), Default::default());
         }

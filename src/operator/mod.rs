@@ -2,7 +2,8 @@
 //! objects it asks for. One room per concern:
 //!
 //! - `watches` (the six watches, their caches, the fan-out of triggers), `pod_index`,
-//!   `slim` (what the caches keep), `memory` (what is remembered per workload);
+//!   `slim` (what the caches keep), `memory` (what is remembered per workload), `resync`
+//!   (every workload once every 10 minutes, paced);
 //! - `reconcile`: one reconcile as a pipeline, each owned object through `step` (observe →
 //!   decide → act), then report; `context`: what every reconcile of a controller shares;
 //! - `step`: the one step every owned kind goes through (the cache or one GET, the decision,
@@ -32,6 +33,7 @@ pub mod plan;
 pub mod pod_index;
 pub mod reconcile;
 pub mod replica_sets;
+pub mod resync;
 pub mod service;
 pub mod slim;
 pub mod status;
@@ -244,6 +246,7 @@ async fn lead(shared: Shared, caches: Arc<Caches>, concurrency: u16, mut stop: w
     info!(namespace = caches.namespace.as_deref(), "reconciling");
     Controller::for_stream(futures::stream::pending::<Result<Workload, watcher::Error>>(), caches.workloads.clone())
         .reconcile_on(triggers)
+        .reconcile_on(resync::paced(caches.workloads.clone()))
         .reconcile_all_on(resyncs)
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .graceful_shutdown_on(async move {

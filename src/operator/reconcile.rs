@@ -34,9 +34,6 @@ use crate::retry::Backoff;
 /// After a failed reconcile: 2 s, doubling per consecutive failure of the same object, up to
 /// 5 minutes.
 const BACKOFF: Backoff = Backoff { base: Duration::from_secs(2), max: Duration::from_secs(300) };
-/// Steady-state resync. Watches deliver every change; this only bounds how long a missed
-/// event could go unnoticed. It costs reads from the local cache, never a write.
-const RESYNC: Duration = Duration::from_secs(600);
 /// Recheck of a workload blocked by a Deployment it does not control. That Deployment is
 /// outside the operator's label-selected watch, so nothing announces its deletion; a GET
 /// every few seconds lets the workload recover within seconds of the cause going away.
@@ -187,7 +184,7 @@ struct Held;
 /// reconciled before whose Deployment the cache lacks; a Running or Stopped one has it. A
 /// failed GET answers no: the check saves a write, it never holds a workload.
 async fn is_superseded(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: &str) -> bool {
-    if ctx.caches.objects.previous_status(mw).is_none()
+    if ctx.caches.previous_status(mw).is_none()
         || ctx.caches.deployments.get(&ObjectRef::new(name).within(namespace)).is_some()
     {
         return false;
@@ -232,8 +229,10 @@ async fn report(
             held = Some(wait);
         }
     }
-    let requeue = [Some(RESYNC), recheck, derived.revisit, held, claims.retry].into_iter().flatten().min();
-    Ok(Action::requeue(requeue.unwrap_or(RESYNC)))
+    // With nothing to come back for, the workload waits for a change; `resync` visits it
+    // meanwhile, without a timer per workload.
+    let requeue = [recheck, derived.revisit, held, claims.retry].into_iter().flatten().min();
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
 /// While the Deployment apply of a spec change is in flight, write the transition it starts
@@ -319,7 +318,7 @@ fn derive(
     };
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
     let mut known = mw.clone();
-    known.status = caches.objects.previous_status(mw);
+    known.status = caches.previous_status(mw);
     let status = status::derive(&known, &observed, &now);
     let revisit = status::revisit_after(&known, &observed, &now);
     Derived { known, status, revisit }
@@ -421,7 +420,7 @@ pub fn error_policy(mw: Arc<Workload>, err: &Error, ctx: Arc<Context>) -> Action
         ctx.caches.objects.succeeded(mw.uid().as_deref());
         return Action::await_change();
     }
-    let failures = ctx.caches.objects.failed(mw.uid());
+    let failures = ctx.caches.objects.failed(mw.meta().uid.as_deref());
     let delay = BACKOFF.delay(failures);
     warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), failures, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)

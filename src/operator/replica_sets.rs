@@ -16,12 +16,12 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
-use super::by_uid::ByUid;
+use super::by_uid::{ByUid, Uid};
 
 #[derive(Debug)]
 pub struct ReplicaSets {
     /// ReplicaSet UID → its controlling Deployment's UID.
-    owners: Mutex<ByUid<String>>,
+    owners: Mutex<ByUid<Uid>>,
     /// Turns true once the first list has been indexed.
     synced: watch::Sender<bool>,
 }
@@ -41,14 +41,13 @@ fn controller_uid<'a>(
 }
 
 impl ReplicaSets {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ByUid<String>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ByUid<Uid>> {
         self.owners.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn observe(&self, event: &watcher::Event<PartialObjectMeta<ReplicaSet>>) {
-        let owner = |rs: &PartialObjectMeta<ReplicaSet>| {
-            controller_uid(rs.owner_references(), "Deployment").map(str::to_string)
-        };
+        let owner =
+            |rs: &PartialObjectMeta<ReplicaSet>| controller_uid(rs.owner_references(), "Deployment").map(Uid::of);
         self.lock().observe(event, owner);
         if matches!(event, watcher::Event::InitDone) {
             self.synced.send_replace(true);
@@ -63,7 +62,7 @@ impl ReplicaSets {
     /// `pod`'s controller is a ReplicaSet that the Deployment with UID `deployment` controls.
     pub fn owns(&self, deployment: &str, pod: &Pod) -> bool {
         let Some(rs) = controller_uid(pod.owner_references(), "ReplicaSet") else { return false };
-        self.lock().get(rs).is_some_and(|owner| owner == deployment)
+        self.lock().get(rs).is_some_and(|owner| *owner == Uid::of(deployment))
     }
 
     #[cfg(test)]

@@ -170,7 +170,7 @@ async fn observe<K: Owned>(
     let cached = K::cache(ctx).get(&ObjectRef::new(name).within(namespace)).map(|c| (*c).clone());
     match K::newest(ctx, mw, cached) {
         Some(live) => Ok(Some(live)),
-        None if ctx.caches.objects.previous_status(mw).is_none() => Ok(None),
+        None if ctx.caches.previous_status(mw).is_none() => Ok(None),
         None => get(api, namespace, name).await,
     }
 }

@@ -182,7 +182,7 @@ impl Claims {
 /// The workload's status (as the operator last knew it) lists claim `name` as one it had: the
 /// claim is gone now, so a new one would start empty.
 fn existed(ctx: &Context, mw: &ManagedWorkload, name: &str) -> bool {
-    let status = ctx.caches.objects.previous_status(mw);
+    let status = ctx.caches.previous_status(mw);
     status.iter().flat_map(|s| &s.volumes).any(|v| v.claim == name && v.phase.is_some())
 }
 

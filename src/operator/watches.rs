@@ -136,12 +136,14 @@ impl Caches {
         let workload_events = watcher(api::<Workload>(client, ns), watcher::Config::default().any_semantic())
             .default_backoff()
             .modify(super::slim::workload)
+            .reflect(writer)
+            // After the cache has taken the event in: what is forgotten there, a reconcile
+            // finds in the cache (PerObject::observe).
             .inspect(move |event| {
                 if let Ok(event) = event {
                     pruner.observe(event);
                 }
             })
-            .reflect(writer)
             .filter(move |event| std::future::ready(event.as_ref().map_or(true, |e| changes.asks_for_reconcile(e))));
         let workload_targets =
             targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
@@ -158,6 +160,17 @@ impl Caches {
         tokio::spawn(fan_out(all, triggers.clone(), metrics));
 
         Caches { namespace, deployments, replica_sets, pods, claims, services, workloads, pod_index, objects, triggers }
+    }
+
+    /// The status `mw` has as far as the operator knows (`PerObject::previous_status`), with
+    /// the cache's copy of it now.
+    pub fn previous_status(&self, mw: &ManagedWorkload) -> Option<crate::resource::ManagedWorkloadStatus> {
+        let key = ObjectRef::<Workload>::new(&mw.name_any());
+        let latest = self.workloads.get(&match mw.namespace() {
+            Some(ns) => key.within(&ns),
+            None => key,
+        });
+        self.objects.previous_status(mw, latest.as_ref().and_then(|l| l.0.as_ref().ok()))
     }
 
     pub async fn ready(&self) -> bool {
