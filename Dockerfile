@@ -8,6 +8,8 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 RUN command -v python3 >/dev/null || { apt-get update && apt-get install -y --no-install-recommends python3; }
 COPY Cargo.toml Cargo.lock ./
+# The allocator's build option (src/allocator.rs).
+COPY .cargo .cargo
 COPY src src
 # `mw-operator check` embeds the shipped Roles, so it can never disagree with them.
 COPY config/rbac config/rbac

@@ -8,8 +8,10 @@ use mw_operator::cli::{Cli, Command, LogFormat};
 use mw_operator::{allocator, bridge, check, client, crdgen, election, metrics, operator, telemetry};
 use tracing::error;
 
+#[global_allocator]
+static ALLOCATOR: allocator::MiMalloc = allocator::MiMalloc;
+
 fn main() -> ExitCode {
-    allocator::configure();
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     let result = match cli.command {
@@ -41,7 +43,6 @@ fn run(
     let election = election.election(metrics::DEFAULT_LEASE, election::default_identity)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     let result = runtime.block_on(async {
-        allocator::spawn_trimming();
         let clients = client::connect_all(&connection).await.map_err(|e| e.to_string())?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = metrics::Metrics::register(&mut registry);
@@ -71,12 +72,7 @@ fn run_check(args: check::probe::CheckArgs) -> Result<(), String> {
 
 fn run_bridge(args: bridge::BridgeArgs) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
-    runtime
-        .block_on(async {
-            allocator::spawn_trimming();
-            bridge::run(args).await
-        })
-        .map_err(|e| e.to_string())
+    runtime.block_on(async { bridge::run(args).await }).map_err(|e| e.to_string())
 }
 
 fn crd(out: Option<PathBuf>, check: bool) -> Result<(), String> {
