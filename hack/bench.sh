@@ -17,6 +17,7 @@
 #    MW_BENCH_VOLUME_EACH=1 gives every workload of every size (and its floor) a volume too;
 #    MW_BENCH_SERVICE=0 leaves the Service out, MW_BENCH_VOLUMES=0 the 100 with a volume;
 #    MW_BENCH_FLOOR=0 skips the floor of each size (the memory slope with a volume each).
+#    MW_BENCH_OPERATOR=0 skips 2 and 3 (the bridge alone).
 # 3. The same convergence at N = 1000 with the control plane's default rate limits
 #    (MW_BENCH_DEFAULT_LIMITS=0 skips it).
 set -euo pipefail
@@ -83,12 +84,14 @@ if [ "${MW_BENCH_BRIDGE:-1}" != 0 ]; then
   while "${K[@]}" get namespaces -o name | grep -q 'bench-bridge'; do sleep 1; done
 fi
 
-sizes="100,1000"; [ "${MW_BENCH_5000:-0}" = 0 ] || sizes="100,1000,5000"
-echo "== operator, no client-side rate limit on the control plane's controllers"
-operator_bench bench unlimited "$sizes" 1
+if [ "${MW_BENCH_OPERATOR:-1}" != 0 ]; then
+  sizes="100,1000"; [ "${MW_BENCH_5000:-0}" = 0 ] || sizes="100,1000,5000"
+  echo "== operator, no client-side rate limit on the control plane's controllers"
+  operator_bench bench unlimited "$sizes" 1
+fi
 bash "$CP" down bench >/dev/null 2>&1 || true
 
-if [ "${MW_BENCH_DEFAULT_LIMITS:-1}" != 0 ]; then
+if [ "${MW_BENCH_OPERATOR:-1}" != 0 ] && [ "${MW_BENCH_DEFAULT_LIMITS:-1}" != 0 ]; then
   echo "== operator, the control plane's default rate limits (kube-controller-manager 20/s)"
   MW_CP_UNLIMITED_QPS=0 control_plane bench-default
   operator_bench bench-default default-limits 1000 0
