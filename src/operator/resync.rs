@@ -12,7 +12,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
 use futures::Stream;
-use kube::ResourceExt;
+use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::watches::Workload;
@@ -40,7 +40,7 @@ fn due(store: &Store<Workload>, tick: u64) -> Vec<ObjectRef<Workload>> {
     store
         .state()
         .iter()
-        .filter(|mw| mw.0.is_ok() && mw.uid().is_some_and(|uid| slot(&uid) == slot_now))
+        .filter(|mw| mw.0.is_ok() && mw.meta().uid.as_deref().is_some_and(|uid| slot(uid) == slot_now))
         .map(|mw| ObjectRef::from_obj(&**mw))
         .collect()
 }
@@ -49,9 +49,9 @@ fn due(store: &Store<Workload>, tick: u64) -> Vec<ObjectRef<Workload>> {
 /// tick after it starts (a term begins with a reconcile of everything).
 pub fn paced(store: Store<Workload>) -> impl Stream<Item = ObjectRef<Workload>> + Send + 'static {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
-    // A stalled runtime skips the missed slots' workloads to their next period rather than
-    // sending a burst.
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // A stalled runtime delays the slots after it rather than sending several at once: each
+    // workload still comes once per round of the slots.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let batches = futures::stream::unfold((ticks, 0u64), move |(mut ticks, tick)| {
         let store = store.clone();
         async move {
