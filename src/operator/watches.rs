@@ -165,11 +165,7 @@ impl Caches {
     /// The status `mw` has as far as the operator knows (`PerObject::previous_status`), with
     /// the cache's copy of it now.
     pub fn previous_status(&self, mw: &ManagedWorkload) -> Option<crate::resource::ManagedWorkloadStatus> {
-        let key = ObjectRef::<Workload>::new(&mw.name_any());
-        let latest = self.workloads.get(&match mw.namespace() {
-            Some(ns) => key.within(&ns),
-            None => key,
-        });
+        let latest = mw.namespace().and_then(|ns| self.workloads.get(&ObjectRef::new(&mw.name_any()).within(&ns)));
         self.objects.previous_status(mw, latest.as_ref().and_then(|l| l.0.as_ref().ok()))
     }
 
