@@ -20,6 +20,7 @@ use super::cached::{CachedSecret, CachedWorkload};
 use super::error::BridgeError;
 use super::mapping::SYNCED_BY_LABEL;
 use super::metrics::Metrics;
+use crate::reflect::ReflectInPlace;
 use crate::resource::ManagedWorkload;
 
 pub struct Cluster {
@@ -58,7 +59,7 @@ impl Cluster {
             // not read of its CRs and Secrets would be most of its memory.
             let stream = watcher(Api::<CachedWorkload>::namespaced(watches.clone(), ns), config.clone())
                 .default_backoff()
-                .reflect(writer)
+                .reflect_in_place(writer)
                 .for_each(move |event| {
                     if let Err(err) = &event {
                         warn!(error = %err, "ManagedWorkload watch failed; retrying with backoff");
@@ -75,7 +76,7 @@ impl Cluster {
             let stream = watcher(Api::<PartialObjectMeta<Secret>>::namespaced(watches.clone(), ns), config)
                 .default_backoff()
                 .map_ok(|event| trimmed(event, CachedSecret::from))
-                .reflect(writer)
+                .reflect_in_place(writer)
                 .for_each(|event| {
                     if let Err(err) = &event {
                         warn!(error = %err, "Secret watch failed; retrying with backoff");

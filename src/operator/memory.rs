@@ -92,25 +92,24 @@ impl PerObject {
     /// status write the cache now shows (most workloads' last write is followed by no
     /// reconcile for minutes, and the status is a workload's largest part), forget deleted
     /// workloads, and after a re-list (a watch gap may hide deletions) every workload that is
-    /// no longer listed. A re-listed object reaches the cache only when the list is done, so
-    /// it forgets no write: the next reconcile does.
+    /// no longer listed. A re-listed object is in the cache as soon as it is listed
+    /// (`reflect`), so it is an echo too; the first list comes before any write.
     pub fn observe(&self, event: &watcher::Event<Workload>) {
         let mut inner = self.lock();
         match event {
-            watcher::Event::Apply(mw) => {
-                if let Some(uid) = uid(mw)
+            watcher::Event::Apply(mw) | watcher::Event::InitApply(mw) => {
+                let uid = uid(mw);
+                if let Some(uid) = uid
                     && inner.written.get(&uid).is_some_and(|w| !older(version(mw), w.version.as_deref()))
                 {
                     inner.written.remove(&uid);
                 }
-            }
-            watcher::Event::Delete(mw) => inner.forget(uid(mw)),
-            watcher::Event::Init => inner.listing = Some(HashSet::new()),
-            watcher::Event::InitApply(mw) => {
-                if let (Some(listing), Some(uid)) = (inner.listing.as_mut(), uid(mw)) {
+                if let (watcher::Event::InitApply(_), Some(listing), Some(uid)) = (event, inner.listing.as_mut(), uid) {
                     listing.insert(uid);
                 }
             }
+            watcher::Event::Delete(mw) => inner.forget(uid(mw)),
+            watcher::Event::Init => inner.listing = Some(HashSet::new()),
             watcher::Event::InitDone => {
                 if let Some(listed) = inner.listing.take() {
                     inner.failures.retain(|uid, _| listed.contains(uid));
@@ -429,8 +428,14 @@ mod tests {
         objects.observe(&watcher::Event::Init);
         objects.observe(&watcher::Event::InitApply(workload("u3", "1")));
         objects.observe(&watcher::Event::InitDone);
-        assert_eq!(objects.len(), (1, 1, 1));
+        assert_eq!(objects.len(), (1, 1, 1), "u3 listed as it was before its write");
         objects.succeeded(Some("u3"));
         assert_eq!(objects.len(), (0, 1, 1));
+        // The next re-list shows the write: an echo, as the re-listed CR is cached at once.
+        objects.observe(&watcher::Event::Init);
+        objects.observe(&watcher::Event::InitApply(workload("u3", "2")));
+        assert_eq!(objects.len(), (0, 0, 1));
+        objects.observe(&watcher::Event::InitDone);
+        assert_eq!(objects.len(), (0, 0, 1));
     }
 }

@@ -21,6 +21,7 @@ use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
 use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
 use crate::metrics::Metrics;
+use crate::reflect::ReflectInPlace;
 use crate::resource::ManagedWorkload;
 
 /// A ManagedWorkload as watched: parsed, or the reason it could not be.
@@ -71,7 +72,7 @@ impl Caches {
         // Each cache keeps only what the operator reads of its objects (see slim.rs).
         let (deployments, writer) = reflector::store();
         let deployment_events =
-            watcher(api::<CachedDeployment>(client, ns), managed.clone()).default_backoff().reflect(writer);
+            watcher(api::<CachedDeployment>(client, ns), managed.clone()).default_backoff().reflect_in_place(writer);
         let deployment_targets = targets(deployment_events, "deployments", owner_of);
 
         // ReplicaSets: only which Deployment controls each (see replica_sets.rs). A new one
@@ -102,7 +103,7 @@ impl Caches {
                     indexer.observe(event);
                 }
             })
-            .reflect(writer);
+            .reflect_in_place(writer);
         let pod_targets = targets(pod_events, "pods", |pod: &CachedPod| {
             let name = pod.instance()?;
             Some(ObjectRef::new(name).within(&pod.namespace()?))
@@ -111,7 +112,8 @@ impl Caches {
         // Claims: by the instance label, since a retained claim has no owner reference. A claim
         // that binds, grows or goes reconciles its workload.
         let (claims, writer) = reflector::store();
-        let claim_events = watcher(api::<CachedClaim>(client, ns), managed.clone()).default_backoff().reflect(writer);
+        let claim_events =
+            watcher(api::<CachedClaim>(client, ns), managed.clone()).default_backoff().reflect_in_place(writer);
         let claim_targets = targets(claim_events, "persistentvolumeclaims", |claim: &CachedClaim| {
             let name = claim.instance()?;
             Some(ObjectRef::new(name).within(&claim.namespace()?))
@@ -123,7 +125,7 @@ impl Caches {
         // to the Service, so a serving workload's Service is quiet.
         let (services, writer) = reflector::store();
         let service_events =
-            watcher(api::<CachedService>(client, ns), managed.clone()).default_backoff().reflect(writer);
+            watcher(api::<CachedService>(client, ns), managed.clone()).default_backoff().reflect_in_place(writer);
         let service_targets = targets(service_events, "services", owner_of);
 
         // Our own status writes change neither generation nor labels, so they do not echo back
@@ -136,7 +138,7 @@ impl Caches {
         let workload_events = watcher(api::<Workload>(client, ns), watcher::Config::default().any_semantic())
             .default_backoff()
             .modify(super::slim::workload)
-            .reflect(writer)
+            .reflect_in_place(writer)
             // After the cache has taken the event in: what is forgotten there, a reconcile
             // finds in the cache (PerObject::observe).
             .inspect(move |event| {
@@ -194,11 +196,11 @@ fn owner_of(deployment: &impl Resource) -> Option<ObjectRef<Workload>> {
 type Target = Result<Option<Trigger>, (&'static str, watcher::Error)>;
 
 /// The triggers of one watch's events. An object changed or deleted triggers the workload
-/// `map` names; a re-list triggers nothing until it is done, then everything: its objects
-/// reach the cache only at InitDone (the reflector swaps the whole list in), so a trigger for
-/// one of them earlier would reconcile from the cache as it was before the gap (a deleted
-/// workload in place of its successor, a Deployment already gone), and nothing would come
-/// for it again.
+/// `map` names; a re-list triggers nothing until it is done, then everything: until its end
+/// the cache still holds, beside what it has listed, objects as they were before the gap (a
+/// deleted workload in place of its successor, a Deployment already gone: they leave at
+/// InitDone, `reflect`), so a trigger earlier would reconcile from that, and nothing would
+/// come for it again.
 fn targets<K: Send + 'static>(
     events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     resource: &'static str,

@@ -1,0 +1,212 @@
+//! A kube-runtime store kept in step with a watch, re-lists taken in place.
+//!
+//! kube-runtime's `reflect` builds a re-list (after an API server restart, or once a watch's
+//! resourceVersion expired) as a second copy of the whole cache beside the first and swaps it
+//! in at the end (`InitDone`). At thousands of objects, that doubles the cache for the length
+//! of the list, and what the old copy freed is left on pages that still hold live objects: in
+//! a soak at 1,500 workloads, each re-list left the operator's resident memory 5 to 9 MiB
+//! higher for good. Here, after the first list, each listed object replaces its old copy at
+//! once (the old one's memory is what the next object is read into), and the end of the
+//! re-list removes what it did not list (deleted during the gap). The store stays the store
+//! kube-runtime's controller reads; only the first list goes through as it comes, since the
+//! store becomes ready at its end.
+//!
+//! While a re-list runs, the cache holds the objects listed so far beside the ones not yet
+//! listed, as they were before the gap (kube-runtime's shows the old list whole until the
+//! end). Nothing acts on that mix: a re-list triggers reconciles only once it is done
+//! (`operator::watches`).
+
+use std::collections::HashSet;
+
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::watcher;
+
+/// `reflect`, with a re-list taken in place (see the module).
+pub trait ReflectInPlace<K>: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Sized
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Default,
+{
+    fn reflect_in_place(self, writer: Writer<K>) -> impl Stream<Item = Self::Item> {
+        let mut store = InPlace::new(writer);
+        self.map(move |event| event.map(|event| store.apply(event)))
+    }
+}
+
+impl<K, S> ReflectInPlace<K> for S
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Default,
+{
+}
+
+/// A store's writer, and what the re-list under way has listed so far.
+struct InPlace<K: Resource + Clone + 'static>
+where
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    writer: Writer<K>,
+    reader: Store<K>,
+    /// Whether the first list is done (the store is ready).
+    listed_once: bool,
+    /// The keys the re-list under way has listed; `None` between re-lists.
+    listing: Option<HashSet<ObjectRef<K>>>,
+}
+
+impl<K> InPlace<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Default,
+{
+    fn new(writer: Writer<K>) -> Self {
+        let reader = writer.as_reader();
+        InPlace { writer, reader, listed_once: false, listing: None }
+    }
+
+    /// Apply `event` to the store; the event goes on unchanged.
+    fn apply(&mut self, event: watcher::Event<K>) -> watcher::Event<K> {
+        if !self.listed_once {
+            self.listed_once = matches!(event, watcher::Event::InitDone);
+            self.writer.apply_watcher_event(&event);
+            return event;
+        }
+        match event {
+            watcher::Event::Init => {
+                // A re-list that restarts (its list failed part way) starts its count again:
+                // what it applied already is newer than the gap, and stays.
+                self.listing = Some(HashSet::new());
+                event
+            }
+            watcher::Event::InitApply(object) => {
+                self.listing.get_or_insert_with(HashSet::new).insert(key(&object));
+                // As an Apply, which the writer takes into the store at once; moved in and out
+                // rather than copied (the writer makes its own copy).
+                let applied = watcher::Event::Apply(object);
+                self.writer.apply_watcher_event(&applied);
+                match applied {
+                    watcher::Event::Apply(object) => watcher::Event::InitApply(object),
+                    other => other,
+                }
+            }
+            watcher::Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                for object in self.reader.state() {
+                    if !listed.contains(&key(&object)) {
+                        self.writer.apply_watcher_event(&watcher::Event::Delete(K::clone(&object)));
+                    }
+                }
+                event
+            }
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => {
+                self.writer.apply_watcher_event(&event);
+                event
+            }
+        }
+    }
+}
+
+/// Where `object` is in the store: its namespace and name (without the resourceVersion and UID
+/// an `ObjectRef` may carry, which take no part in finding it).
+fn key<K: Resource>(object: &K) -> ObjectRef<K>
+where
+    K::DynamicType: Default,
+{
+    let mut key = ObjectRef::from_obj_with(object, K::DynamicType::default());
+    key.extra = Default::default();
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::sync::Arc;
+    use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+
+    fn object(name: &str, version: &str) -> ConfigMap {
+        let mut c = ConfigMap::default();
+        c.metadata.namespace = Some("ns".into());
+        c.metadata.name = Some(name.into());
+        c.metadata.resource_version = Some(version.into());
+        c
+    }
+
+    fn versions(store: &Store<ConfigMap>) -> Vec<(String, String)> {
+        let mut all: Vec<_> = store
+            .state()
+            .iter()
+            .map(|c| (c.metadata.name.clone().unwrap(), c.metadata.resource_version.clone().unwrap()))
+            .collect();
+        all.sort();
+        all
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn the_first_list_is_reflected_whole_and_makes_the_store_ready() {
+        let (reader, writer) = kube::runtime::reflector::store();
+        let mut store = InPlace::new(writer);
+        store.apply(Init);
+        store.apply(InitApply(object("a", "1")));
+        assert!(reader.is_empty(), "the first list reaches the store at its end, as kube-runtime's");
+        store.apply(InitDone);
+        assert_eq!(versions(&reader), pairs(&[("a", "1")]));
+        assert!(futures::executor::block_on(reader.wait_until_ready()).is_ok());
+    }
+
+    #[test]
+    fn a_relist_replaces_each_object_as_it_is_listed_and_removes_the_unlisted_at_its_end() {
+        let (reader, writer) = kube::runtime::reflector::store();
+        let mut store = InPlace::new(writer);
+        for event in [Init, InitApply(object("kept", "1")), InitApply(object("gone", "1")), InitDone] {
+            store.apply(event);
+        }
+        let before = reader.get(&ObjectRef::new("kept").within("ns")).unwrap();
+
+        store.apply(Init);
+        assert_eq!(versions(&reader), pairs(&[("gone", "1"), ("kept", "1")]), "the cache stays whole");
+        store.apply(InitApply(object("kept", "2")));
+        assert_eq!(versions(&reader), pairs(&[("gone", "1"), ("kept", "2")]), "taken in at once");
+        assert_eq!(Arc::strong_count(&before), 1, "the old copy is the caller's alone: freed when it lets go");
+        store.apply(InitApply(object("new", "3")));
+        store.apply(InitDone);
+        assert_eq!(versions(&reader), pairs(&[("kept", "2"), ("new", "3")]), "deleted during the gap: gone");
+
+        store.apply(Apply(object("new", "4")));
+        store.apply(Delete(object("kept", "2")));
+        assert_eq!(versions(&reader), pairs(&[("new", "4")]), "watch events as ever");
+    }
+
+    #[test]
+    fn a_relist_that_restarts_keeps_what_it_listed_before() {
+        let (reader, writer) = kube::runtime::reflector::store();
+        let mut store = InPlace::new(writer);
+        for event in [Init, InitApply(object("a", "1")), InitApply(object("b", "1")), InitDone] {
+            store.apply(event);
+        }
+        for event in [Init, InitApply(object("a", "2")), Init, InitApply(object("b", "2"))] {
+            store.apply(event);
+        }
+        assert_eq!(versions(&reader), pairs(&[("a", "2"), ("b", "2")]));
+        store.apply(InitApply(object("a", "3")));
+        store.apply(InitDone);
+        assert_eq!(versions(&reader), pairs(&[("a", "3"), ("b", "2")]));
+    }
+
+    #[test]
+    fn events_go_on_unchanged() {
+        let (_, writer) = kube::runtime::reflector::store();
+        let mut store = InPlace::new(writer);
+        for event in [Init, InitDone, Init] {
+            assert_eq!(std::mem::discriminant(&store.apply(event.clone())), std::mem::discriminant(&event));
+        }
+        let InitApply(listed) = store.apply(InitApply(object("a", "1"))) else { panic!("not an InitApply") };
+        assert_eq!(listed.metadata.resource_version.as_deref(), Some("1"));
+    }
+}
