@@ -12,6 +12,7 @@ use tracing::error;
 static ALLOCATOR: allocator::MiMalloc = allocator::MiMalloc;
 
 fn main() -> ExitCode {
+    allocator::configure();
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     let result = match cli.command {

@@ -23,6 +23,23 @@ use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
 
+/// Objects per list request. A list's objects arrive a page at a time, and the page's body and
+/// objects (read whole before each is trimmed for its cache) are what a list holds besides
+/// the cache: kube-runtime's 500 made a re-list of every watch at once (after an API server
+/// restart) cost more memory than the caches themselves.
+pub const LIST_PAGE: u32 = 100;
+
+/// A watch of `selector`'s objects (every object for `None`), a page of `LIST_PAGE` at a
+/// time, listed consistently (the default: the watch cache serves it once it has caught up
+/// with etcd).
+pub fn watch_config(selector: Option<&str>) -> watcher::Config {
+    let config = watcher::Config::default().page_size(LIST_PAGE);
+    match selector {
+        Some(selector) => config.labels(selector),
+        None => config,
+    }
+}
+
 /// `reflect`, with a re-list taken in place (see the module).
 pub trait ReflectInPlace<K>: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Sized
 where

@@ -20,7 +20,7 @@ use super::cached::{CachedSecret, CachedWorkload};
 use super::error::BridgeError;
 use super::mapping::SYNCED_BY_LABEL;
 use super::metrics::Metrics;
-use crate::reflect::ReflectInPlace;
+use crate::reflect::{ReflectInPlace, watch_config};
 use crate::resource::ManagedWorkload;
 
 pub struct Cluster {
@@ -51,7 +51,7 @@ impl Cluster {
         for ns in namespaces {
             check_access::<ManagedWorkload>(&client, ns, "managedworkloads").await?;
             check_access::<Secret>(&client, ns, "secrets").await?;
-            let config = watcher::Config::default().labels(&selector);
+            let config = watch_config(Some(&selector));
 
             let (store, writer) = reflector::store();
             let notify = changed.clone();

@@ -21,7 +21,7 @@ use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
 use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
 use crate::metrics::Metrics;
-use crate::reflect::ReflectInPlace;
+use crate::reflect::{ReflectInPlace, watch_config};
 use crate::resource::ManagedWorkload;
 
 /// A ManagedWorkload as watched: parsed, or the reason it could not be.
@@ -66,7 +66,7 @@ const TRIGGER_BUFFER: usize = 4096;
 impl Caches {
     pub fn start(client: &Client, namespace: Option<String>, metrics: Arc<Metrics>) -> Caches {
         let ns = namespace.as_deref();
-        let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+        let managed = watch_config(Some(&format!("{MANAGED_LABEL}=true")));
         let (triggers, _) = broadcast::channel(TRIGGER_BUFFER);
 
         // Each cache keeps only what the operator reads of its objects (see slim.rs).
@@ -135,7 +135,7 @@ impl Caches {
         let objects = Arc::new(PerObject::default());
         let pruner = objects.clone();
         let mut changes = SpecChanges::default();
-        let workload_events = watcher(api::<Workload>(client, ns), watcher::Config::default().any_semantic())
+        let workload_events = watcher(api::<Workload>(client, ns), watch_config(None))
             .default_backoff()
             .modify(super::slim::workload)
             .reflect_in_place(writer)
