@@ -448,6 +448,9 @@ async fn soak() {
         std::fs::create_dir_all(dir).ok();
     }
     std::fs::write(&out, &report).expect("writing the soak report");
+    // Every sample of the leader's RSS beside it, for a look at its shape around the faults.
+    let samples: String = rss.iter().map(|(t, kib)| format!("{:.1}\t{kib:.0}\n", t.as_secs_f64())).collect();
+    std::fs::write(std::path::Path::new(&out).with_extension("rss.tsv"), samples).expect("writing the RSS samples");
     assert!(stuck.is_empty(), "changes never carried out: {} waiting on {:?}", stuck.len(), stuck_by_place(&stuck));
     assert_eq!(at_rest, 0, "writes at rest");
 }
