@@ -6,10 +6,10 @@
 //! of the list, and what the old copy freed is left on pages that still hold live objects: in
 //! a soak at 1,500 workloads, each re-list left the operator's resident memory 5 to 9 MiB
 //! higher for good. Here, after the first list, each listed object that changed replaces its
-//! old copy at once (one that did not keeps it), and the end of the re-list removes what it did
-//! not list (deleted during the gap). The store stays the store
-//! kube-runtime's controller reads; only the first list goes through as it comes, since the
-//! store becomes ready at its end.
+//! old copy at once (one that did not keeps it), and the end of the re-list removes what it
+//! did not list (deleted during the gap). The store stays the store kube-runtime's controller
+//! reads; only the first list goes through as it comes, since the store becomes ready at its
+//! end.
 //!
 //! While a re-list runs, the cache holds the objects listed so far beside the ones not yet
 //! listed, as they were before the gap (kube-runtime's shows the old list whole until the
@@ -25,8 +25,8 @@ use kube::runtime::watcher;
 
 /// Objects per list request. A list's objects arrive a page at a time, and the page's body and
 /// objects (read whole before each is trimmed for its cache) are what a list holds besides
-/// the cache: kube-runtime's 500 made a re-list of every watch at once (after an API server
-/// restart) cost more memory than the caches themselves.
+/// the cache: with kube-runtime's 500, a re-list of every watch at once (after an API server
+/// restart) held six pages of 500 whole objects and their bodies.
 pub const LIST_PAGE: u32 = 100;
 
 /// A watch of `selector`'s objects (every object for `None`), a page of `LIST_PAGE` at a
@@ -176,6 +176,22 @@ mod tests {
         list.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
     }
 
+    /// A store whose first list held `listed` (name, resourceVersion), and its writer.
+    fn listed(listed: &[(&str, &str)]) -> (Store<ConfigMap>, InPlace<ConfigMap>) {
+        let (reader, writer) = kube::runtime::reflector::store();
+        let mut store = InPlace::new(writer);
+        store.apply(Init);
+        for (name, version) in listed {
+            store.apply(InitApply(object(name, version)));
+        }
+        store.apply(InitDone);
+        (reader, store)
+    }
+
+    fn cached(reader: &Store<ConfigMap>, name: &str) -> Arc<ConfigMap> {
+        reader.get(&ObjectRef::new(name).within("ns")).unwrap()
+    }
+
     #[test]
     fn the_first_list_is_reflected_whole_and_makes_the_store_ready() {
         let (reader, writer) = kube::runtime::reflector::store();
@@ -190,12 +206,8 @@ mod tests {
 
     #[test]
     fn a_relist_replaces_each_object_as_it_is_listed_and_removes_the_unlisted_at_its_end() {
-        let (reader, writer) = kube::runtime::reflector::store();
-        let mut store = InPlace::new(writer);
-        for event in [Init, InitApply(object("kept", "1")), InitApply(object("gone", "1")), InitDone] {
-            store.apply(event);
-        }
-        let before = reader.get(&ObjectRef::new("kept").within("ns")).unwrap();
+        let (reader, mut store) = listed(&[("kept", "1"), ("gone", "1")]);
+        let before = cached(&reader, "kept");
 
         store.apply(Init);
         assert_eq!(versions(&reader), pairs(&[("gone", "1"), ("kept", "1")]), "the cache stays whole");
@@ -213,28 +225,19 @@ mod tests {
 
     #[test]
     fn an_object_the_gap_did_not_change_keeps_its_cached_copy() {
-        let (reader, writer) = kube::runtime::reflector::store();
-        let mut store = InPlace::new(writer);
-        for event in [Init, InitApply(object("same", "1")), InitApply(object("changed", "1")), InitDone] {
-            store.apply(event);
-        }
-        let same = reader.get(&ObjectRef::new("same").within("ns")).unwrap();
-        let changed = reader.get(&ObjectRef::new("changed").within("ns")).unwrap();
+        let (reader, mut store) = listed(&[("same", "1"), ("changed", "1")]);
+        let (same, changed) = (cached(&reader, "same"), cached(&reader, "changed"));
         for event in [Init, InitApply(object("same", "1")), InitApply(object("changed", "2")), InitDone] {
             store.apply(event);
         }
-        assert!(Arc::ptr_eq(&same, &reader.get(&ObjectRef::new("same").within("ns")).unwrap()), "kept");
-        assert!(!Arc::ptr_eq(&changed, &reader.get(&ObjectRef::new("changed").within("ns")).unwrap()), "replaced");
+        assert!(Arc::ptr_eq(&same, &cached(&reader, "same")), "kept");
+        assert!(!Arc::ptr_eq(&changed, &cached(&reader, "changed")), "replaced");
         assert_eq!(versions(&reader), pairs(&[("changed", "2"), ("same", "1")]));
     }
 
     #[test]
     fn a_relist_that_restarts_keeps_what_it_listed_before() {
-        let (reader, writer) = kube::runtime::reflector::store();
-        let mut store = InPlace::new(writer);
-        for event in [Init, InitApply(object("a", "1")), InitApply(object("b", "1")), InitDone] {
-            store.apply(event);
-        }
+        let (reader, mut store) = listed(&[("a", "1"), ("b", "1")]);
         for event in [Init, InitApply(object("a", "2")), Init, InitApply(object("b", "2"))] {
             store.apply(event);
         }
