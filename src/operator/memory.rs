@@ -97,14 +97,10 @@ impl PerObject {
     pub fn observe(&self, event: &watcher::Event<Workload>) {
         let mut inner = self.lock();
         match event {
-            watcher::Event::Apply(mw) | watcher::Event::InitApply(mw) => {
-                let uid = uid(mw);
-                if let Some(uid) = uid
-                    && inner.written.get(&uid).is_some_and(|w| !older(version(mw), w.version.as_deref()))
-                {
-                    inner.written.remove(&uid);
-                }
-                if let (watcher::Event::InitApply(_), Some(listing), Some(uid)) = (event, inner.listing.as_mut(), uid) {
+            watcher::Event::Apply(mw) => inner.echoed(mw),
+            watcher::Event::InitApply(mw) => {
+                inner.echoed(mw);
+                if let (Some(listing), Some(uid)) = (inner.listing.as_mut(), uid(mw)) {
                     listing.insert(uid);
                 }
             }
@@ -265,6 +261,15 @@ impl PerObject {
 }
 
 impl PerObjectInner {
+    /// The cache now holds `mw`: the status write it shows (or an older one) is forgotten.
+    fn echoed(&mut self, mw: &Workload) {
+        if let Some(uid) = uid(mw)
+            && self.written.get(&uid).is_some_and(|w| !older(version(mw), w.version.as_deref()))
+        {
+            self.written.remove(&uid);
+        }
+    }
+
     fn forget(&mut self, uid: Option<Uid>) {
         if let Some(uid) = uid {
             self.failures.remove(&uid);
