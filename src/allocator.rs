@@ -5,18 +5,25 @@
 //! per-thread arenas, and hands back only whole free pages. mimalloc keeps blocks of each size
 //! together without headers (9.6 to 10.6 KiB resident per workload for the same caches).
 //!
-//! Two of its options matter here (mimalloc v3, the crate's default):
+//! The line is mimalloc v2 (the crate's `v2` feature), not v3, the crate's default: after an
+//! API server restart, whose re-lists and reconciles allocate and free the caches' worth of
+//! objects at once, v3 kept about 3.5 MiB more resident for good (1,500 workloads: 29.8 MiB
+//! before the first restart, 33.4 to 34.2 after each; the objects themselves grew by 0.7 MiB),
+//! v2 about 1.5 (30.1, then 31.2 to 32.2), at the same resident size before it (release
+//! build, 2026-12-05).
+//!
+//! Two of its options matter here:
 //! - that an arena's memory is committed as it is used. It is set where mimalloc is compiled
 //!   (.cargo/config.toml), since mimalloc reads it as the process starts, before `main`.
 //!   Committed at once, what it frees is only reset and stays resident (22.6 MiB for 1,000
 //!   workloads' caches, against 14.8).
 //! - that memory freed whole is handed back at once (`purge_delay` 0, set by `configure`; it is
-//!   read at every purge). By default mimalloc waits a second, and then hands it back only when
-//!   it next takes memory from its arenas: an operator at rest takes none, so what a burst had
-//!   freed (the lists and reconciles after an API server restart) stayed resident for good.
-//!   With 1,500 workloads and the API server restarted every 90 s, the RSS settled at 36 to
-//!   40 MiB between restarts, with peaks of 45 MiB; with the purge at once, at 33 to 35 MiB,
-//!   peaks included (release build, 2026-12-04).
+//!   read at every purge). mimalloc waits first (10 ms in v2, 1 s in v3), and v3 then hands
+//!   it back only when it next takes memory for itself: an operator at rest takes none, so
+//!   what a burst had freed (the lists and reconciles after an API server restart) stayed
+//!   resident for good. With 1,500 workloads and the API server restarted every 90 s, the RSS settled
+//!   at 36 to 40 MiB between restarts, with peaks of 45 MiB; with the purge at once, at 33 to
+//!   35 MiB, peaks included (release build, v3, 2026-12-04).
 //!
 //! The global allocator itself is declared in `main.rs`, the binary's own, so that test binaries
 //! keep theirs (tests/heap.rs counts with its own).
@@ -25,7 +32,7 @@ use std::ffi::{c_int, c_long};
 
 pub use mimalloc::MiMalloc;
 
-/// mimalloc's option `arena_eager_commit` (its index in `mi_option_t`, mimalloc.h, v3).
+/// mimalloc's option `arena_eager_commit` (its index in `mi_option_t`, mimalloc.h, v2).
 #[cfg(test)]
 const ARENA_EAGER_COMMIT: c_int = 4;
 /// mimalloc's option `purge_delay` (likewise).
@@ -61,7 +68,7 @@ mod tests {
     fn configured_mimalloc_hands_memory_back_at_once() {
         // SAFETY: reads one of mimalloc's options; takes no pointer.
         let purge_delay = || unsafe { mi_option_get(PURGE_DELAY) };
-        assert_eq!(purge_delay(), 1000, "mimalloc v3's default: PURGE_DELAY is its index");
+        assert_eq!(purge_delay(), 10, "mimalloc v2's default: PURGE_DELAY is its index");
         configure();
         assert_eq!(purge_delay(), 0);
     }

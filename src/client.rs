@@ -73,10 +73,60 @@ pub async fn connect_all(args: &ConnectionArgs) -> Result<Clients, Error> {
     let config = config(args).await?;
     let requests = bounded(config.clone(), REQUEST_TIMEOUT);
     Ok(Clients {
-        requests: Client::try_from(requests.clone()).map_err(Error::Client)?,
-        watches: Client::try_from(bounded(config, WATCH_TIMEOUT)).map_err(Error::Client)?,
+        requests: client(requests.clone()).map_err(Error::Client)?,
+        watches: client(bounded(config, WATCH_TIMEOUT)).map_err(Error::Client)?,
         config: requests,
     })
+}
+
+/// The most a connection reads ahead of what its response's reader has taken, and so the
+/// read buffer it keeps for as long as it lives. hyper's default (408 KiB) is reached by any
+/// list of a page of objects, and a connection keeps its buffer at the size it reached: after
+/// the first re-list of every watch (an API server restart), each watch's connection held one
+/// of 256 to 408 KiB for good. Reading 64 KiB at a time costs a list only more reads.
+pub const READ_BUFFER: usize = 64 * 1024;
+
+/// A client for `config`: kube's own (`Client::try_from`), with each connection's read buffer
+/// bounded by `READ_BUFFER`.
+pub fn client(config: Config) -> Result<Client, kube::Error> {
+    client_on(config, hyper_util::rt::TokioExecutor::new())
+}
+
+/// `client`, its connections run by `executor` (hyper's background task for each).
+///
+/// kube builds its stack with no setting for hyper's connections, so this is its stack:
+/// TLS over a plain connector, the timeouts, the base URI, retries of 429 and 503, the
+/// credentials and extra headers. Left out: kube's debug spans per request, and proxies,
+/// which this build of kube refuses anyway (no `http-proxy` or `socks5` feature): a proxy in
+/// the kubeconfig goes to kube's own builder, for its error.
+pub fn client_on<E>(config: Config, executor: E) -> Result<Client, kube::Error>
+where
+    E: hyper::rt::Executor<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> + Send + Sync + Clone + 'static,
+{
+    use kube::client::ConfigExt;
+    use kube::client::retry::RetryPolicy;
+    use tower::ServiceBuilder;
+
+    if config.proxy_url.is_some() {
+        return Ok(kube::client::ClientBuilder::try_from((config, executor))?.build());
+    }
+    let mut plain = hyper_util::client::legacy::connect::HttpConnector::new();
+    plain.enforce_http(false);
+    let mut connector = hyper_timeout::TimeoutConnector::new(config.rustls_https_connector_with_connector(plain)?);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let connections =
+        hyper_util::client::legacy::Builder::new(executor).http1_max_buf_size(READ_BUFFER).build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.default_retry.then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry())))
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(connections);
+    Ok(Client::new(service, config.default_namespace))
 }
 
 fn bounded(mut config: Config, read: Duration) -> Config {
@@ -141,6 +191,41 @@ mod tests {
         config.accept_invalid_certs = true;
         let err = check_tls(&config).unwrap_err().to_string();
         assert!(err.contains("insecure-skip-tls-verify"), "{err}");
+    }
+
+    /// The client's own stack (`client_on`) does what kube's would: every request goes to the
+    /// configured server, with the credentials and the user agent, and an answer many times
+    /// `READ_BUFFER` comes back whole.
+    #[tokio::test]
+    async fn the_client_sends_credentials_and_headers_and_reads_answers_larger_than_its_buffer() {
+        use http_body_util::Full;
+        use hyper::body::Bytes;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(|request: hyper::Request<hyper::body::Incoming>| async move {
+                let header = |name| request.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+                let seen = format!("{} {} {}", request.uri().path(), header("authorization"), header("user-agent"));
+                // The line seen, then 1 MiB: sixteen times the read buffer.
+                let body = format!("{seen}\n{}", "x".repeat(1 << 20));
+                Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from(body))))
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            hyper::server::conn::http1::Builder::new().serve_connection(io, service).await.unwrap();
+        });
+        let mut config = identify(Config::new(url.parse().unwrap()));
+        config.auth_info.token = Some("s3cret".to_string().into());
+        let answer = client(config)
+            .unwrap()
+            .request_text(hyper::Request::get("/api/v1/namespaces").body(Vec::new()).unwrap())
+            .await
+            .unwrap();
+        let (seen, rest) = answer.split_once('\n').unwrap();
+        assert_eq!(seen, format!("/api/v1/namespaces Bearer s3cret {USER_AGENT}"));
+        assert_eq!(rest.len(), 1 << 20, "read whole, {} KiB at a time", READ_BUFFER / 1024);
+        server.abort();
     }
 
     #[test]

@@ -537,10 +537,10 @@ impl Leadership {
     /// Unfenced: the plain client.
     pub fn client(&self, config: kube::Config) -> Result<Client, kube::Error> {
         if self.state().term == Term::Unfenced {
-            return Client::try_from(config);
+            return crate::client::client(config);
         }
         let namespace = config.default_namespace.clone();
-        let connections = kube::client::ClientBuilder::try_from((config, Connections(self.clone())))?.build();
+        let connections = crate::client::client_on(config, Connections(self.clone()))?;
         let leadership = self.clone();
         let service = tower::service_fn(move |request: hyper::Request<kube::client::Body>| {
             let (client, leadership) = (connections.clone(), leadership.clone());
