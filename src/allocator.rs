@@ -21,9 +21,9 @@
 //!   read at every purge). mimalloc waits first (10 ms in v2, 1 s in v3), and v3 then hands
 //!   it back only when it next takes memory for itself: an operator at rest takes none, so
 //!   what a burst had freed (the lists and reconciles after an API server restart) stayed
-//!   resident for good. With 1,500 workloads and the API server restarted every 90 s, the RSS settled
-//!   at 36 to 40 MiB between restarts, with peaks of 45 MiB; with the purge at once, at 33 to
-//!   35 MiB, peaks included (release build, v3, 2026-12-04).
+//!   resident for good. With 1,500 workloads and the API server restarted every 90 s, the
+//!   RSS settled at 36 to 40 MiB between restarts, with peaks of 45 MiB; with the purge at
+//!   once, at 33 to 35 MiB, peaks included (release build, v3, 2026-12-04).
 //!
 //! The global allocator itself is declared in `main.rs`, the binary's own, so that test binaries
 //! keep theirs (tests/heap.rs counts with its own).

@@ -95,8 +95,8 @@ pub fn client(config: Config) -> Result<Client, kube::Error> {
 /// `client`, its connections run by `executor` (hyper's background task for each).
 ///
 /// kube builds its stack with no setting for hyper's connections, so this is its stack:
-/// TLS over a plain connector, the timeouts, the base URI, retries of 429 and 503, the
-/// credentials and extra headers. Left out: kube's debug spans per request, and proxies,
+/// TLS over a plain connector, the timeouts, the base URI, retries of 429, 503 and 504 (its
+/// `default_retry`), the credentials and extra headers. Left out: kube's debug spans per request, and proxies,
 /// which this build of kube refuses anyway (no `http-proxy` or `socks5` feature): a proxy in
 /// the kubeconfig goes to kube's own builder, for its error.
 pub fn client_on<E>(config: Config, executor: E) -> Result<Client, kube::Error>
