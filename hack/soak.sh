@@ -2,7 +2,8 @@
 # `make soak`: tests/soak.rs on a control plane of its own, with the release build: N
 # workloads (MW_SOAK_N, 5000) changed a tenth a minute for MW_SOAK_MINUTES (30), the API server
 # restarted twice and the leader killed once; the report goes to target/soak/soak.md (every
-# sample of the leader's RSS to soak.rss.tsv beside it) and docs/performance.md holds the latest. The control plane's controllers have no client-side
+# sample of the leader's RSS to soak.rss.tsv beside it) and docs/performance.md holds the
+# latest. The control plane's controllers have no client-side
 # rate limit (MW_CP_UNLIMITED_QPS=1), as in `make bench`, and its audit log keeps enough
 # rotated files (MW_CP_AUDIT_BACKUPS) for the whole run's writes to be counted.
 set -euo pipefail

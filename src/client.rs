@@ -96,9 +96,9 @@ pub fn client(config: Config) -> Result<Client, kube::Error> {
 ///
 /// kube builds its stack with no setting for hyper's connections, so this is its stack:
 /// TLS over a plain connector, the timeouts, the base URI, retries of 429, 503 and 504 (its
-/// `default_retry`), the credentials and extra headers. Left out: kube's debug spans per request, and proxies,
-/// which this build of kube refuses anyway (no `http-proxy` or `socks5` feature): a proxy in
-/// the kubeconfig goes to kube's own builder, for its error.
+/// `default_retry`), the credentials and extra headers. Left out: kube's debug span per
+/// request, and proxies, which this build of kube refuses anyway (no `http-proxy` or `socks5`
+/// feature): a proxy in the kubeconfig goes to kube's own builder, for its error.
 pub fn client_on<E>(config: Config, executor: E) -> Result<Client, kube::Error>
 where
     E: hyper::rt::Executor<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> + Send + Sync + Clone + 'static,
@@ -225,6 +225,31 @@ mod tests {
         let (seen, rest) = answer.split_once('\n').unwrap();
         assert_eq!(seen, format!("/api/v1/namespaces Bearer s3cret {USER_AGENT}"));
         assert_eq!(rest.len(), 1 << 20, "read whole, {} KiB at a time", READ_BUFFER / 1024);
+        server.abort();
+    }
+
+    /// The bound is hyper's own: what it cannot fit in `READ_BUFFER` before a response's
+    /// body starts (its head) is refused. kube's default client (408 KiB) reads this one.
+    #[tokio::test]
+    async fn a_connection_reads_into_no_more_than_its_buffer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(|_| async {
+                    let big = "x".repeat(2 * READ_BUFFER);
+                    let response = hyper::Response::builder().header("x-big", big).body(String::from("{}")).unwrap();
+                    Ok::<_, std::convert::Infallible>(response)
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
+            }
+        });
+        let config = Config::new(url.parse().unwrap());
+        let get = || hyper::Request::get("/version").body(Vec::new()).unwrap();
+        assert!(Client::try_from(config.clone()).unwrap().request_text(get()).await.is_ok(), "kube's default");
+        let refused = client(config).unwrap().request_text(get()).await.unwrap_err();
+        assert!(format!("{refused:?}").contains("TooLarge"), "{refused:?}");
         server.abort();
     }
 

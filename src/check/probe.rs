@@ -76,7 +76,8 @@ pub async fn gather(args: &CheckArgs) -> Facts {
     if let Some(port) = url.port_u16() {
         facts.server.push_str(&format!(":{port}"));
     }
-    let client = match Client::try_from(config) {
+    // The operator's own client (`client::client`), so the check connects as it will.
+    let client = match crate::client::client(config) {
         Ok(client) => client,
         Err(e) => {
             facts.connection = Err(explain_connect_error(&error_chain(&e)));
