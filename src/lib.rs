@@ -6,9 +6,9 @@
 //! `bridge` (Manager's database → ManagedWorkloads, and their address back). Shared: `client`
 //! (connecting), `election` (leader election), `error`, `metrics`, `telemetry` (probes and
 //! metrics server), `retry` (backoff), `cached` (how a cache's trimmed type stands for its
-//! kind), `reflect` (a cache kept in step with its watch, re-lists taken in place),
-//! `allocator` (mimalloc, built for resident memory); `check` verifies an install; `crdgen`
-//! prints the CRDs; `cli` is the binary's command line.
+//! kind), `reflect` (a cache kept in step with its watch, re-lists taken in place, lists
+//! streamed where the API server can), `allocator` (mimalloc, built for resident memory);
+//! `check` verifies an install; `crdgen` prints the CRDs; `cli` is the binary's command line.
 
 pub mod allocator;
 pub mod bridge;
@@ -21,7 +21,7 @@ pub mod election;
 pub mod error;
 pub mod metrics;
 pub mod operator;
-mod reflect;
+pub mod reflect;
 pub mod resource;
 pub mod retry;
 pub mod shutdown;

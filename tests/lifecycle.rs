@@ -151,3 +151,21 @@ async fn live_pods_named(pods: &Api<Pod>, instance: &str) -> Vec<Pod> {
         pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={instance}"))).await.unwrap();
     list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
 }
+
+/// The operator's watches list the way the API server can: streamed on 1.34 and later (the
+/// WatchList feature, on by default), paged on 1.31, the oldest supported (where it is off).
+/// The lifecycle above runs on both (`make test`, `make test-compat`).
+#[tokio::test]
+async fn lists_are_streamed_where_the_api_server_streams_them() {
+    use kube::runtime::watcher::InitialListStrategy::{ListWatch, StreamingList};
+    let ns = TestNamespace::new("lists").await;
+    let version = ns.client.apiserver_version().await.unwrap();
+    let minor: u32 = version.minor.trim_end_matches('+').parse().unwrap();
+    let expected = match minor {
+        ..=31 => ListWatch,
+        34.. => StreamingList,
+        // 1.32 streams, 1.33 does not (the feature was turned off again for a release).
+        _ => return,
+    };
+    assert_eq!(mw_operator::reflect::initial_lists(&ns.api::<ManagedWorkload>()).await, expected);
+}

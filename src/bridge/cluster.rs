@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, Preconditions, PropagationPolicy};
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::InitialListStrategy;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use tokio::sync::Notify;
@@ -20,7 +21,7 @@ use super::cached::{CachedSecret, CachedWorkload};
 use super::error::BridgeError;
 use super::mapping::SYNCED_BY_LABEL;
 use super::metrics::Metrics;
-use crate::reflect::{ReflectInPlace, watch_config};
+use crate::reflect::{ReflectInPlace, initial_lists, watch_config};
 use crate::resource::ManagedWorkload;
 
 pub struct Cluster {
@@ -51,7 +52,14 @@ impl Cluster {
         for ns in namespaces {
             check_access::<ManagedWorkload>(&client, ns, "managedworkloads").await?;
             check_access::<Secret>(&client, ns, "secrets").await?;
-            let config = watch_config(Some(&selector));
+        }
+        // One API server answers for every namespace.
+        let lists = match namespaces.first() {
+            Some(ns) => initial_lists(&Api::<ManagedWorkload>::namespaced(client.clone(), ns)).await,
+            None => InitialListStrategy::default(),
+        };
+        for ns in namespaces {
+            let config = watch_config(Some(&selector), lists.clone());
 
             let (store, writer) = reflector::store();
             let notify = changed.clone();

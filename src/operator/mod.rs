@@ -101,8 +101,12 @@ pub async fn run(
     // One controller per watched namespace, each with its own limit.
     metrics.set_max_concurrent(i64::from(settings.concurrency) * scopes.len() as i64);
     let shutdown = crate::shutdown::signal();
-    let caches: Vec<Arc<Caches>> =
-        scopes.into_iter().map(|ns| Arc::new(Caches::start(&clients.watches, ns, metrics.clone()))).collect();
+    // One API server answers for every scope.
+    let lists = crate::reflect::initial_lists(&api::<ManagedWorkload>(&client, scopes[0].as_deref())).await;
+    let caches: Vec<Arc<Caches>> = scopes
+        .into_iter()
+        .map(|ns| Arc::new(Caches::start(&clients.watches, ns, lists.clone(), metrics.clone())))
+        .collect();
     let (synced_tx, mut synced) = watch::channel(false);
     let in_flight = Arc::new(liveness::InFlight::default());
     tokio::spawn(liveness::report(in_flight.clone(), health.clone()));

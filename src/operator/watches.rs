@@ -8,6 +8,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::InitialListStrategy;
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::{broadcast, mpsc};
@@ -64,9 +65,14 @@ pub enum Trigger {
 const TRIGGER_BUFFER: usize = 4096;
 
 impl Caches {
-    pub fn start(client: &Client, namespace: Option<String>, metrics: Arc<Metrics>) -> Caches {
+    pub fn start(
+        client: &Client,
+        namespace: Option<String>,
+        lists: InitialListStrategy,
+        metrics: Arc<Metrics>,
+    ) -> Caches {
         let ns = namespace.as_deref();
-        let managed = watch_config(Some(&format!("{MANAGED_LABEL}=true")));
+        let managed = watch_config(Some(&format!("{MANAGED_LABEL}=true")), lists.clone());
         let (triggers, _) = broadcast::channel(TRIGGER_BUFFER);
 
         // Each cache keeps only what the operator reads of its objects (see slim.rs).
@@ -135,7 +141,7 @@ impl Caches {
         let objects = Arc::new(PerObject::default());
         let pruner = objects.clone();
         let mut changes = SpecChanges::default();
-        let workload_events = watcher(api::<Workload>(client, ns), watch_config(None))
+        let workload_events = watcher(api::<Workload>(client, ns), watch_config(None, lists))
             .default_backoff()
             .modify(super::slim::workload)
             .reflect_in_place(writer)
