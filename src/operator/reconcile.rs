@@ -25,7 +25,7 @@ use super::plan::{self, Mode};
 use super::slim::CachedDeployment;
 use super::status::{self, Blocked, Observed};
 use super::step::{self, Verdict};
-use super::watches::Workload;
+use super::watches::{Freshness, Workload};
 use super::{deployment, expose, volumes};
 use crate::error::Error;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
@@ -38,8 +38,8 @@ const BACKOFF: Backoff = Backoff { base: Duration::from_secs(2), max: Duration::
 /// outside the operator's label-selected watch, so nothing announces its deletion; a GET
 /// every few seconds lets the workload recover within seconds of the cause going away.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(5);
-/// Recheck of a workload whose cached copy was deleted and re-created under its name: the
-/// watch delivers both events within moments.
+/// Recheck of a workload whose cached copy is older than the workload of its name (deleted and
+/// re-created, or changed): the watch delivers what it lacks within moments.
 const SUPERSEDED_RECHECK: Duration = Duration::from_secs(1);
 /// Recheck of a workload waiting for an object of its name to be deleted (garbage collection
 /// of a deleted predecessor's objects takes moments; the watches announce most of them).
@@ -92,6 +92,11 @@ struct Acted {
 }
 
 async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, name: &str) -> Result<Action, Error> {
+    if ctx.caches.workloads_watch.freshness() == Freshness::Listing {
+        // Its end reconciles every workload, from the cache as it then is.
+        debug!("the workloads' watch is listing again; waiting for its end");
+        return Ok(Action::await_change());
+    }
     // Deletion is garbage collection's job: the Deployment is owned by the CR. No finalizer,
     // so an uninstalled operator can never leave CRs stuck.
     if mw.metadata.deletion_timestamp.is_some() {
@@ -101,7 +106,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         return Ok(Action::await_change());
     };
     if is_superseded(ctx, mw, namespace, name).await {
-        debug!("a newer ManagedWorkload of this name exists; waiting for the cache to catch up");
+        debug!("the ManagedWorkload of this name is newer than the cache's; waiting for the cache to catch up");
         return Ok(Action::requeue(SUPERSEDED_RECHECK));
     }
     // Claims first, so a Pod never waits for a claim the operator has yet to make.
@@ -175,23 +180,30 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
 /// workload.
 struct Held;
 
-/// Whether `mw`, as the cache holds it, has been deleted and re-created under its name. The
-/// watches are separate streams: a reconcile can see the ManagedWorkload cache still holding
-/// the deleted workload while the Deployment cache has already seen its Deployment go. Acting
-/// then would create a Deployment (Service, claims) owned by a deleted workload, which garbage
-/// collection deletes at once and the successor creates again (found by `make soak`: a
-/// Deployment write too many per re-creation). Asked, with one GET, only of a workload
-/// reconciled before whose Deployment the cache lacks; a Running or Stopped one has it. A
-/// failed GET answers no: the check saves a write, it never holds a workload.
+/// Whether `mw`, as the cache holds it, is no longer the workload of its name: deleted and
+/// re-created, or changed, while the cache had not yet heard. The watches are separate
+/// streams: a reconcile can see the ManagedWorkload cache still holding the deleted workload
+/// while the Deployment cache has already seen its Deployment go. Acting then would create a
+/// Deployment (Service, claims) owned by a deleted workload, which garbage collection deletes
+/// at once and the successor creates again (found by `make soak`: a Deployment write too many
+/// per re-creation). Asked, with one GET of its metadata, of a workload reconciled before
+/// whose Deployment the cache lacks (a Running or Stopped one has it), and of every workload
+/// while the workloads' watch is interrupted (`Freshness`). A failed GET answers no: the
+/// check saves a write, it never holds a workload.
 async fn is_superseded(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: &str) -> bool {
-    if ctx.caches.previous_status(mw).is_none()
-        || ctx.caches.deployments.get(&ObjectRef::new(name).within(namespace)).is_some()
+    let interrupted = ctx.caches.workloads_watch.freshness() == Freshness::Interrupted;
+    if !interrupted
+        && (ctx.caches.previous_status(mw).is_none()
+            || ctx.caches.deployments.get(&ObjectRef::new(name).within(namespace)).is_some())
     {
         return false;
     }
     let api: Api<ManagedWorkload> = Api::namespaced(ctx.client.clone(), namespace);
-    match api.get_opt(name).await {
-        Ok(current) => current.and_then(|c| c.metadata.uid) != mw.metadata.uid,
+    match api.get_metadata_opt(name).await {
+        Ok(current) => !current.is_some_and(|c| {
+            (&c.metadata.uid, c.metadata.generation, &c.metadata.labels)
+                == (&mw.metadata.uid, mw.metadata.generation, &mw.metadata.labels)
+        }),
         Err(err) => {
             debug!(error = %err, "could not confirm that the workload is current; going on");
             false

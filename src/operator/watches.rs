@@ -3,6 +3,7 @@
 //! start to exit, leader or not, so a standby is warm when it takes over.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -41,6 +42,8 @@ pub struct Caches {
     /// The workloads' Services (label-selected, trimmed).
     pub services: Store<CachedService>,
     pub workloads: Store<Workload>,
+    /// How far the workloads' cache can be trusted now (`Freshness`).
+    pub workloads_watch: Arc<WorkloadsWatch>,
     pub pod_index: Arc<PodIndex>,
     pub objects: Arc<PerObject>,
     /// Workloads to reconcile, mapped from every watch. Only a leader subscribes; a
@@ -141,10 +144,14 @@ impl Caches {
         let objects = Arc::new(PerObject::default());
         let pruner = objects.clone();
         let mut changes = SpecChanges::default();
+        let workloads_watch = Arc::new(WorkloadsWatch::default());
+        let freshness = workloads_watch.clone();
         let workload_events = watcher(api::<Workload>(client, ns), watch_config(None, lists))
             .default_backoff()
             .modify(super::slim::workload)
             .reflect_in_place(writer)
+            // After the cache has taken the event in, before its trigger is sent.
+            .inspect(move |event| freshness.observe(event))
             // After the cache has taken the event in: what is forgotten there, a reconcile
             // finds in the cache (PerObject::observe).
             .inspect(move |event| {
@@ -167,7 +174,19 @@ impl Caches {
         ]);
         tokio::spawn(fan_out(all, triggers.clone(), metrics));
 
-        Caches { namespace, deployments, replica_sets, pods, claims, services, workloads, pod_index, objects, triggers }
+        Caches {
+            namespace,
+            deployments,
+            replica_sets,
+            pods,
+            claims,
+            services,
+            workloads,
+            workloads_watch,
+            pod_index,
+            objects,
+            triggers,
+        }
     }
 
     /// The status `mw` has as far as the operator knows (`PerObject::previous_status`), with
@@ -184,6 +203,60 @@ impl Caches {
             && self.claims.wait_until_ready().await.is_ok()
             && self.services.wait_until_ready().await.is_ok()
             && self.workloads.wait_until_ready().await.is_ok()
+    }
+}
+
+/// How far the workloads' cache can be trusted, from its watch's last event. Every watch is
+/// its own stream: after an API server restart, the Service watch may have listed again and
+/// triggered reconciles while the workloads' watch still lists, its cache holding a workload
+/// deleted and re-created during the gap as it was. A reconcile from that applies objects owned
+/// by the deleted workload, which garbage collection deletes at once, and again at the next
+/// reconcile (`make soak`: up to four Deployment writes for one re-creation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Freshness {
+    /// Listed, and following every change since.
+    Current,
+    /// Listing, the first time or again (the cache holds what it listed so far beside what it
+    /// held before the gap). Its end reconciles every workload.
+    Listing,
+    /// Failed, and neither listing again nor back with an event since: a watch that resumes
+    /// where it stopped says nothing until something changes, so the cache may be current, or
+    /// may miss what changed during the failure.
+    Interrupted,
+}
+
+impl Freshness {
+    /// Where the watch stands after `event`.
+    fn after<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Freshness {
+        match event {
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Freshness::Listing,
+            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)) => Freshness::Current,
+            Err(_) => Freshness::Interrupted,
+        }
+    }
+}
+
+/// The workloads' watch's `Freshness`, shared with the reconciles.
+pub struct WorkloadsWatch(AtomicU8);
+
+impl Default for WorkloadsWatch {
+    fn default() -> Self {
+        WorkloadsWatch(AtomicU8::new(Freshness::Listing as u8))
+    }
+}
+
+impl WorkloadsWatch {
+    fn observe<K>(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
+        self.0.store(Freshness::after(event) as u8, Ordering::Relaxed);
+    }
+
+    pub fn freshness(&self) -> Freshness {
+        match self.0.load(Ordering::Relaxed) {
+            x if x == Freshness::Current as u8 => Freshness::Current,
+            x if x == Freshness::Listing as u8 => Freshness::Listing,
+            _ => Freshness::Interrupted,
+        }
     }
 }
 
@@ -326,6 +399,26 @@ mod tests {
         mw.metadata.generation = Some(generation);
         mw.metadata.labels = Some([("team".to_string(), team.to_string())].into());
         DeserializeGuard(Ok(mw))
+    }
+
+    #[test]
+    fn the_workloads_cache_is_current_once_listed_or_followed_again() {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let failed = || Err(watcher::Error::NoResourceVersion);
+        let watch = WorkloadsWatch::default();
+        let mut seen = vec![watch.freshness()];
+        let events = [Ok(Init), Ok(InitApply(workload("a", 1, "x"))), Ok(InitDone), failed(), Ok(Init), failed()];
+        for event in
+            events.into_iter().chain([Ok(Apply(workload("a", 2, "x"))), failed(), Ok(Delete(workload("a", 2, "x")))])
+        {
+            watch.observe(&event);
+            seen.push(watch.freshness());
+        }
+        use Freshness::{Current, Interrupted, Listing};
+        assert_eq!(
+            seen,
+            [Listing, Listing, Listing, Current, Interrupted, Listing, Interrupted, Current, Interrupted, Current]
+        );
     }
 
     #[test]
