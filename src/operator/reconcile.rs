@@ -201,8 +201,7 @@ async fn is_superseded(ctx: &Context, mw: &ManagedWorkload, namespace: &str, nam
     let api: Api<ManagedWorkload> = Api::namespaced(ctx.client.clone(), namespace);
     match api.get_metadata_opt(name).await {
         Ok(current) => !current.is_some_and(|c| {
-            (&c.metadata.uid, c.metadata.generation, &c.metadata.labels)
-                == (&mw.metadata.uid, mw.metadata.generation, &mw.metadata.labels)
+            (c.uid(), c.meta().generation, c.labels()) == (mw.uid(), mw.meta().generation, mw.labels())
         }),
         Err(err) => {
             debug!(error = %err, "could not confirm that the workload is current; going on");
