@@ -150,11 +150,11 @@ impl Caches {
             .default_backoff()
             .modify(super::slim::workload)
             .reflect_in_place(writer)
-            // After the cache has taken the event in, before its trigger is sent.
-            .inspect(move |event| freshness.observe(event))
-            // After the cache has taken the event in: what is forgotten there, a reconcile
-            // finds in the cache (PerObject::observe).
+            // After the cache has taken the event in, before its trigger is sent: how far the
+            // cache can be trusted, and what is remembered per workload (what is forgotten
+            // there, a reconcile finds in the cache: PerObject::observe).
             .inspect(move |event| {
+                freshness.observe(event);
                 if let Ok(event) = event {
                     pruner.observe(event);
                 }
