@@ -248,6 +248,9 @@ pub struct Facts {
     pub connection: Result<String, String>,
     pub identity: Option<Result<Identity, String>>,
     pub crd: Option<Result<Crd, String>>,
+    /// How its watches will list (asked only once the CRD is served: the question is a watch
+    /// of ManagedWorkloads).
+    pub lists: Option<crate::reflect::Lists>,
     pub reviews: Vec<Review>,
 }
 
@@ -335,6 +338,15 @@ pub fn checklist(facts: &Facts) -> Report {
             format!("{crd_name} is not installed (API group {GROUP} is not served): kubectl apply --server-side -f crds/"),
         )),
         Some(Err(e)) => checks.push(line("crd", Status::Fail, format!("discovering {GROUP}: {e}"))),
+        None => {}
+    }
+    // Either way works; paged, an API server restart leaves more memory behind (see
+    // `reflect::initial_lists`). Not knowing is worth a look: the watch itself may be refused.
+    match &facts.lists {
+        Some(lists @ crate::reflect::Lists::Unknown { .. }) => {
+            checks.push(line("lists", Status::Warn, lists.to_string()))
+        }
+        Some(lists) => checks.push(line("lists", Status::Pass, lists.to_string())),
         None => {}
     }
     for review in &facts.reviews {
@@ -563,6 +575,8 @@ mod tests {
         assert!(unwanted(Component::Operator).contains(&perm("get", "", "secrets")));
     }
 
+    use crate::reflect::Lists;
+
     fn healthy() -> Facts {
         let review = |ns: &str, verb: &str, allowed: bool, required: bool| Review {
             namespace: Some(ns.into()),
@@ -579,6 +593,7 @@ mod tests {
                 groups: vec!["system:serviceaccounts".into(), "system:authenticated".into()],
             })),
             crd: Some(Ok(Crd::Served { status_subresource: true })),
+            lists: Some(Lists::Streamed),
             reviews: vec![
                 review("a", "create", true, true),
                 review("b", "patch", true, true),
@@ -596,12 +611,13 @@ mod tests {
     fn a_healthy_install_passes_every_line() {
         let report = checklist(&healthy());
         assert!(report.ok);
-        assert_eq!(report.checks.len(), 6);
+        assert_eq!(report.checks.len(), 7);
         assert!(report.checks.iter().all(|c| c.status == Status::Pass), "{report:#?}");
         let text = report.to_text();
         assert!(text.contains("authenticated as system:serviceaccount:mw-system:mw-operator"), "{text}");
+        assert!(text.contains("[ok  ] lists                    lists streamed as watch events\n"), "{text}");
         assert!(text.contains("[ok  ] rbac b"), "{text}");
-        assert!(text.ends_with("6 checks: 6 passed, 0 failed, 0 warnings\n"), "{text}");
+        assert!(text.ends_with("7 checks: 7 passed, 0 failed, 0 warnings\n"), "{text}");
     }
 
     #[test]
@@ -616,8 +632,8 @@ mod tests {
         assert_eq!(failed[0].detail, "patch deployments.apps: missing in namespace b (cannot patch deployments.apps)");
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["ok"], false);
-        assert_eq!(json["checks"][4]["status"], "fail");
-        assert_eq!(json["checks"][4]["namespace"], "b");
+        assert_eq!(json["checks"][5]["status"], "fail");
+        assert_eq!(json["checks"][5]["namespace"], "b");
         assert_eq!(json["component"], "operator");
     }
 
@@ -640,6 +656,7 @@ mod tests {
             )),
             identity: None,
             crd: None,
+            lists: None,
             reviews: vec![],
             ..healthy()
         };
@@ -667,6 +684,25 @@ mod tests {
             assert!(line.detail.contains(needle), "{}", line.detail);
             assert!(!report.ok);
         }
+    }
+
+    #[test]
+    fn paged_lists_pass_and_an_unanswered_question_warns() {
+        let refused = "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled";
+        let report = checklist(&Facts { lists: Some(Lists::Paged { refusal: Some(refused.into()) }), ..healthy() });
+        let line = report.checks.iter().find(|c| c.check == "lists").unwrap();
+        assert_eq!(line.status, Status::Pass);
+        assert_eq!(
+            line.detail,
+            format!("lists paged, 100 objects a page: the API server does not stream them ({refused})")
+        );
+
+        let unknown = Lists::Unknown { reason: "no answer within 10s".into() };
+        let report = checklist(&Facts { lists: Some(unknown), ..healthy() });
+        let line = report.checks.iter().find(|c| c.check == "lists").unwrap();
+        assert_eq!(line.status, Status::Warn);
+        assert!(line.detail.ends_with("could not tell whether the API server streams them: no answer within 10s"));
+        assert!(report.ok, "a warning is not a failure");
     }
 
     #[test]

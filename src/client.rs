@@ -22,15 +22,15 @@ pub struct ConnectionArgs {
     pub context: Option<String>,
 }
 
-/// The longest any single request may wait for the API server: to connect, to send, or for
-/// the next bytes of an answer. A request on a connection that stopped forwarding (a dead
-/// load balancer, a half-open TCP connection) fails after this instead of hanging, and is
-/// retried on a fresh connection.
+/// The longest any single request may wait for the API server: to connect, to send, for its
+/// answer to begin, or for the next bytes on its connection. A request on a connection that
+/// stopped forwarding (a dead load balancer, a half-open TCP connection) fails after this
+/// instead of hanging, and is retried on a fresh connection.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A watch waits longer: the API server ends a watch after kube's `timeoutSeconds` (290 s) and
-/// may be silent until then. kube's watcher restarts it on any error, so a hung watch costs
-/// at most this long.
+/// may be silent until then. kube's watcher restarts it on any error, so a hung connection
+/// costs at most this long (a dead one is found sooner: `PING_AFTER`).
 pub const WATCH_TIMEOUT: Duration = Duration::from_secs(295);
 
 /// The parameters of `manager`'s server-side applies, asking for no field validation: every
@@ -80,25 +80,47 @@ pub async fn connect_all(args: &ConnectionArgs) -> Result<Clients, Error> {
 }
 
 /// The most a connection reads ahead of what its response's reader has taken, and so the
-/// read buffer it keeps for as long as it lives. hyper's default (408 KiB) is reached by any
-/// list of a page of objects, and a connection keeps its buffer at the size it reached: after
-/// the first re-list of every watch (an API server restart), each watch's connection held one
-/// of 256 to 408 KiB for good. Reading 64 KiB at a time costs a list only more reads.
+/// read buffer it keeps for as long as it lives (HTTP/1.1). hyper's default (408 KiB) is
+/// reached by any list of a page of objects, and a connection keeps its buffer at the size it
+/// reached: after the first re-list of every watch (an API server restart), each watch's
+/// connection held one of 256 to 408 KiB for good. Reading 64 KiB at a time costs a list only
+/// more reads. Over HTTP/2 the same bound is each stream's flow-control window: the API server
+/// sends no more of an answer than that ahead of its reader.
 pub const READ_BUFFER: usize = 64 * 1024;
 
+/// What the API server may send over one HTTP/2 connection ahead of its readers, all streams
+/// together: every watch's window at once (six watches in the operator), with room to spare.
+const CONNECTION_WINDOW: u32 = 1024 * 1024;
+
+/// An HTTP/2 connection that has read nothing for this long is sent a PING, and closed if no
+/// answer comes within `PING_TIMEOUT`, as client-go does (its ReadIdleTimeout and
+/// PingTimeout): a dead peer behind a quiet connection (every watch on it waiting) is found,
+/// and a live idle one is kept (the answer is read before `REQUEST_TIMEOUT` would end it), so
+/// a burst after a quiet spell finds its connection open rather than racing to open one per
+/// request until the first has said it speaks HTTP/2.
+const PING_AFTER: Duration = Duration::from_secs(20);
+const PING_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// A client for `config`: kube's own (`Client::try_from`), with each connection's read buffer
-/// bounded by `READ_BUFFER`.
+/// bounded by `READ_BUFFER`, speaking HTTP/2 where the API server does.
 pub fn client(config: Config) -> Result<Client, kube::Error> {
     client_on(config, hyper_util::rt::TokioExecutor::new())
 }
 
-/// `client`, its connections run by `executor` (hyper's background task for each).
+/// `client`, its connections run by `executor` (hyper's background tasks for each).
 ///
 /// kube builds its stack with no setting for hyper's connections, so this is its stack:
 /// TLS over a plain connector, the timeouts, the base URI, retries of 429, 503 and 504 (its
 /// `default_retry`), the credentials and extra headers. Left out: kube's debug span per
 /// request, and proxies, which this build of kube refuses anyway (no `http-proxy` or `socks5`
 /// feature): a proxy in the kubeconfig goes to kube's own builder, for its error.
+///
+/// Unlike kube's, it offers HTTP/2 (ALPN), as client-go does: every request of a client then
+/// shares one connection. Over HTTP/1.1 each request in flight holds a TLS connection of its
+/// own, and a burst of reconciles (32 at once, each with an apply and a status write in
+/// flight) opened 60 and more, each holding its TLS and read buffers until it had been idle
+/// for `REQUEST_TIMEOUT`: 2 to 3 MiB of the operator's heap for half a minute after every
+/// burst (docs/performance.md). A plain-HTTP server is spoken to in HTTP/1.1.
 pub fn client_on<E>(config: Config, executor: E) -> Result<Client, kube::Error>
 where
     E: hyper::rt::Executor<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> + Send + Sync + Clone + 'static,
@@ -112,21 +134,51 @@ where
     }
     let mut plain = hyper_util::client::legacy::connect::HttpConnector::new();
     plain.enforce_http(false);
-    let mut connector = hyper_timeout::TimeoutConnector::new(config.rustls_https_connector_with_connector(plain)?);
+    let mut connector = hyper_timeout::TimeoutConnector::new(https_connector(&config, plain)?);
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
     connector.set_reset_reader_on_write(config.reset_reader_on_write);
-    let connections =
-        hyper_util::client::legacy::Builder::new(executor).http1_max_buf_size(READ_BUFFER).build(connector);
+    let connections = hyper_util::client::legacy::Builder::new(executor)
+        .http1_max_buf_size(READ_BUFFER)
+        .http2_initial_stream_window_size(READ_BUFFER as u32)
+        .http2_initial_connection_window_size(CONNECTION_WINDOW)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .http2_keep_alive_interval(PING_AFTER)
+        .http2_keep_alive_timeout(PING_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
+        .build(connector);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.default_retry.then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry())))
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
+        // The read timeout bounds a connection's silence; on a shared HTTP/2 connection that
+        // others keep busy, a request of its own could wait longer for its answer to begin.
+        .option_layer(config.read_timeout.map(tower::timeout::TimeoutLayer::new))
         .map_err(tower::BoxError::from)
         .service(connections);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// kube's TLS connector (`ConfigExt::rustls_https_connector_with_connector`: the kubeconfig's
+/// CA, client certificate and `tls-server-name`), offering HTTP/2 and HTTP/1.1.
+fn https_connector<H>(config: &Config, plain: H) -> Result<hyper_rustls::HttpsConnector<H>, kube::Error> {
+    use kube::client::ConfigExt;
+
+    let builder =
+        hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config.rustls_client_config()?).https_or_http();
+    let builder = match &config.tls_server_name {
+        Some(name) => {
+            let name = name
+                .clone()
+                .try_into()
+                .map_err(|e| kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(e)))?;
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+        None => builder,
+    };
+    Ok(builder.enable_http1().enable_http2().wrap_connector(plain))
 }
 
 fn bounded(mut config: Config, read: Duration) -> Config {

@@ -56,7 +56,7 @@ const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 /// How this API server lists for a watch: streamed, as the watch's first events (KEP-3157,
 /// the WatchList feature: on by default in Kubernetes 1.32 and from 1.34), if it does; else a
-/// page at a time. Asked once, by a watch of `api` that lists nothing.
+/// page at a time. Asked once (`probe_lists`), and logged.
 ///
 /// Streamed, a list (and every re-list) holds one object at a time, never a page of them and
 /// its body: with 1,500 workloads, each API server restart left the operator's resident
@@ -68,36 +68,75 @@ pub async fn initial_lists<K>(api: &Api<K>) -> InitialListStrategy
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    let lists = probe_lists(api).await;
+    match &lists {
+        Lists::Streamed => info!("{lists}"),
+        Lists::Paged { .. } => info!("{lists}"),
+        Lists::Unknown { .. } => warn!("{lists}"),
+    }
+    lists.strategy()
+}
+
+/// What asking the API server whether it streams lists came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lists {
+    /// It streamed the probe's (empty) list and ended it with its bookmark.
+    Streamed,
+    /// It does not stream lists: refused, in its own words (WatchList off), or a plain watch
+    /// that ended without a list (older than 1.27).
+    Paged { refusal: Option<String> },
+    /// The question went unanswered (an error, something else than the list's end, or
+    /// nothing in time): lists are paged, which works on every server.
+    Unknown { reason: String },
+}
+
+impl Lists {
+    pub fn strategy(&self) -> InitialListStrategy {
+        match self {
+            Lists::Streamed => InitialListStrategy::StreamingList,
+            Lists::Paged { .. } | Lists::Unknown { .. } => InitialListStrategy::ListWatch,
+        }
+    }
+}
+
+impl std::fmt::Display for Lists {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lists::Streamed => write!(f, "lists streamed as watch events"),
+            Lists::Paged { refusal: None } => {
+                write!(f, "lists paged, {LIST_PAGE} objects a page: the API server does not stream them")
+            }
+            Lists::Paged { refusal: Some(refusal) } => {
+                write!(f, "lists paged, {LIST_PAGE} objects a page: the API server does not stream them ({refusal})")
+            }
+            Lists::Unknown { reason } => {
+                write!(
+                    f,
+                    "lists paged, {LIST_PAGE} objects a page: could not tell whether the API server streams them: {reason}"
+                )
+            }
+        }
+    }
+}
+
+/// Ask whether the API server streams lists, by a watch of `api` that lists nothing.
+pub async fn probe_lists<K>(api: &Api<K>) -> Lists
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let probe = WatchParams::streaming_lists().labels(NOTHING).timeout(PROBE_WATCH_SECONDS);
     let first = async { api.watch(&probe, "0").await?.boxed().try_next().await };
     match tokio::time::timeout(PROBE_WAIT, first).await {
-        Ok(Ok(Some(event))) if ends_streamed_list(&event) => {
-            info!("lists streamed as watch events");
-            InitialListStrategy::StreamingList
-        }
+        Ok(Ok(Some(event))) if ends_streamed_list(&event) => Lists::Streamed,
         // Refused (WatchList off), or not understood (older than 1.27: a plain watch, which
         // lists nothing here and ends).
-        Ok(Err(kube::Error::Api(status))) if status.code == 422 => {
-            info!(reason = %status.message, "lists paged: the API server does not stream them");
-            InitialListStrategy::ListWatch
-        }
-        Ok(Ok(None)) => {
-            info!("lists paged: the API server does not stream them");
-            InitialListStrategy::ListWatch
-        }
-        // Anything else leaves the question open; paged lists work on every server.
-        Ok(Err(err)) => {
-            warn!(error = %err, "lists paged: asking whether the API server streams them failed");
-            InitialListStrategy::ListWatch
-        }
+        Ok(Err(kube::Error::Api(status))) if status.code == 422 => Lists::Paged { refusal: Some(status.message) },
+        Ok(Ok(None)) => Lists::Paged { refusal: None },
+        Ok(Err(err)) => Lists::Unknown { reason: format!("asking failed: {err}") },
         Ok(Ok(Some(event))) => {
-            warn!(?event, "lists paged: the API server did not end a streamed list");
-            InitialListStrategy::ListWatch
+            Lists::Unknown { reason: format!("the probe's list did not end as a streamed list does: {event:?}") }
         }
-        Err(_) => {
-            warn!(waited = ?PROBE_WAIT, "lists paged: the API server did not say whether it streams them");
-            InitialListStrategy::ListWatch
-        }
+        Err(_) => Lists::Unknown { reason: format!("no answer within {PROBE_WAIT:?}") },
     }
 }
 

@@ -427,6 +427,30 @@ fn secrets_of(token: &str, key_pem: &str, cert_pem: &str, data: &[&str]) -> Vec<
     needles
 }
 
+/// A burst of workloads (each reconcile with an apply and a status write in flight at once)
+/// leaves the operator with one connection per client to the API server: its watches, its
+/// reads and writes, and the leader's fenced writes, each multiplexed over HTTP/2. Over
+/// HTTP/1.1 every request in flight held a TLS connection of its own, kept for half a minute
+/// after the burst (docs/performance.md).
+#[tokio::test]
+#[ignore = "hack/test.sh runs these alone, after the main suite: they start operators of their own"]
+async fn a_burst_of_workloads_shares_one_connection_per_client() {
+    let ns = TestNamespace::new("connections").await;
+    let (config, _, _) = service_account_kubeconfig(&ns, "op").await;
+    let server =
+        kube::config::Kubeconfig::read_from(&config).unwrap().clusters[0].cluster.as_ref().unwrap().server.clone();
+    let port: u16 = server.unwrap().rsplit_once(':').unwrap().1.trim_end_matches('/').parse().unwrap();
+    let op = Operator::start(&ns.name, &config, &scoped(&ns, &[]));
+    op.wait_leader(LEASE, TIMEOUT).await;
+
+    let names: Vec<String> = (0..40).map(|i| format!("w{i:02}")).collect();
+    let workloads = ns.api::<ManagedWorkload>();
+    futures::future::try_join_all(names.iter().map(|name| apply(&workloads, name, spec("nginx:1.26")))).await.unwrap();
+    all_converged(&ns, &names, "nginx:1.26", TIMEOUT).await;
+    let open = support::procfs::connections_to(op.pid, port);
+    assert!((1..=3).contains(&open), "{open} connections to the API server after the burst; log: {}", op.log.display());
+}
+
 #[tokio::test]
 #[ignore = "hack/test.sh runs these alone, after the main suite: they stop control-plane components"]
 async fn credentials_never_appear_in_output_events_or_status() {

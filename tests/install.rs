@@ -68,6 +68,8 @@ async fn check_passes_with_the_shipped_role_and_names_a_namespace_without_it() {
     assert!(out.contains("Kubernetes v1.36") && out.contains("server certificate verified"), "{out}");
     assert!(out.contains(&format!("authenticated as {}", install.user())), "{out}");
     assert!(out.contains(&format!("{CRD} served at v1alpha1, with its status subresource")), "{out}");
+    // Asked as `run` asks it, in the first namespace: 1.36 streams lists.
+    assert!(out.contains("[ok  ] lists                    lists streamed as watch events\n"), "{out}");
     let needed = required(Component::Operator).unwrap();
     for ns in [&a.name, &b.name] {
         assert_eq!(lines_with(&out, "[ok  ] rbac ", ns).len(), needed.len(), "{out}");
@@ -91,7 +93,7 @@ async fn check_passes_with_the_shipped_role_and_names_a_namespace_without_it() {
     let report = json_report(&out);
     assert_eq!(report["ok"], true);
     let checks = report["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 3 + 2 * (needed.len() + 3) + leases.len(), "{out}");
+    assert_eq!(checks.len(), 4 + 2 * (needed.len() + 3) + leases.len(), "{out}");
     assert!(checks.iter().all(|c| c["status"] == "pass"), "{out}");
 
     // Nothing is granted in c, and the checklist says so, permission by permission.

@@ -12,6 +12,7 @@ use super::{
     explain_connect_error,
 };
 use crate::client::{self, ConnectionArgs};
+use crate::resource::ManagedWorkload;
 
 /// Output format of the checklist.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -61,6 +62,7 @@ pub async fn gather(args: &CheckArgs) -> Facts {
         connection: Err(String::new()),
         identity: None,
         crd: None,
+        lists: None,
         reviews: Vec::new(),
     };
     let config = match client::config(&args.connection).await {
@@ -93,6 +95,14 @@ pub async fn gather(args: &CheckArgs) -> Facts {
     }
     facts.identity = Some(identity(&client).await);
     facts.crd = Some(crd(&client).await);
+    if let Some(Ok(Crd::Served { .. })) = facts.crd {
+        // As `run` and `bridge` ask it: in the first namespace served, else cluster-wide.
+        let api = match args.namespaces.first() {
+            Some(ns) => Api::<ManagedWorkload>::namespaced(client.clone(), ns),
+            None => Api::<ManagedWorkload>::all(client.clone()),
+        };
+        facts.lists = Some(crate::reflect::probe_lists(&api).await);
+    }
     let lease = (!args.no_leader_election)
         .then(|| LeaseScope { namespace: args.lease_namespace.clone(), name: lease_name(args) });
     facts.reviews = match asks(component, &args.namespaces, lease.as_ref()) {

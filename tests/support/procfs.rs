@@ -31,3 +31,38 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
+
+/// How many TCP connections process `pid` has established to `port` (on any address), from
+/// its open sockets (/proc/PID/fd) and the kernel's tables of them (/proc/PID/net/tcp, tcp6).
+pub fn connections_to(pid: u32, port: u16) -> usize {
+    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(target.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let port = format!("{port:04X}");
+    ["tcp", "tcp6"]
+        .iter()
+        .flat_map(|table| {
+            std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
+        .filter(|line| {
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = fields.get(2).and_then(|a| a.rsplit_once(':')).map(|(_, p)| p);
+            fields.get(3) == Some(&"01")
+                && remote_port == Some(port.as_str())
+                && fields.get(9).is_some_and(|i| sockets.contains(*i))
+        })
+        .count()
+}
