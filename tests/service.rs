@@ -259,17 +259,29 @@ async fn the_address_does_not_move_through_a_rollout_or_a_pod_deletion() {
     let mw = wait_ready(&workloads, "web", Phase::Running).await;
     assert_ne!(mw.status.as_ref().unwrap().pod_ip, first_pod_ip, "a new Pod");
 
-    // kubectl delete pod: replaced, the address stays.
-    let before = mw.status.as_ref().unwrap().pod_ip.clone();
-    let list = pods.list(&ListParams::default().labels("app.kubernetes.io/instance=web")).await.unwrap();
-    for pod in list.items {
-        pods.delete(&pod.name_any(), &DeleteParams::default()).await.unwrap();
+    // kubectl delete pod: replaced, the address stays. The new Pod is told by its name: kwok
+    // may give it the IP the deleted one has just released.
+    let selector = ListParams::default().labels("app.kubernetes.io/instance=web");
+    let deleted: Vec<String> = pods.list(&selector).await.unwrap().items.iter().map(|p| p.name_any()).collect();
+    for name in &deleted {
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
-    wait_until(&workloads, "web", "Running on a new Pod", TIMEOUT, |mw: Option<&ManagedWorkload>| {
-        mw.is_some_and(|mw| {
-            support::workload::condition_current(mw, "Ready", "True")
-                && mw.status.as_ref().is_some_and(|s| s.pod_ip.is_some() && s.pod_ip != before)
-        })
+    support::eventually("Running on a new Pod (web)", TIMEOUT, || async {
+        let new_ip = pods
+            .list(&selector)
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|p| !deleted.contains(&p.name_any()) && p.metadata.deletion_timestamp.is_none())
+            .find_map(|p| p.status?.pod_ip);
+        let mw = workloads.get("web").await.map_err(|e| e.to_string())?;
+        let reported = mw.status.as_ref().and_then(|s| s.pod_ip.clone());
+        if new_ip.is_some() && reported == new_ip && support::workload::condition_current(&mw, "Ready", "True") {
+            Ok(())
+        } else {
+            Err(format!("the new Pod's IP {new_ip:?}, the status's {reported:?}"))
+        }
     })
     .await;
     log.alive().await;
