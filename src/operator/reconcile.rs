@@ -22,7 +22,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::context::Context;
 use super::ownership::{FIELD_MANAGER, applied_hash, is_controlled_by};
 use super::plan::{self, Mode};
-use super::slim::CachedDeployment;
+use super::slim::{CachedDeployment, StatusWritten};
 use super::status::{self, Blocked, Observed};
 use super::step::{self, Verdict};
 use super::watches::{Freshness, Workload};
@@ -367,7 +367,7 @@ async fn write_status(
     name: &str,
     status: &ManagedWorkloadStatus,
 ) -> Result<Option<String>, Error> {
-    let api: Api<ManagedWorkload> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<StatusWritten> = Api::namespaced(ctx.client.clone(), namespace);
     ctx.metrics.wrote("managedworkloads/status", "apply");
     // Server-side apply: fields we stop setting (a pod IP that is gone) are removed, and no
     // resourceVersion is needed, so there are no 409 conflicts with spec writers.
@@ -377,7 +377,7 @@ async fn write_status(
         .await
         .map_err(|source| Error::WriteStatus { namespace: namespace.into(), name: name.into(), source })?;
     debug!(phase = ?status.phase, "status written");
-    Ok(written.metadata.resource_version)
+    Ok(written.resource_version())
 }
 
 /// The status apply patch. It carries the workload's UID, which the API server checks against

@@ -36,7 +36,7 @@ use super::deployment::TEMPLATE_HASH_ANNOTATION;
 use super::drift::{Live, OwnedFields};
 use super::ownership::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, INSTANCE_LABEL, MANAGED_BY_LABEL};
 use crate::cached::stands_for;
-use crate::resource::{NODE_ID_LABEL, OWNER_ANNOTATION};
+use crate::resource::{ManagedWorkload, NODE_ID_LABEL, OWNER_ANNOTATION};
 
 /// Set by client-side `kubectl apply`: a copy of the whole manifest, read by kubectl only.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -295,6 +295,34 @@ stands_for!(CachedDeployment, Deployment);
 stands_for!(CachedPod, Pod);
 stands_for!(CachedService, Service);
 stands_for!(CachedClaim, PersistentVolumeClaim);
+stands_for!(StatusWritten, ManagedWorkload);
+
+/// What a reconcile reads of the answer to its status write: the resourceVersion it made.
+/// Read as this rather than as a whole ManagedWorkload, whose spec, five conditions and every
+/// manager's field record would be parsed only to be dropped: the largest answer a reconcile
+/// gets, and a burst has up to `--concurrency` of them in flight at once.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct StatusWritten {
+    #[serde(deserialize_with = "resource_version_only")]
+    metadata: ObjectMeta,
+}
+
+impl StatusWritten {
+    pub fn resource_version(self) -> Option<String> {
+        self.metadata.resource_version
+    }
+}
+
+/// Object metadata of which only the resourceVersion is read; the rest is skipped unparsed.
+fn resource_version_only<'de, D: serde::Deserializer<'de>>(metadata: D) -> Result<ObjectMeta, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Version {
+        resource_version: Option<String>,
+    }
+    let Version { resource_version } = serde::Deserialize::deserialize(metadata)?;
+    Ok(ObjectMeta { resource_version, ..ObjectMeta::default() })
+}
 
 /// A Deployment spec holding only the pod template's hash annotation.
 fn template_only(template_hash: Option<String>) -> DeploymentSpec {

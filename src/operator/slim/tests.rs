@@ -220,6 +220,19 @@ fn cached_objects_are_read_from_the_api_as_the_kubernetes_type_and_trimmed() {
 }
 
 #[test]
+fn a_status_write_is_read_back_as_its_resource_version_alone() {
+    use kube::Resource;
+    assert_eq!(StatusWritten::api_version(&()), ManagedWorkload::api_version(&()));
+    assert_eq!(StatusWritten::plural(&()), ManagedWorkload::plural(&()));
+    let full = fixture::<ManagedWorkload>("managedworkload");
+    assert!(full.metadata.managed_fields.is_some() && full.status.is_some(), "the fixture is a whole answer");
+    let written: StatusWritten =
+        serde_json::from_str(include_str!("../../../tests/fixtures/cluster/managedworkload.json")).unwrap();
+    assert_eq!(written.meta(), &ObjectMeta { resource_version: full.metadata.resource_version.clone(), ..Default::default() });
+    assert_eq!(written.resource_version(), full.metadata.resource_version);
+}
+
+#[test]
 fn trimmed_deployments_judge_drift_as_full_ones_do() {
     let mw: ManagedWorkload = fixture("managedworkload");
     let desired = crate::operator::deployment::deployment(&mw, &Default::default()).unwrap();
