@@ -228,7 +228,10 @@ fn a_status_write_is_read_back_as_its_resource_version_alone() {
     assert!(full.metadata.managed_fields.is_some() && full.status.is_some(), "the fixture is a whole answer");
     let written: StatusWritten =
         serde_json::from_str(include_str!("../../../tests/fixtures/cluster/managedworkload.json")).unwrap();
-    assert_eq!(written.meta(), &ObjectMeta { resource_version: full.metadata.resource_version.clone(), ..Default::default() });
+    assert_eq!(
+        written.meta(),
+        &ObjectMeta { resource_version: full.metadata.resource_version.clone(), ..Default::default() }
+    );
     assert_eq!(written.resource_version(), full.metadata.resource_version);
 }
 
