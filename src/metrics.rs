@@ -30,7 +30,7 @@ pub const WATCHED: [&str; 6] =
 /// The `resource` and `verb` labels of `mw_operator_api_writes_total`: every write the
 /// operator makes (one not listed here trips a debug assertion).
 pub const WRITES: [(&str, &str); 7] = [
-    ("managedworkloads/status", "apply"),
+    ("managedworkloads/status", "patch"),
     ("deployments", "apply"),
     ("persistentvolumeclaims", "apply"),
     ("services", "apply"),

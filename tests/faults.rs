@@ -396,7 +396,7 @@ async fn probes_and_metrics_report_what_happened() {
                 "two Deployments applied".into(),
             ),
             (
-                value(r#"mw_operator_api_writes_total{resource="managedworkloads/status",verb="apply"}"#) >= Some(2.0),
+                value(r#"mw_operator_api_writes_total{resource="managedworkloads/status",verb="patch"}"#) >= Some(2.0),
                 "status writes".into(),
             ),
             (value(r#"mw_operator_workloads{phase="Running"}"#) == Some(1.0), "one Running".into()),

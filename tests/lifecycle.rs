@@ -169,3 +169,34 @@ async fn lists_are_streamed_where_the_api_server_streams_them() {
     };
     assert_eq!(mw_operator::reflect::initial_lists(&ns.api::<ManagedWorkload>()).await, expected);
 }
+
+/// A status derived for a deleted workload never lands on the workload re-created under its
+/// name: the API server checks no UID on `/status`, so the write itself tests it.
+#[tokio::test]
+async fn a_deleted_workloads_status_is_not_written_onto_its_successor() {
+    use mw_operator::operator::status_write::{self, Written};
+    let ns = TestNamespace::new("status-successor").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let spec = json!({"image": "nginx:latest"});
+    apply(&workloads, "web", spec.clone()).await.unwrap();
+    let deleted = wait_ready(&workloads, "web", Phase::Running).await;
+    workloads.delete("web", &DeleteParams::foreground()).await.unwrap();
+    wait_until(&workloads, "web", "the first workload gone", TIMEOUT, |mw| mw.is_none()).await;
+    apply(&workloads, "web", spec).await.unwrap();
+    let successor = wait_ready(&workloads, "web", Phase::Running).await;
+    assert_ne!(successor.uid(), deleted.uid());
+
+    // What a reconcile of the deleted workload, slow enough to outlive it, would write.
+    let mut stale = deleted.status.clone().unwrap_or_default();
+    stale.observed_generation = Some(99);
+    let client = ns.client.clone();
+    let written = status_write::write(&client, &deleted, &stale).await.unwrap();
+    assert_eq!(written, Written::Superseded);
+    let now = workloads.get("web").await.unwrap();
+    assert_ne!(now.status.as_ref().and_then(|s| s.observed_generation), Some(99), "{:#?}", now.status);
+
+    // The successor's own status is written as before.
+    let current = now.status.clone().unwrap_or_default();
+    let written = status_write::write(&client, &now, &current).await.unwrap();
+    assert!(matches!(written, Written::Version(Some(_))), "{written:?}");
+}

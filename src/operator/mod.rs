@@ -37,6 +37,7 @@ pub mod resync;
 pub mod service;
 pub mod slim;
 pub mod status;
+pub mod status_write;
 pub mod step;
 pub mod volumes;
 pub mod watches;

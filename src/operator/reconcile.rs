@@ -11,7 +11,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Patch;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -20,10 +19,11 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::Context;
-use super::ownership::{FIELD_MANAGER, applied_hash, is_controlled_by};
+use super::ownership::{applied_hash, is_controlled_by};
 use super::plan::{self, Mode};
-use super::slim::{CachedDeployment, StatusWritten};
+use super::slim::CachedDeployment;
 use super::status::{self, Blocked, Observed};
+use super::status_write::{self, Written};
 use super::step::{self, Verdict};
 use super::watches::{Freshness, Workload};
 use super::{deployment, expose, volumes};
@@ -234,7 +234,9 @@ async fn report(
         // for them if nothing else does first.
         let wait = ctx.caches.objects.hold_back(mw, derived.urgency());
         if wait.is_zero() {
-            write(ctx, mw, namespace, name, &derived).await?;
+            if write(ctx, mw, namespace, name, &derived).await? == Written::Superseded {
+                return Ok(Action::requeue(SUPERSEDED_RECHECK));
+            }
         } else {
             debug!(?wait, "status details held back");
             held = Some(wait);
@@ -335,18 +337,30 @@ fn derive(
     Derived { known, status, revisit }
 }
 
-/// Write the derived status, remember it, and announce a phase change.
+/// Write the derived status, remember it, and announce a phase change. Says whether the
+/// workload of that name is still the one reconciled (`status_write::Written::Superseded`).
 async fn write(
     ctx: &Context,
     mw: &ManagedWorkload,
     namespace: &str,
     name: &str,
     derived: &Derived,
-) -> Result<(), Error> {
-    let version = write_status(ctx, mw, namespace, name, &derived.status).await?;
-    ctx.caches.objects.wrote(mw, version, derived.status.clone());
-    announce_phase_change(ctx, &derived.known, &derived.status);
-    Ok(())
+) -> Result<Written, Error> {
+    ctx.metrics.wrote("managedworkloads/status", "patch");
+    let written = status_write::write(&ctx.client, mw, &derived.status).await.map_err(|source| Error::WriteStatus {
+        namespace: namespace.into(),
+        name: name.into(),
+        source,
+    })?;
+    match &written {
+        Written::Version(version) => {
+            debug!(phase = ?derived.status.phase, "status written");
+            ctx.caches.objects.wrote(mw, version.clone(), derived.status.clone());
+            announce_phase_change(ctx, &derived.known, &derived.status);
+        }
+        Written::Superseded => debug!("status not written: the workload of this name is another one by now"),
+    }
+    Ok(written)
 }
 
 fn conflict(name: &str) -> Blocked {
@@ -357,40 +371,6 @@ fn conflict(name: &str) -> Blocked {
              delete or rename it, or rename the ManagedWorkload"
         ),
     }
-}
-
-/// Writes the status; returns the resourceVersion the write produced.
-async fn write_status(
-    ctx: &Context,
-    mw: &ManagedWorkload,
-    namespace: &str,
-    name: &str,
-    status: &ManagedWorkloadStatus,
-) -> Result<Option<String>, Error> {
-    let api: Api<StatusWritten> = Api::namespaced(ctx.client.clone(), namespace);
-    ctx.metrics.wrote("managedworkloads/status", "apply");
-    // Server-side apply: fields we stop setting (a pod IP that is gone) are removed, and no
-    // resourceVersion is needed, so there are no 409 conflicts with spec writers.
-    let params = crate::client::apply_params(FIELD_MANAGER).force();
-    let written = api
-        .patch_status(name, &params, &Patch::Apply(&status_patch(mw, status)))
-        .await
-        .map_err(|source| Error::WriteStatus { namespace: namespace.into(), name: name.into(), source })?;
-    debug!(phase = ?status.phase, "status written");
-    Ok(written.resource_version())
-}
-
-/// The status apply patch. It carries the workload's UID, which the API server checks against
-/// the stored object: a reconcile that was slow enough for its workload to be deleted and
-/// re-created under the same name is refused instead of writing the old one's status onto the
-/// new one.
-fn status_patch(mw: &ManagedWorkload, status: &ManagedWorkloadStatus) -> serde_json::Value {
-    serde_json::json!({
-        "apiVersion": ManagedWorkload::api_version(&()),
-        "kind": ManagedWorkload::kind(&()),
-        "metadata": { "uid": mw.metadata.uid },
-        "status": status,
-    })
 }
 
 fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {
@@ -435,20 +415,4 @@ pub fn error_policy(mw: Arc<Workload>, err: &Error, ctx: Arc<Context>) -> Action
     let delay = BACKOFF.delay(failures);
     warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), failures, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_status_write_names_the_workload_it_is_for() {
-        let mut mw = ManagedWorkload::new("web", Default::default());
-        mw.metadata.uid = Some("u1".into());
-        let status = ManagedWorkloadStatus { phase: Some(Phase::Running), ..Default::default() };
-        let patch = status_patch(&mw, &status);
-        assert_eq!(patch["metadata"]["uid"], "u1", "a re-created workload (another UID) refuses it");
-        assert_eq!(patch["status"]["phase"], "Running");
-        assert_eq!(patch["kind"], "ManagedWorkload");
-    }
 }
