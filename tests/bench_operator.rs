@@ -50,10 +50,13 @@ fn operator_pid() -> u32 {
 }
 
 /// The operator's writes in `namespace`, by "verb resource[/subresource]".
+fn operator_user() -> String {
+    std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into())
+}
+
 fn writes(namespace: &str) -> BTreeMap<String, usize> {
-    let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
     let mut counts = BTreeMap::new();
-    for w in support::audit::writes_by(&user, namespace) {
+    for w in support::audit::writes_by(&operator_user(), namespace) {
         let resource = match &w.subresource {
             Some(sub) => format!("{}/{sub}", w.resource),
             None => w.resource.clone(),
@@ -433,6 +436,20 @@ async fn operator_against_the_floor() {
 
     let (ns, _) = kept.last().expect("at least one size");
     let n = *sizes.last().unwrap();
+    // The API server's own time over the operator's writes, beside kube-controller-manager's
+    // of the same kinds: a gap is the operator's connection, not the API server.
+    let median = |user: &str, verb: &str, resource: &str| {
+        support::audit::median_write_seconds(user, &ns.name, verb, resource)
+            .map_or_else(|| "—".to_string(), |s| format!("{:.0} ms", s * 1000.0))
+    };
+    let (operator, kcm) = (operator_user(), "system:kube-controller-manager");
+    table.push_str(&format!(
+        "API server time per write with {n} (median): the operator's status writes {}, its Events {}; kube-controller-manager's Deployment status writes {}, its Events {}.\n",
+        median(&operator, "patch", "managedworkloads/status"),
+        median(&operator, "create", "events"),
+        median(kcm, "update", "deployments/status"),
+        median(kcm, "create", "events"),
+    ));
     // Steady state: 60 s with every workload Ready.
     let before = total(&writes(&ns.name));
     tokio::time::sleep(Duration::from_secs(60)).await;

@@ -43,6 +43,31 @@ pub fn timed_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
         .collect()
 }
 
+/// The median time the API server took over `user`'s writes of `verb` and `resource` in
+/// `namespace`, in seconds: from receiving a request's headers to answering, so a body slow to
+/// follow its headers counts (a client whose connection holds small writes back shows here
+/// beside another client's writes of the same kind). None without such writes.
+pub fn median_write_seconds(user: &str, namespace: &str, verb: &str, resource: &str) -> Option<f64> {
+    let seconds = |e: &Value, stage: &str| e[stage].as_str().and_then(|t| t.parse::<Timestamp>().ok());
+    let mut taken: Vec<f64> = write_entries(user, namespace)
+        .iter()
+        .filter(|e| e["verb"] == verb && described(e) == resource)
+        .filter_map(|e| Some(seconds(e, "stageTimestamp")?.duration_since(seconds(e, "requestReceivedTimestamp")?)))
+        .map(|d| d.as_secs_f64())
+        .collect();
+    taken.sort_by(f64::total_cmp);
+    taken.get(taken.len() / 2).copied()
+}
+
+/// A write's resource as `kubectl` names it: `deployments`, `managedworkloads/status`.
+fn described(e: &Value) -> String {
+    let resource = e["objectRef"]["resource"].as_str().unwrap_or_default();
+    match e["objectRef"]["subresource"].as_str() {
+        Some(sub) => format!("{resource}/{sub}"),
+        None => resource.into(),
+    }
+}
+
 /// Like `timed_writes_by`, only the writes the API server accepted (2xx): a write refused or
 /// failed during an outage (etcd down, RBAC not yet loaded) changed nothing and is retried.
 pub fn timed_accepted_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
