@@ -1366,6 +1366,54 @@ fn a_new_workload_costs_two_status_writes_whatever_it_waits_on() {
     assert_eq!(running.address.as_deref(), Some("192.0.2.10"));
 }
 
+/// A new workload's first status is written while its Deployment is being created
+/// (`reconcile::report_ahead`), derived from the desired Deployment standing in for it. That
+/// is sound only if it is the status the report after the create derives from the API
+/// server's answer (the same object with a UID, generation 1, an empty status): whatever the
+/// workload owns and whichever state it is created in.
+#[test]
+fn the_deployment_being_created_reads_as_the_one_created() {
+    use crate::resource::ServiceType;
+    let plain = workload(DesiredState::Running, 1);
+    let cases = [
+        ("plain", plain.clone(), None, None),
+        ("created Stopped", workload(DesiredState::Stopped, 1), None, None),
+        ("a claim not bound yet", with_volume(plain.clone()), Some(claim("Pending", None)), None),
+        ("a claim bound", with_volume(plain.clone()), Some(claim("Bound", Some("1Gi"))), None),
+        (
+            "a load balancer",
+            with_service(plain.clone(), ServiceType::LoadBalancer),
+            None,
+            Some(ServiceType::LoadBalancer),
+        ),
+    ];
+    for (what, mw, claim, service) in cases {
+        let being_created = desired::deployment(&mw, &Default::default()).unwrap();
+        let mut created = being_created.clone();
+        created.metadata.uid = Some("deployment-uid".into());
+        created.metadata.generation = Some(1);
+        created.metadata.resource_version = Some("42".into());
+        created.status = Some(DeploymentStatus::default());
+        let service = service.map(|_| live_service(&mw, None));
+        let derive_over = |d: &Deployment| {
+            let observed = Observed {
+                desired_hash: &desired_hash(&mw),
+                deployment: Some(d),
+                pods: vec![],
+                blocked: None,
+                claims: claim.iter().collect(),
+                refused: &[],
+                service: service.as_ref(),
+            };
+            derive(&mw, &observed, &at(1000))
+        };
+        let ahead = derive_over(&being_created);
+        assert_eq!(ahead, derive_over(&created), "{what}");
+        let phase = if what == "created Stopped" { Phase::Stopping } else { Phase::Creating };
+        assert_eq!(ahead.phase, Some(phase), "{what}");
+    }
+}
+
 /// Only a wait's reason is a detail: the same reason change outside a transition (a failure
 /// that turns into another, the end of one) is written at once, and so is every change of
 /// phase, condition status or generation during a transition.
