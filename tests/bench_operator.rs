@@ -49,11 +49,12 @@ fn operator_pid() -> u32 {
     std::fs::read_to_string(&file).expect("the operator's PID file").trim().parse().expect("a PID")
 }
 
-/// The operator's writes in `namespace`, by "verb resource[/subresource]".
+/// The operator's API user.
 fn operator_user() -> String {
     std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into())
 }
 
+/// The operator's writes in `namespace`, by "verb resource[/subresource]".
 fn writes(namespace: &str) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for w in support::audit::writes_by(&operator_user(), namespace) {
