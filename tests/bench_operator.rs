@@ -58,11 +58,7 @@ fn operator_user() -> String {
 fn writes(namespace: &str) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for w in support::audit::writes_by(&operator_user(), namespace) {
-        let resource = match &w.subresource {
-            Some(sub) => format!("{}/{sub}", w.resource),
-            None => w.resource.clone(),
-        };
-        *counts.entry(format!("{} {resource}", w.verb)).or_insert(0) += 1;
+        *counts.entry(format!("{} {}", w.verb, w.path())).or_insert(0) += 1;
     }
     counts
 }

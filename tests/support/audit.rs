@@ -30,17 +30,32 @@ pub fn writes_by(user: &str, namespace: &str) -> Vec<Write> {
 pub fn timed_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
     write_entries(user, namespace)
         .into_iter()
-        .map(|e| {
-            let time = e["stageTimestamp"].as_str().and_then(|t| t.parse().ok()).unwrap_or(Timestamp::UNIX_EPOCH);
-            let write = Write {
-                verb: e["verb"].as_str().unwrap_or_default().into(),
-                resource: e["objectRef"]["resource"].as_str().unwrap_or_default().into(),
-                subresource: e["objectRef"]["subresource"].as_str().map(String::from),
-                name: e["objectRef"]["name"].as_str().map(String::from),
-            };
-            (time, write)
-        })
+        .map(|e| (time(&e, "stageTimestamp").unwrap_or(Timestamp::UNIX_EPOCH), Write::of(&e)))
         .collect()
+}
+
+impl Write {
+    fn of(e: &Value) -> Write {
+        Write {
+            verb: e["verb"].as_str().unwrap_or_default().into(),
+            resource: e["objectRef"]["resource"].as_str().unwrap_or_default().into(),
+            subresource: e["objectRef"]["subresource"].as_str().map(String::from),
+            name: e["objectRef"]["name"].as_str().map(String::from),
+        }
+    }
+
+    /// The resource as `kubectl` names it: `deployments`, `managedworkloads/status`.
+    pub fn path(&self) -> String {
+        match &self.subresource {
+            Some(sub) => format!("{}/{sub}", self.resource),
+            None => self.resource.clone(),
+        }
+    }
+}
+
+/// One of an audit entry's timestamps.
+fn time(e: &Value, stage: &str) -> Option<Timestamp> {
+    e[stage].as_str().and_then(|t| t.parse().ok())
 }
 
 /// The median time the API server took over `user`'s writes of `verb` and `resource` in
@@ -48,24 +63,17 @@ pub fn timed_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
 /// follow its headers counts (a client whose connection holds small writes back shows here
 /// beside another client's writes of the same kind). None without such writes.
 pub fn median_write_seconds(user: &str, namespace: &str, verb: &str, resource: &str) -> Option<f64> {
-    let seconds = |e: &Value, stage: &str| e[stage].as_str().and_then(|t| t.parse::<Timestamp>().ok());
     let mut taken: Vec<f64> = write_entries(user, namespace)
         .iter()
-        .filter(|e| e["verb"] == verb && described(e) == resource)
-        .filter_map(|e| Some(seconds(e, "stageTimestamp")?.duration_since(seconds(e, "requestReceivedTimestamp")?)))
+        .filter(|e| {
+            let write = Write::of(e);
+            write.verb == verb && write.path() == resource
+        })
+        .filter_map(|e| Some(time(e, "stageTimestamp")?.duration_since(time(e, "requestReceivedTimestamp")?)))
         .map(|d| d.as_secs_f64())
         .collect();
     taken.sort_by(f64::total_cmp);
     taken.get(taken.len() / 2).copied()
-}
-
-/// A write's resource as `kubectl` names it: `deployments`, `managedworkloads/status`.
-fn described(e: &Value) -> String {
-    let resource = e["objectRef"]["resource"].as_str().unwrap_or_default();
-    match e["objectRef"]["subresource"].as_str() {
-        Some(sub) => format!("{resource}/{sub}"),
-        None => resource.into(),
-    }
 }
 
 /// Like `timed_writes_by`, only the writes the API server accepted (2xx): a write refused or
