@@ -84,7 +84,7 @@ async fn bridge_at_scale() {
     let first_wall = started.elapsed().as_secs_f64();
     let first_cpu = cpu_seconds(pid);
     let first_writes = writes_by_kind(&ns.name);
-    // When the last CR was created (the API server's clock): the Secrets' owners follow.
+    // When the last CR was created (the API server's clock): its Secret follows.
     let last_created = audit::timed_accepted_writes_by("mw-bridge", &ns.name)
         .iter()
         .filter(|(_, w)| w.resource == "managedworkloads")

@@ -69,17 +69,18 @@ async fn end_to_end(engine: Engine) {
     // Rows → CRs and Secrets → Running → provider id and Pod IP in the rows.
     for name in SAMPLES {
         wait_ready(&workloads, name, Phase::Running).await;
-        // The Secret gets its CR as owner once the pass has created every new row's CR.
-        let owner_of = |secret: &Secret| secret.owner_references().first().map(|o| (o.kind.clone(), o.name.clone()));
-        eventually(&format!("{name}'s Secret to be owned by its CR"), TIMEOUT, || async {
-            let secret = secrets.get(&format!("{name}-manager-env")).await.map_err(|e| e.to_string())?;
-            assert_eq!(secret.labels()[SYNCED_BY_LABEL], "mw-bridge");
-            match owner_of(&secret) {
-                Some(owner) if owner == ("ManagedWorkload".to_string(), name.to_string()) => Ok(()),
-                other => Err(format!("owner {other:?}")),
-            }
-        })
-        .await;
+        // The Secret is written after its CR, owned by it in that one write: no other write
+        // (an owner patch would be an `Update` of the bridge's) ever touched it.
+        let secret = secrets.get(&format!("{name}-manager-env")).await.unwrap();
+        assert_eq!(secret.labels()[SYNCED_BY_LABEL], "mw-bridge");
+        let owner = secret.owner_references().first().map(|o| (o.kind.as_str(), o.name.as_str()));
+        assert_eq!(owner, Some(("ManagedWorkload", name)), "{name}'s Secret is owned by its CR");
+        let writers: Vec<_> = secret
+            .managed_fields()
+            .iter()
+            .map(|m| (m.manager.as_deref().unwrap_or(""), m.operation.as_deref().unwrap_or("")))
+            .collect();
+        assert_eq!(writers, [("mw-bridge", "Apply")], "{name}'s Secret was written once, by the bridge's apply");
         let ip = wait_row(&db, &workloads, name, true).await;
         assert!(ip.is_some(), "{name} runs with an IP");
     }
@@ -1319,7 +1320,7 @@ async fn postgres_write_backs_do_not_move_the_watermark() {
 #[tokio::test]
 async fn the_bridges_writes_never_take_over_a_hand_made_object() {
     use k8s_openapi::api::core::v1::ConfigMap;
-    use mw_operator::bridge::cluster::{Cluster, Write, found_another};
+    use mw_operator::bridge::cluster::{Cluster, CreateStep, Write, found_another};
     use mw_operator::bridge::metrics::Metrics;
     let ns = TestNamespace::new("bridge-create-only").await;
     support::bridge::grant(&ns).await;
@@ -1393,4 +1394,21 @@ async fn the_bridges_writes_never_take_over_a_hand_made_object() {
     let created_at = stamped.metadata.creation_timestamp.unwrap().0;
     let apart = (server_now - created_at).get_seconds().abs();
     assert!(apart <= 2, "the API server's Date {server_now} vs the creationTimestamp {created_at}");
+
+    // A new row's CR is created before its Secret: where a Secret of that name turns out to be
+    // someone else's (made after the bridge looked), the CR goes again, and the Secret stays
+    // as it was.
+    let mut late_secret = secret.clone();
+    late_secret.metadata.name = Some("late-manager-env".into());
+    let hand_made_late = secrets.create(&Default::default(), &late_secret).await.unwrap();
+    let mut late = fresh.clone();
+    late.metadata.name = Some("late".into());
+    bridge_secret.metadata.name = Some("late-manager-env".into());
+    match cluster.create_with_secret(&late, bridge_secret, Write::Create).await {
+        Err((CreateStep::Secret, err)) => assert!(found_another(&err), "{err:?}"),
+        other => panic!("the Secret's write was not refused: {other:?}"),
+    }
+    assert!(workloads.get_opt("late").await.unwrap().is_none(), "the CR made for someone else's Secret is gone");
+    let now = secrets.get("late-manager-env").await.unwrap();
+    assert_eq!(now.metadata.resource_version, hand_made_late.metadata.resource_version);
 }

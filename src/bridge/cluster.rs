@@ -19,7 +19,7 @@ use tracing::warn;
 
 use super::cached::{CachedSecret, CachedWorkload};
 use super::error::BridgeError;
-use super::mapping::SYNCED_BY_LABEL;
+use super::mapping::{SYNCED_BY_LABEL, owner_reference};
 use super::metrics::Metrics;
 use crate::reflect::{ReflectInPlace, initial_lists, watch_config};
 use crate::resource::ManagedWorkload;
@@ -153,6 +153,31 @@ impl Cluster {
         Ok(())
     }
 
+    /// A new row's two writes: create its ManagedWorkload (create-only), then its env Secret
+    /// (`write`: created, or updated where the bridge's own is there already), owned by the
+    /// CR from that write on. A Secret of that name that is someone else's after all (made
+    /// since the bridge looked) must not reach the new workload's Pod: the CR is deleted (by
+    /// its UID) before the Secret's 409 is returned.
+    pub async fn create_with_secret(
+        &self,
+        mw: &ManagedWorkload,
+        mut secret: Secret,
+        write: Write,
+    ) -> Result<(), (CreateStep, kube::Error)> {
+        let created = self.apply_workload(mw, Write::Create).await.map_err(|e| (CreateStep::Workload, e))?;
+        secret.metadata.owner_references = owner_reference(&created).map(|owner| vec![owner]);
+        match self.apply_secret(&secret, write).await {
+            Err(taken) if found_another(&taken) => {
+                let (namespace, name) = names(&created.metadata);
+                if let Some(uid) = &created.metadata.uid {
+                    self.delete_workload(namespace, name, uid).await.map_err(|e| (CreateStep::Undo, e))?;
+                }
+                Err((CreateStep::Secret, taken))
+            }
+            written => written.map_err(|e| (CreateStep::Secret, e)),
+        }
+    }
+
     /// Give the Secret `uid` names its owner, in a patch of its owner references alone (it
     /// carries no data): if it is no longer that Secret (deleted, or deleted and made
     /// again), nothing is written.
@@ -229,6 +254,17 @@ fn trimmed<K, C>(event: watcher::Event<K>, trim: impl Fn(K) -> C) -> watcher::Ev
         watcher::Event::InitApply(object) => watcher::Event::InitApply(trim(object)),
         watcher::Event::InitDone => watcher::Event::InitDone,
     }
+}
+
+/// Which write of `Cluster::create_with_secret` failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateStep {
+    /// Creating the ManagedWorkload.
+    Workload,
+    /// Writing its Secret (the CR, if created, is deleted when the Secret is someone else's).
+    Secret,
+    /// Deleting the CR just created, its Secret being someone else's.
+    Undo,
 }
 
 /// How an apply may touch what is there.

@@ -69,8 +69,7 @@ pub fn made_for<'a>(mw: &'a CachedWorkload, field_manager: &str) -> Option<(RowK
 pub enum Plan {
     /// The CR and its Secret are what the row says: no write.
     UpToDate,
-    /// No CR of that name: write the Secret, then the CR (the Secret's owner follows,
-    /// `unowned_secrets`).
+    /// No CR of that name: create it, then its Secret, owned by it.
     Create,
     /// Our CR, out of date (or its Secret is gone): write the Secret and the CR.
     Update,
@@ -279,14 +278,15 @@ pub fn approval_token(uids: &BTreeSet<String>) -> String {
     hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// How old an env Secret without its CR must be before it is deleted: older than any
-/// Secret-then-CR write in flight.
+/// How old an env Secret without its CR (and without an owner) must be before it is deleted:
+/// older than any write of a Secret and its CR in flight.
 pub const ORPHAN_SECRET_GRACE: SignedDuration = SignedDuration::from_mins(5);
 
 /// The env Secrets of this bridge that lost their way: labelled by `field_manager`, owned by
 /// nothing, created more than `ORPHAN_SECRET_GRACE` before `server_now`, and with no
-/// ManagedWorkload of the matching name in their namespace (a crash between writing the
-/// Secret and the CR). `server_now` is the API server's clock: the one that stamped the
+/// ManagedWorkload of the matching name in their namespace (left by an earlier build of the bridge,
+/// which wrote the Secret first, stopped between the two writes; or a CR deleted while its
+/// Secret had no owner). `server_now` is the API server's clock: the one that stamped the
 /// Secrets' creationTimestamp (the bridge's own may be off from it by any amount).
 /// `workloads` are the (namespace, name) of the CRs that exist. Linear: one set of names,
 /// one look-up per Secret.
@@ -314,11 +314,10 @@ pub fn orphan_secrets<'a>(
 }
 
 /// The env Secrets of this bridge still without their owner, each with the owner to give it:
-/// the CR of the matching name, when it is this bridge's and not being deleted. A new row's
-/// Secret is written before its CR exists (so the Pod never starts without its env) and
-/// gets its owner once the CR does, in one write after the pass has created every new row's
-/// CR; this also completes one whose bridge stopped between the writes. A Secret whose CR
-/// never came is `orphan_secrets`'.
+/// the CR of the matching name, when it is this bridge's and not being deleted. A Secret is
+/// written with its owner (a new row's after its CR); one without (its owner reference
+/// removed by hand, or left by an earlier bridge that wrote the Secret first) gets it in a
+/// write of its own. A Secret whose CR never came is `orphan_secrets`'.
 pub fn unowned_secrets<'a>(
     secrets: impl IntoIterator<Item = &'a CachedSecret, IntoIter: 'a>,
     workload: impl Fn(&str, &str) -> Option<Arc<CachedWorkload>> + 'a,

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::cached::{CachedWorkload, MadeBy};
-use super::cluster::{Cluster, Write, found_another};
+use super::cluster::{Cluster, CreateStep, Write, found_another};
 use super::db::{self, Database, WriteBackError};
 use super::env::{self, DefaultEnv};
 use super::error::{BridgeError, RowError};
@@ -750,9 +750,10 @@ impl Bridge {
     }
 
     /// Give each env Secret of this bridge still without its owner its CR (`plan::unowned_secrets`),
-    /// a bounded number of writes at once. A CR created moments ago may not be cached yet:
-    /// its Secret is adopted by the next pass. A Secret given its owner is not written again
-    /// while the cache, behind the write, still shows it without.
+    /// a bounded number of writes at once. Every Secret is written with its owner; this
+    /// completes those that lost it (by hand, or left by an earlier build of the bridge). A
+    /// Secret given its owner is not written again while the cache, behind the write, still
+    /// shows it without.
     async fn adopt_secrets(&mut self) -> Result<(), BridgeError> {
         let fm = self.settings.field_manager.clone();
         {
@@ -990,20 +991,17 @@ async fn try_sync_one(
             Ok(Outcome::Row(RowError::Replacing { namespace: ns.into(), name: name.into() }))
         }
         Plan::Create => {
-            // Secret first, so the Pod never starts without its env; then the CR, created
-            // only where none exists (never merged into one made meanwhile by someone else).
-            // The Secret's owner, so that it goes with the CR, follows once the pass has
-            // created every new row's CR (`Bridge::adopt_secrets`): a first sync of thousands
-            // of rows starts every workload before it spends a write on any owner.
+            // The CR first, created only where none exists (never merged into one made
+            // meanwhile by someone else); then its Secret, owned by it from its first write:
+            // two writes for a new row. The Pod never starts without its env meanwhile: its
+            // env's `secretKeyRef`s are not optional, so the kubelet waits for the Secret,
+            // which follows the CR within milliseconds, long before a Pod is scheduled.
             let secret = mapping::secret(d, fm, None);
-            cluster
-                .apply_secret(&secret, secret_write)
-                .await
-                .map_err(write(format!("creating Secret {ns}/{}", d.secret_name), secret_taken()))?;
-            cluster
-                .apply_workload(&d.workload, Write::Create)
-                .await
-                .map_err(write(format!("creating ManagedWorkload {ns}/{name}"), name_taken()))?;
+            cluster.create_with_secret(&d.workload, secret, secret_write).await.map_err(|(step, e)| match step {
+                CreateStep::Workload => write(format!("creating ManagedWorkload {ns}/{name}"), name_taken())(e),
+                CreateStep::Secret => write(format!("creating Secret {ns}/{}", d.secret_name), secret_taken())(e),
+                CreateStep::Undo => api(&format!("deleting ManagedWorkload {ns}/{name}, its Secret being taken"))(e),
+            })?;
             info!("created ManagedWorkload {ns}/{name}");
             Ok(Outcome::Synced)
         }
