@@ -217,6 +217,30 @@ struct Run {
     writes: BTreeMap<String, usize>,
     cpu_s: f64,
     rss_kib: f64,
+    /// CPU seconds each control-plane component spent on the floor's run and on the
+    /// operator's: where the operator's run costs the machine more.
+    floor_cpu: BTreeMap<String, f64>,
+    operator_cpu: BTreeMap<String, f64>,
+}
+
+/// "kube-apiserver 20.1 → 27.4 s, ..., total 41.0 → 55.2 s": each process's CPU seconds in
+/// the floor's run and the operator's (a process in one run only shows "—" for the other).
+fn cpu_by_component(floor: &BTreeMap<String, f64>, operator: &BTreeMap<String, f64>) -> String {
+    let names: std::collections::BTreeSet<&String> = floor.keys().chain(operator.keys()).collect();
+    let cell = |m: &BTreeMap<String, f64>, name: &str| m.get(name).map_or("—".to_string(), |s| format!("{s:.1}"));
+    let mut parts: Vec<String> =
+        names.iter().map(|name| format!("{name} {} → {} s", cell(floor, name), cell(operator, name))).collect();
+    parts.push(format!("total {:.1} → {:.1} s", floor.values().sum::<f64>(), operator.values().sum::<f64>()));
+    parts.join(", ")
+}
+
+/// What `during` cost each control-plane component, in CPU seconds.
+async fn components_cpu_of<T>(during: impl std::future::Future<Output = T>) -> (T, BTreeMap<String, f64>) {
+    let before = support::controlplane::components_cpu();
+    let out = during.await;
+    let after = support::controlplane::components_cpu();
+    let spent = after.into_iter().filter_map(|(name, s)| Some((name.clone(), s - before.get(&name)?))).collect();
+    (out, spent)
 }
 
 /// Workload `i`'s spec, with a volume of `storage`'s class when there is one.
@@ -243,10 +267,11 @@ fn with_floor() -> bool {
 async fn converge(n: usize, pid: u32) -> (Run, TestNamespace, Option<Storage>) {
     // Floor: the same objects, applied directly.
     let mut floor_s = 0.0;
+    let mut floor_cpu = BTreeMap::new();
     if with_floor() {
         let floor_ns = TestNamespace::new(&format!("floor-{n}")).await;
         let floor_storage = if volume_each() { Some(Storage::new(&floor_ns, n, "1Gi").await) } else { None };
-        floor_s = floor(&floor_ns, n, "w", spec_with(floor_storage.as_ref())).await;
+        (floor_s, floor_cpu) = components_cpu_of(floor(&floor_ns, n, "w", spec_with(floor_storage.as_ref()))).await;
         gone(floor_ns).await;
         drop(floor_storage);
     }
@@ -255,7 +280,8 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace, Option<Storage>) {
     let ns = TestNamespace::new(&format!("operator-{n}")).await;
     let storage = if volume_each() { Some(Storage::new(&ns, n, "1Gi").await) } else { None };
     let cpu0 = cpu_seconds(pid);
-    let operator_s = apply_until_ready(&ns.api(), n, "w", spec_with(storage.as_ref())).await;
+    let (operator_s, operator_cpu) =
+        components_cpu_of(apply_until_ready(&ns.api(), n, "w", spec_with(storage.as_ref()))).await;
     // Let trailing writes (the last status, Events) land before counting.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let run = Run {
@@ -264,6 +290,8 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace, Option<Storage>) {
         writes: writes(&ns.name),
         cpu_s: cpu_seconds(pid) - cpu0,
         rss_kib: memory_kib(pid).0,
+        floor_cpu,
+        operator_cpu,
     };
     (run, ns, storage)
 }
@@ -395,6 +423,7 @@ async fn operator_against_the_floor() {
     );
     let mut kept = Vec::new();
     let mut last_rss = None;
+    let mut cpu_lines = String::new();
     for &n in &sizes {
         let (run, ns, storage) = converge(n, pid).await;
         let per = |pred: &dyn Fn(&str) -> bool| {
@@ -424,9 +453,15 @@ async fn operator_against_the_floor() {
             "writes": run.writes, "writes_per_workload": total(&run.writes) as f64 / n as f64,
             "cpu_s": run.cpu_s, "rss_kib_after": run.rss_kib, "kib_per_additional_workload": per_workload_kib,
         });
+        report["sizes"][n.to_string()]["cpu_by_component"] =
+            json!({"floor": run.floor_cpu, "operator": run.operator_cpu});
+        cpu_lines.push_str(&format!("| {n} | {} |\n", cpu_by_component(&run.floor_cpu, &run.operator_cpu)));
         last_rss = Some(run.rss_kib);
         kept.push((ns, storage));
     }
+    table.push_str(&format!(
+        "\nCPU seconds each process spent, the floor's run → the operator's run:\n\n| N | CPU |\n|---|---|\n{cpu_lines}"
+    ));
     let (_, hwm) = memory_kib(pid);
     report["peak_rss_kib"] = json!(hwm);
     table.push_str(&format!("\nOperator peak RSS: {:.1} MiB.\n", hwm / 1024.0));

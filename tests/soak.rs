@@ -111,6 +111,44 @@ fn waiting_on(mw: Option<&ManagedWorkload>) -> String {
     format!("rollout: {:?}, {ready}", status.phase.unwrap_or(Phase::Creating))
 }
 
+/// The resident level of `samples` (seconds, KiB): the median of each whole minute's samples,
+/// and the least-squares slope of every sample in KiB per 10 minutes. Each minute's changes
+/// land at once, and the reconciles they start hold a MiB or two for some seconds: the
+/// spread of every sample shows those bursts, the medians and the slope show whether what
+/// stays grows.
+fn resident_level(samples: &[(f64, f64)]) -> (Vec<f64>, f64) {
+    let mut minutes: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for (t, kib) in samples {
+        minutes.entry((*t / 60.0) as u64).or_default().push(*kib);
+    }
+    let medians = minutes
+        .into_values()
+        .map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            let mid = v.len() / 2;
+            if v.len() % 2 == 0 { (v[mid - 1] + v[mid]) / 2.0 } else { v[mid] }
+        })
+        .collect();
+    let n = samples.len().max(1) as f64;
+    let (mt, mk) = samples.iter().fold((0.0, 0.0), |(a, b), (t, k)| (a + t / n, b + k / n));
+    let (cov, var) =
+        samples.iter().fold((0.0, 0.0), |(c, v), (t, k)| (c + (t - mt) * (k - mk), v + (t - mt) * (t - mt)));
+    let slope = if var > 0.0 { cov / var * 600.0 } else { 0.0 };
+    (medians, slope)
+}
+
+#[test]
+fn the_resident_level_is_each_minutes_median_and_the_trend_per_ten_minutes() {
+    // Two minutes at 100 KiB with a burst to 200 in each: the medians ignore the bursts.
+    let flat = [(0.0, 100.0), (20.0, 200.0), (40.0, 100.0), (60.0, 100.0), (80.0, 200.0), (100.0, 100.0)];
+    let (medians, _) = resident_level(&flat);
+    assert_eq!(medians, [100.0, 100.0]);
+    // 1 KiB more every minute: 10 KiB per 10 minutes.
+    let growing: Vec<(f64, f64)> = (0..30).map(|m| (m as f64 * 60.0, 1000.0 + m as f64)).collect();
+    let (_, slope) = resident_level(&growing);
+    assert!((slope - 10.0).abs() < 1e-9, "{slope}");
+}
+
 /// How many stuck changes wait where (see `waiting_on`), most first.
 fn stuck_by_place(stuck: &[(usize, String)]) -> Vec<(String, usize)> {
     let mut by: HashMap<String, usize> = HashMap::new();
@@ -412,9 +450,13 @@ async fn soak() {
         .filter(|(name, want)| writes.get(*name) != Some(want))
         .map(|(name, want)| format!("{name}: {want} changes, {} writes", writes.get(name).copied().unwrap_or(0)))
         .collect();
-    let window: Vec<f64> = rss.iter().filter(|(t, _)| *t >= window_from).map(|(_, kib)| *kib).collect();
+    let timed: Vec<(f64, f64)> =
+        rss.iter().filter(|(t, _)| *t >= window_from).map(|(t, kib)| (t.as_secs_f64(), *kib)).collect();
+    let window: Vec<f64> = timed.iter().map(|(_, kib)| *kib).collect();
     let (lo, hi) = window.iter().fold((f64::MAX, 0f64), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
     let mean = window.iter().sum::<f64>() / window.len().max(1) as f64;
+    let (medians, slope) = resident_level(&timed);
+    let (med_lo, med_hi) = medians.iter().fold((f64::MAX, 0f64), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
 
     let report = format!(
         "## Soak ({date})\n\n\
@@ -427,6 +469,7 @@ async fn soak() {
          | slowest change seen done | {latest:.0} s (checked every 10 s) |\n\
          | Deployment writes | {deployment_total} for {total_changes} changes ({ratio:.3} per change); workloads off one-per-change: {off_n} {off_head:?} |\n\
          | leader RSS, last {window_min} minutes | {lo:.0}–{hi:.0} KiB (mean {mean:.0}): spread {spread:.1}% |\n\
+         | leader RSS, median of each minute, last {window_min} minutes | {med_lo:.0}–{med_hi:.0} KiB: spread {med_spread:.1}%; trend {slope:+.0} KiB per 10 minutes |\n\
          | writes at rest (60 s) | {at_rest} |\n",
         date = Timestamp::now().strftime("%Y-%m-%d"),
         events = events.join("; "),
@@ -441,6 +484,10 @@ async fn soak() {
         off_head = off.iter().take(10).collect::<Vec<_>>(),
         window_min = minutes - (minutes / 3),
         spread = if mean > 0.0 { (hi - lo) / mean * 100.0 } else { 0.0 },
+        med_spread = {
+            let mean = medians.iter().sum::<f64>() / medians.len().max(1) as f64;
+            if mean > 0.0 { (med_hi - med_lo) / mean * 100.0 } else { 0.0 }
+        },
     );
     println!("{report}");
     let out = std::env::var("MW_SOAK_OUT").unwrap_or_else(|_| "target/soak/soak.md".into());

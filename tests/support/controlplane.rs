@@ -14,6 +14,26 @@ pub fn cluster() -> String {
     })
 }
 
+/// The CPU seconds each component of this control plane (`pids/*.pid` in its state directory)
+/// has used so far, by name: read before and after a run, what the run cost each of them.
+pub fn components_cpu() -> std::collections::BTreeMap<String, f64> {
+    let kubeconfig = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
+    let pids = std::path::Path::new(&kubeconfig).parent().expect("the control plane's state directory").join("pids");
+    let mut cpu = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(pids).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let (Some(name), Some("pid")) =
+            (path.file_stem().and_then(|s| s.to_str()), path.extension().and_then(|s| s.to_str()))
+        else {
+            continue;
+        };
+        if let Some(pid) = std::fs::read_to_string(&path).ok().and_then(|p| p.trim().parse().ok()) {
+            cpu.insert(name.to_string(), super::procfs::cpu_seconds(pid));
+        }
+    }
+    cpu
+}
+
 pub fn control_plane(action: &str, component: &str) {
     let cluster = cluster();
     let status = std::process::Command::new("bash")
