@@ -468,3 +468,42 @@ async fn the_service_address_answers_http_through_kube_proxy_across_a_rollout() 
     assert_ne!(after.pod_ip, status.pod_ip, "a new Pod");
     answers_at(&address, "mw-test httpd v2").await;
 }
+
+/// A new bridged row's CR is created before its env Secret (docs/bridge.md): the kubelet must
+/// not start the container until the Secret is there, and must start it once it is. Here the
+/// Secret comes 10 s late: the container waits (`CreateContainerConfigError`, never started),
+/// then starts, and serves.
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn a_container_waits_for_its_env_secret_and_starts_once_it_exists() {
+    use k8s_openapi::api::core::v1::Secret;
+    let ns = real_node_namespace("real-late-env").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let pods = ns.api::<Pod>();
+    let env =
+        json!([{"name": "GREETING", "valueFrom": {"secretKeyRef": {"name": "late-manager-env", "key": "GREETING"}}}]);
+    apply(
+        &workloads,
+        "late",
+        json!({"image": HTTPD_1, "env": env, "ports": [{"containerPort": 8080, "name": "http"}]}),
+    )
+    .await
+    .unwrap();
+    eventually("the container to wait for its Secret", TIMEOUT, || async {
+        let states: Vec<String> = pods_of(&pods, "late").await.iter().map(container_state).collect();
+        if states.iter().any(|s| s == "CreateContainerConfigError") { Ok(()) } else { Err(format!("{states:?}")) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for p in pods_of(&pods, "late").await {
+        assert_eq!(container_state(&p), "CreateContainerConfigError", "started without its Secret");
+    }
+    assert_eq!(restarts(&pods, "late").await, 0, "never started");
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("late-manager-env".into());
+    secret.string_data = Some([("GREETING".to_string(), "hello".to_string())].into());
+    ns.api::<Secret>().create(&Default::default(), &secret).await.unwrap();
+    let mw = wait_real(&workloads, "late", Phase::Running).await;
+    on_real_node(&pods_of(&pods, "late").await);
+    answers(&mw, "mw-test httpd v1").await;
+}
