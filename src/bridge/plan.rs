@@ -284,9 +284,9 @@ pub const ORPHAN_SECRET_GRACE: SignedDuration = SignedDuration::from_mins(5);
 
 /// The env Secrets of this bridge that lost their way: labelled by `field_manager`, owned by
 /// nothing, created more than `ORPHAN_SECRET_GRACE` before `server_now`, and with no
-/// ManagedWorkload of the matching name in their namespace (left by an earlier build of the bridge,
-/// which wrote the Secret first, stopped between the two writes; or a CR deleted while its
-/// Secret had no owner). `server_now` is the API server's clock: the one that stamped the
+/// ManagedWorkload of the matching name in their namespace (left by an earlier build of the
+/// bridge, which wrote the Secret first, stopped between the two writes; or a CR deleted
+/// while its Secret had no owner). `server_now` is the API server's clock: the one that stamped the
 /// Secrets' creationTimestamp (the bridge's own may be off from it by any amount).
 /// `workloads` are the (namespace, name) of the CRs that exist. Linear: one set of names,
 /// one look-up per Secret.

@@ -1,6 +1,7 @@
 //! The local control plane's components, stopped and started as a fault test or the soak
 //! needs (hack/controlplane.sh stop-component / start-component).
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The control plane these tests run against: MW_TEST_CLUSTER, else the one whose state
@@ -8,19 +9,26 @@ use std::time::{Duration, Instant};
 /// so a run against another cluster can never stop this one's components.
 pub fn cluster() -> String {
     std::env::var("MW_TEST_CLUSTER").unwrap_or_else(|_| {
-        let kubeconfig = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
-        let dir = std::path::Path::new(&kubeconfig).parent().and_then(|d| d.file_name());
-        dir.and_then(|d| d.to_str()).expect("the kubeconfig in a control plane's state directory").to_string()
+        let dir = state_dir();
+        dir.file_name()
+            .and_then(|d| d.to_str())
+            .expect("the kubeconfig in a control plane's state directory")
+            .to_string()
     })
+}
+
+/// The state directory of the control plane MW_TEST_KUBECONFIG names (its PID files are in
+/// `pids/`).
+fn state_dir() -> PathBuf {
+    let kubeconfig = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
+    Path::new(&kubeconfig).parent().expect("the kubeconfig in a control plane's state directory").to_path_buf()
 }
 
 /// The CPU seconds each component of this control plane (`pids/*.pid` in its state directory)
 /// has used so far, by name: read before and after a run, what the run cost each of them.
 pub fn components_cpu() -> std::collections::BTreeMap<String, f64> {
-    let kubeconfig = std::env::var("MW_TEST_KUBECONFIG").expect("MW_TEST_KUBECONFIG");
-    let pids = std::path::Path::new(&kubeconfig).parent().expect("the control plane's state directory").join("pids");
     let mut cpu = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(pids).into_iter().flatten().flatten() {
+    for entry in std::fs::read_dir(state_dir().join("pids")).into_iter().flatten().flatten() {
         let path = entry.path();
         let (Some(name), Some("pid")) =
             (path.file_stem().and_then(|s| s.to_str()), path.extension().and_then(|s| s.to_str()))
@@ -53,8 +61,8 @@ impl Stopped {
     /// during its "outage"; components built on client-go, kube-controller-manager and kwok,
     /// then do not always see those writes after the restart, and rollouts stall.)
     pub fn stop(component: &'static str) -> Stopped {
-        let state = std::path::Path::new(&std::env::var("MW_TEST_KUBECONFIG").unwrap()).parent().unwrap().to_path_buf();
-        let pid = std::fs::read_to_string(state.join(format!("pids/{component}.pid"))).expect("the component's PID");
+        let pid =
+            std::fs::read_to_string(state_dir().join(format!("pids/{component}.pid"))).expect("the component's PID");
         let killed = std::process::Command::new("kill").args(["-KILL", pid.trim()]).status();
         assert!(killed.is_ok_and(|s| s.success()), "kill -KILL {component} ({pid})");
         // A process being killed loses its /proc/PID/exe before it is gone, and the script
