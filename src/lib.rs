@@ -7,7 +7,8 @@
 //! (connecting), `election` (leader election), `error`, `metrics`, `telemetry` (probes and
 //! metrics server), `retry` (backoff), `cached` (how a cache's trimmed type stands for its
 //! kind), `reflect` (a cache kept in step with its watch, re-lists taken in place, lists
-//! streamed where the API server can), `allocator` (mimalloc, built for resident memory);
+//! streamed where the API server can), `allocator` (mimalloc, built for resident memory), `write` (every apply changes the object
+//! it was decided on, or nothing);
 //! `check` verifies an install; `crdgen` prints the CRDs; `cli` is the binary's command line.
 
 pub mod allocator;
@@ -26,3 +27,4 @@ pub mod resource;
 pub mod retry;
 pub mod shutdown;
 pub mod telemetry;
+pub mod write;

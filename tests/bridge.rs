@@ -69,8 +69,8 @@ async fn end_to_end(engine: Engine) {
     // Rows → CRs and Secrets → Running → provider id and Pod IP in the rows.
     for name in SAMPLES {
         wait_ready(&workloads, name, Phase::Running).await;
-        // The Secret is written after its CR, owned by it in that one write: no other write
-        // (an owner patch would be an `Update` of the bridge's) ever touched it.
+        // The Secret is written before its CR, then given it as owner, both by the bridge's
+        // apply: no other write (a merge patch would be an `Update` of the bridge's) touched it.
         let secret = secrets.get(&format!("{name}-manager-env")).await.unwrap();
         assert_eq!(secret.labels()[SYNCED_BY_LABEL], "mw-bridge");
         let owner = secret.owner_references().first().map(|o| (o.kind.as_str(), o.name.as_str()));
@@ -80,7 +80,7 @@ async fn end_to_end(engine: Engine) {
             .iter()
             .map(|m| (m.manager.as_deref().unwrap_or(""), m.operation.as_deref().unwrap_or("")))
             .collect();
-        assert_eq!(writers, [("mw-bridge", "Apply")], "{name}'s Secret was written once, by the bridge's apply");
+        assert_eq!(writers, [("mw-bridge", "Apply")], "{name}'s Secret was written by the bridge's applies alone");
         let ip = wait_row(&db, &workloads, name, true).await;
         assert!(ip.is_some(), "{name} runs with an IP");
     }
@@ -346,6 +346,41 @@ async fn postgres_under_the_documented_grant() {
 /// Secret carry the provider's label beside the bridge's own, and the node is still in the
 /// bridge's `--node` list. The bridge must not fight Manager's jobs: no update when the row
 /// changes, no deletion when it goes, nothing written back.
+/// Issue 41, item 1: a bridge Secret left under a new container's name (an earlier
+/// container's, its CR gone and garbage collection behind, or one whose CR was never made)
+/// holds someone else's env. It is rewritten with the new row's env before the new CR exists,
+/// so no Pod of the new workload can start with the old values, and owned by the new CR.
+#[tokio::test]
+async fn a_new_container_never_starts_with_an_earlier_ones_env() {
+    let ns = TestNamespace::new("bridge-earlier-env").await;
+    let db = ManagerDb::new(Engine::Sqlite).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let secrets = ns.api::<Secret>();
+    let mut leftover = Secret::default();
+    leftover.metadata.name = Some("team-wiki-manager-env".into());
+    leftover.metadata.labels = Some([(SYNCED_BY_LABEL.to_string(), "mw-bridge".to_string())].into());
+    leftover.string_data = Some([("EARLIER_TOKEN".to_string(), "the earlier container's".to_string())].into());
+    secrets.create(&Default::default(), &leftover).await.unwrap();
+
+    let bridge = Bridge::start(&ns, &db, &[]).await;
+    wait_ready(&workloads, "team-wiki", Phase::Running).await;
+    let mw = workloads.get("team-wiki").await.unwrap();
+    let secret = secrets.get("team-wiki-manager-env").await.unwrap();
+    let keys: Vec<_> = secret.data.unwrap_or_default().into_keys().collect();
+    assert!(!keys.iter().any(|k| k == "EARLIER_TOKEN"), "the earlier container's env is still there: {keys:?}");
+    let owners: Vec<_> = secret.metadata.owner_references.unwrap_or_default().into_iter().map(|o| o.uid).collect();
+    assert_eq!(owners, vec![mw.uid().unwrap()], "owned by the new CR alone");
+    // The order of the bridge's accepted writes: the Secret's rewrite before the CR's create.
+    let writes = audit::timed_accepted_writes_by("mw-bridge", &ns.name);
+    let first = |resource: &str, name: &str| {
+        writes.iter().position(|(_, w)| w.resource == resource && w.name.as_deref() == Some(name))
+    };
+    let (secret_at, cr_at) = (first("secrets", "team-wiki-manager-env"), first("managedworkloads", "team-wiki"));
+    assert!(secret_at.is_some() && secret_at < cr_at, "Secret at {secret_at:?}, CR at {cr_at:?}: {writes:?}");
+    bridge.stop().await;
+    db.close().await;
+}
+
 #[tokio::test]
 async fn a_workload_handed_to_managers_provider_is_never_touched() {
     let ns = TestNamespace::new("bridge-provider").await;
@@ -1320,7 +1355,8 @@ async fn postgres_write_backs_do_not_move_the_watermark() {
 #[tokio::test]
 async fn the_bridges_writes_never_take_over_a_hand_made_object() {
     use k8s_openapi::api::core::v1::ConfigMap;
-    use mw_operator::bridge::cluster::{Cluster, CreateStep, Write, found_another};
+    use mw_operator::bridge::cluster::{Cluster, CreateStep};
+    use mw_operator::write::{Write, found_another};
     use mw_operator::bridge::metrics::Metrics;
     let ns = TestNamespace::new("bridge-create-only").await;
     support::bridge::grant(&ns).await;
@@ -1356,11 +1392,14 @@ async fn the_bridges_writes_never_take_over_a_hand_made_object() {
     refused(cluster.apply_workload(&desired, Write::Create).await.map(|_| ()));
     // An update of the bridge's object of that name, read before this one was made.
     desired.metadata.uid = Some("4a6f1c9e-0000-4000-8000-000000000000".into());
-    refused(cluster.apply_workload(&desired, Write::Update).await.map(|_| ()));
+    refused(cluster.apply_workload(&desired, Write::Update { uid: None }).await.map(|_| ()));
     let mut bridge_secret = secret.clone();
     bridge_secret.metadata.namespace = Some(ns.name.clone());
     bridge_secret.metadata.labels = Some([(SYNCED_BY_LABEL.to_string(), "mw-bridge".to_string())].into());
-    refused(cluster.apply_secret(&bridge_secret, Write::Create).await);
+    refused(cluster.apply_secret(&bridge_secret, Write::Create).await.map(|_| ()));
+    // Nor is an update of the bridge's Secret of that name, read before this one was made.
+    let read_before = "5b7f2d0a-0000-4000-8000-000000000000";
+    refused(cluster.apply_secret(&bridge_secret, Write::Update { uid: Some(read_before) }).await.map(|_| ()));
 
     // (The operator writes its status: the bridge, nothing.)
     let now = workloads.get("app").await.unwrap();
@@ -1395,20 +1434,29 @@ async fn the_bridges_writes_never_take_over_a_hand_made_object() {
     let apart = (server_now - created_at).get_seconds().abs();
     assert!(apart <= 2, "the API server's Date {server_now} vs the creationTimestamp {created_at}");
 
-    // A new row's CR is created before its Secret: where a Secret of that name turns out to be
-    // someone else's (made after the bridge looked), the CR goes again, and the Secret stays
-    // as it was.
+    // A new row's Secret is written before its CR: where a Secret of that name turns out to
+    // be someone else's (made after the bridge looked), no CR is made, so nothing of the row
+    // ever starts with their values, and their Secret stays as it was.
     let mut late_secret = secret.clone();
     late_secret.metadata.name = Some("late-manager-env".into());
     let hand_made_late = secrets.create(&Default::default(), &late_secret).await.unwrap();
     let mut late = fresh.clone();
     late.metadata.name = Some("late".into());
     bridge_secret.metadata.name = Some("late-manager-env".into());
-    match cluster.create_with_secret(&late, bridge_secret, Write::Create).await {
+    match cluster.create_with_secret(&late, bridge_secret.clone(), None).await {
         Err((CreateStep::Secret, err)) => assert!(found_another(&err), "{err:?}"),
         other => panic!("the Secret's write was not refused: {other:?}"),
     }
-    assert!(workloads.get_opt("late").await.unwrap().is_none(), "the CR made for someone else's Secret is gone");
+    let made_for_late = audit::timed_accepted_writes_by("mw-bridge", &ns.name)
+        .into_iter()
+        .map(|(_, w)| w)
+        .filter(|w| w.name.as_deref() == Some("late"))
+        .collect::<Vec<_>>();
+    assert!(made_for_late.is_empty(), "a CR was made for someone else's Secret: {made_for_late:?}");
+    assert!(workloads.get_opt("late").await.unwrap().is_none());
+    assert!(ns.api::<Deployment>().get_opt("late").await.unwrap().is_none(), "no Deployment");
+    let pods = ns.api::<Pod>().list(&Default::default()).await.unwrap();
+    assert!(pods.items.iter().all(|p| !p.name_any().starts_with("late-")), "no Pod");
     let now = secrets.get("late-manager-env").await.unwrap();
     assert_eq!(now.metadata.resource_version, hand_made_late.metadata.resource_version);
 }

@@ -200,3 +200,43 @@ async fn a_deleted_workloads_status_is_not_written_onto_its_successor() {
     let written = status_write::write(&client, &now, &current).await.unwrap();
     assert!(matches!(written, Written::Version(Some(_))), "{written:?}");
 }
+
+/// Issue 41, item 2: a forced apply changes the object it was decided on, never one made
+/// under its name since. A cache behind the API server (a watch not yet re-listed after an
+/// outage, or the Deployment the last apply returned) may still show `web`'s deleted
+/// Deployment when a user has made their own `web`: the operator's apply, bound to the UID it
+/// saw, is refused, and theirs is neither changed nor owned (so never collected with a
+/// workload).
+#[tokio::test]
+async fn a_forced_apply_never_takes_over_an_object_made_since() {
+    use mw_operator::operator::{deployment, step};
+    use mw_operator::write::found_another;
+    let ns = TestNamespace::new("apply-bound").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let deployments = ns.api::<Deployment>();
+    apply(&workloads, "web", json!({"image": "nginx:latest"})).await.unwrap();
+    let mw = wait_ready(&workloads, "web", Phase::Running).await;
+    let seen = deployments.get("web").await.unwrap();
+    workloads.delete("web", &DeleteParams::foreground()).await.unwrap();
+    wait_until(&deployments, "web", "the workload's Deployment collected", TIMEOUT, |d| d.is_none()).await;
+
+    let mut theirs: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": {"app": "theirs"}},
+                 "template": {"metadata": {"labels": {"app": "theirs"}},
+                              "spec": {"containers": [{"name": "main", "image": "busybox"}]}}}}))
+    .unwrap();
+    theirs = deployments.create(&Default::default(), &theirs).await.unwrap();
+
+    let desired = deployment::deployment(&mw, &Default::default()).expect("the workload's Deployment");
+    let metrics = mw_operator::metrics::Metrics::register(&mut Default::default());
+    let update = mw_operator::operator::plan::Mode::Update { drift: false };
+    let uid = seen.uid();
+    match step::apply(&metrics, &deployments, "web", &desired, update.write(uid.as_deref())).await {
+        Err(err) => assert!(found_another(&err), "refused, but not as another object: {err:?}"),
+        Ok(applied) => panic!("the user's Deployment was taken over: {:?}", applied.metadata.owner_references),
+    }
+    let now = deployments.get("web").await.unwrap();
+    assert_eq!(now.resource_version(), theirs.resource_version(), "the user's Deployment was changed");
+    assert!(now.owner_references().is_empty());
+}

@@ -17,7 +17,7 @@ use kube::core::PartialObjectMeta;
 use serde::Serialize;
 
 use super::mapping::{
-    APPROVE_DELETION_ANNOTATION, BRIDGE_HASH_ANNOTATION, PROVIDER_LABEL, ROW_CREATED_ANNOTATION, SYNCED_BY_LABEL,
+    APPROVE_DELETION_ANNOTATION, BRIDGE_HASH_ANNOTATION, ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, ROW_CREATED_ANNOTATION, SYNCED_BY_LABEL,
     key_of,
 };
 use super::rows::RowKey;
@@ -146,8 +146,24 @@ pub struct CachedSecret {
     /// Name, namespace, UID, resourceVersion and creationTimestamp only.
     metadata: ObjectMeta,
     pub made_by: MadeBy,
-    /// It has an owner (its CR, once written with it).
-    pub owned: bool,
+    /// The UID of its owner (its CR, once written with it): which workload it serves.
+    pub owner: Option<String>,
+    /// `ENV_DIGEST_ANNOTATION`: the digest of the env it holds, as the bridge wrote it.
+    pub env_digest: Option<String>,
+}
+
+impl CachedSecret {
+    pub fn owned(&self) -> bool {
+        self.owner.is_some()
+    }
+
+    /// It is the env of the CR of UID `workload`, and holds `env_digest`: what a Pod of that
+    /// workload may start with. A Secret left by an earlier container of the same name (its
+    /// CR deleted, garbage collection not there yet), one that lost its owner, or one whose
+    /// rewrite did not happen, is not.
+    pub fn serves(&self, workload: Option<&str>, env_digest: &str) -> bool {
+        workload.is_some() && self.owner.as_deref() == workload && self.env_digest.as_deref() == Some(env_digest)
+    }
 }
 
 impl From<PartialObjectMeta<Secret>> for CachedSecret {
@@ -155,7 +171,8 @@ impl From<PartialObjectMeta<Secret>> for CachedSecret {
         let meta = secret.metadata;
         CachedSecret {
             made_by: MadeBy::of(meta.labels.as_ref().unwrap_or(&BTreeMap::new())),
-            owned: meta.owner_references.as_ref().is_some_and(|o| !o.is_empty()),
+            owner: meta.owner_references.as_ref().and_then(|o| o.first()).map(|o| o.uid.clone()),
+            env_digest: meta.annotations.as_ref().and_then(|a| a.get(ENV_DIGEST_ANNOTATION)).cloned(),
             metadata: ObjectMeta {
                 name: meta.name,
                 namespace: meta.namespace,
@@ -175,6 +192,7 @@ stands_for!(CachedSecret, Secret);
 mod tests {
     use super::*;
     use crate::resource::{ManagedWorkloadSpec, Phase};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::{Resource, ResourceExt};
 
     fn workload() -> ManagedWorkload {
@@ -249,13 +267,20 @@ mod tests {
     }
 
     #[test]
-    fn a_secret_keeps_its_maker_owner_and_age_only() {
+    fn a_secret_keeps_its_maker_owner_digest_and_age_only() {
         let mut secret = PartialObjectMeta::<Secret>::default();
         secret.metadata.name = Some("app-manager-env".into());
         secret.metadata.labels = Some(BTreeMap::from([(SYNCED_BY_LABEL.to_string(), "mw-bridge".to_string())]));
-        secret.metadata.owner_references = Some(vec![Default::default()]);
+        secret.metadata.owner_references = Some(vec![OwnerReference { uid: "cr-1".into(), ..Default::default() }]);
+        secret.metadata.annotations = Some(BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), "d1".to_string())]));
         let cached = CachedSecret::from(secret);
-        assert!(cached.made_by.bridge("mw-bridge") && cached.owned);
+        assert!(cached.made_by.bridge("mw-bridge") && cached.owned());
         assert!(cached.meta().labels.is_none() && cached.meta().owner_references.is_none());
+        assert!(cached.serves(Some("cr-1"), "d1"), "its CR's, with the env wanted");
+        assert!(!cached.serves(Some("cr-2"), "d1"), "an earlier container's of the same name");
+        assert!(!cached.serves(Some("cr-1"), "d2"), "its rewrite with the new env did not happen");
+        assert!(!cached.serves(None, "d1"), "no CR yet");
+        let unowned = CachedSecret { owner: None, ..cached };
+        assert!(!unowned.serves(Some("cr-1"), "d1"), "no owner: nobody's yet");
     }
 }

@@ -9,11 +9,11 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::api::{DeleteParams, ListParams, PartialObjectMeta, Patch, Preconditions, PropagationPolicy};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::InitialListStrategy;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use tokio::sync::Notify;
 use tracing::warn;
 
@@ -23,6 +23,7 @@ use super::mapping::{SYNCED_BY_LABEL, owner_reference};
 use super::metrics::Metrics;
 use crate::reflect::{ReflectInPlace, initial_lists, watch_config};
 use crate::resource::ManagedWorkload;
+use crate::write::{Write, found_another};
 
 pub struct Cluster {
     client: Client,
@@ -116,8 +117,8 @@ impl Cluster {
         self.workloads.values().flat_map(Store::state).collect()
     }
 
-    pub fn secret_present(&self, namespace: &str, name: &str) -> bool {
-        self.secrets.get(namespace).is_some_and(|s| s.get(&ObjectRef::new(name).within(namespace)).is_some())
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<CachedSecret>> {
+        self.secrets.get(namespace)?.get(&ObjectRef::new(name).within(namespace))
     }
 
     pub fn secrets(&self) -> Vec<Arc<CachedSecret>> {
@@ -137,45 +138,53 @@ impl Cluster {
     }
 
     /// Server-side apply under the bridge's field manager, as `write` says.
-    pub async fn apply_workload(&self, mw: &ManagedWorkload, write: Write) -> Result<ManagedWorkload, kube::Error> {
+    pub async fn apply_workload(&self, mw: &ManagedWorkload, write: Write<'_>) -> Result<ManagedWorkload, kube::Error> {
         let (namespace, name) = names(&mw.metadata);
         let api = Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace);
-        let applied = api.patch(name, &self.apply_params(write), &Patch::Apply(write.prepare(mw))).await?;
+        let applied = api.patch(name, &write.params(&self.field_manager), &Patch::Apply(write.prepare(mw))).await?;
         self.metrics.wrote("workload_apply");
         Ok(applied)
     }
 
-    pub async fn apply_secret(&self, secret: &Secret, write: Write) -> Result<(), kube::Error> {
+    pub async fn apply_secret(&self, secret: &Secret, write: Write<'_>) -> Result<Secret, kube::Error> {
         let (namespace, name) = names(&secret.metadata);
         let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
-        api.patch(name, &self.apply_params(write), &Patch::Apply(write.prepare(secret))).await?;
+        let applied = api.patch(name, &write.params(&self.field_manager), &Patch::Apply(write.prepare(secret))).await?;
         self.metrics.wrote("secret_apply");
-        Ok(())
+        Ok(applied)
     }
 
-    /// A new row's two writes: create its ManagedWorkload (create-only), then its env Secret
-    /// (`write`: created, or updated where the bridge's own is there already), owned by the
-    /// CR from that write on. A Secret of that name that is someone else's after all (made
-    /// since the bridge looked) must not reach the new workload's Pod: the CR is deleted (by
-    /// its UID) before the Secret's 409 is returned.
+    /// A new row's three writes: its env Secret, before anything can use it (created, or the
+    /// bridge's Secret of that name left by an earlier container, `earlier`, rewritten by its
+    /// UID); its ManagedWorkload, create-only; then the Secret again, by its UID, owned by the
+    /// CR from then on. A Secret of that name that is someone else's refuses the first write,
+    /// so no CR is ever made to use it; a CR of that name made meanwhile refuses the second,
+    /// and the Secret just written goes again.
     pub async fn create_with_secret(
         &self,
         mw: &ManagedWorkload,
         mut secret: Secret,
-        write: Write,
+        earlier: Option<&str>,
     ) -> Result<(), (CreateStep, kube::Error)> {
-        let created = self.apply_workload(mw, Write::Create).await.map_err(|e| (CreateStep::Workload, e))?;
-        secret.metadata.owner_references = owner_reference(&created).map(|owner| vec![owner]);
-        match self.apply_secret(&secret, write).await {
-            Err(taken) if found_another(&taken) => {
-                let (namespace, name) = names(&created.metadata);
-                if let Some(uid) = &created.metadata.uid {
-                    self.delete_workload(namespace, name, uid).await.map_err(|e| (CreateStep::Undo, e))?;
+        let first = match earlier {
+            Some(uid) => Write::Update { uid: Some(uid) },
+            None => Write::Create,
+        };
+        let written = self.apply_secret(&secret, first).await.map_err(|e| (CreateStep::Secret, e))?;
+        let uid = written.metadata.uid.unwrap_or_default();
+        let created = match self.apply_workload(mw, Write::Create).await {
+            Ok(created) => created,
+            Err(taken) => {
+                if found_another(&taken) {
+                    let (namespace, name) = names(&secret.metadata);
+                    self.delete_secret(namespace, name, &uid).await.map_err(|e| (CreateStep::Undo, e))?;
                 }
-                Err((CreateStep::Secret, taken))
+                return Err((CreateStep::Workload, taken));
             }
-            written => written.map_err(|e| (CreateStep::Secret, e)),
-        }
+        };
+        secret.metadata.owner_references = owner_reference(&created).map(|owner| vec![owner]);
+        self.apply_secret(&secret, Write::Update { uid: Some(&uid) }).await.map_err(|e| (CreateStep::Owner, e))?;
+        Ok(())
     }
 
     /// Give the Secret `uid` names its owner, in a patch of its owner references alone (it
@@ -239,10 +248,6 @@ impl Cluster {
         ignore_gone(api.delete(name, &params).await.map(|_| self.metrics.wrote("secret_delete")))
     }
 
-    fn apply_params(&self, write: Write) -> PatchParams {
-        let params = crate::client::apply_params(&self.field_manager);
-        if write == Write::Update { params.force() } else { params }
-    }
 }
 
 /// A watch event with its object trimmed to what a cache keeps.
@@ -259,49 +264,15 @@ fn trimmed<K, C>(event: watcher::Event<K>, trim: impl Fn(K) -> C) -> watcher::Ev
 /// Which write of `Cluster::create_with_secret` failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CreateStep {
-    /// Creating the ManagedWorkload.
-    Workload,
-    /// Writing its Secret (the CR, if created, is deleted when the Secret is someone else's).
+    /// Writing the env Secret (nothing else was written).
     Secret,
-    /// Deleting the CR just created, its Secret being someone else's.
+    /// Creating the ManagedWorkload (the Secret just written is deleted when a CR of that
+    /// name is someone else's).
+    Workload,
+    /// Deleting the Secret just written, the CR's name being taken.
     Undo,
-}
-
-/// How an apply may touch what is there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Write {
-    /// Create, and only create: not forced, and with the resourceVersion precondition "1",
-    /// which no stored object has (etcd's first write is revision 2) and which is ignored
-    /// when the object is created. An object of that name made since the bridge looked
-    /// (someone's own ManagedWorkload or Secret) answers 409 instead of being merged into and
-    /// taken over, as a plain apply would where its fields agree. (The operator creates its
-    /// objects the same way: `operator::apply`.)
-    Create,
-    /// Update the bridge's own object, forced: the fields it sets are its own. The object's
-    /// `metadata.uid`, when set, must be the stored one's (else 409).
-    Update,
-}
-
-impl Write {
-    fn prepare<K: Resource + Clone>(self, object: &K) -> std::borrow::Cow<'_, K> {
-        match self {
-            Write::Create => {
-                let mut create_only = object.clone();
-                create_only.meta_mut().resource_version = Some("1".into());
-                std::borrow::Cow::Owned(create_only)
-            }
-            Write::Update => std::borrow::Cow::Borrowed(object),
-        }
-    }
-}
-
-/// Did a write find another object than the one it was for? A create-only apply, one that
-/// exists (409); an update naming the UID it read, one deleted and made again since (the API
-/// server refuses to change `metadata.uid`: 409, or 422 on that field).
-pub fn found_another(err: &kube::Error) -> bool {
-    let kube::Error::Api(status) = err else { return false };
-    let on_uid = || status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"));
-    status.code == 409 || (status.code == 422 && on_uid())
+    /// Giving the Secret its CR as owner.
+    Owner,
 }
 
 /// An HTTP `Date` header (RFC 9110's IMF-fixdate, `Tue, 15 Nov 1994 08:12:31 GMT`).
@@ -353,25 +324,4 @@ mod tests {
         assert_eq!(parse_http_date("yesterday"), None);
     }
 
-    #[test]
-    fn another_object_is_a_conflict_or_a_refused_uid() {
-        // As the API server answers (the 422 of a changed UID names the field).
-        let status = |code: u16, field: &str| {
-            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                "details": {"causes": [{"reason": "FieldValueInvalid", "field": field}]}});
-            kube::Error::Api(Box::new(serde_json::from_value(status).unwrap()))
-        };
-        assert!(found_another(&status(409, "")));
-        assert!(found_another(&status(422, "metadata.uid")));
-        assert!(!found_another(&status(422, "spec.image")), "a refused spec is the row's error");
-        assert!(!found_another(&status(500, "")));
-    }
-
-    #[test]
-    fn create_only_never_matches_a_stored_object() {
-        let mut mw = ManagedWorkload::new("x", Default::default());
-        mw.metadata.resource_version = Some("4711".into());
-        assert_eq!(Write::Create.prepare(&mw).metadata.resource_version.as_deref(), Some("1"));
-        assert_eq!(Write::Update.prepare(&mw).metadata.resource_version.as_deref(), Some("4711"));
-    }
 }

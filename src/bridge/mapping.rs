@@ -36,7 +36,8 @@ pub const BRIDGE_HASH_ANNOTATION: &str = "opensource-server.mieweb.org/bridge-ha
 /// and for the operator, which gives a retained claim back only to the same owner.
 pub use crate::resource::OWNER_ANNOTATION;
 /// SHA-256 of the env Secret's data, on the pod template: a changed value rolls out a new
-/// Pod although the CR only references the Secret (the Helm `checksum/secret` pattern).
+/// Pod although the CR only references the Secret (the Helm `checksum/secret` pattern). On
+/// the Secret too, saying which env it holds.
 pub const ENV_DIGEST_ANNOTATION: &str = "opensource-server.mieweb.org/env-sha256";
 /// Set by an administrator on each CR of a held mass deletion, with the token the bridge logs
 /// for that set, to let the bridge delete exactly that set (see `plan::DeleteGuard`).
@@ -156,6 +157,9 @@ pub struct Desired {
     pub workload: ManagedWorkload,
     /// The effective env; only ever written into the Secret.
     pub env: BTreeMap<String, String>,
+    /// `env_digest(env)`: on the Pod template and on the Secret, so a Secret that does not
+    /// hold this env is told apart without reading its values.
+    pub env_digest: String,
     /// Fingerprint of everything above; carried by the applied CR.
     pub hash: String,
 }
@@ -174,6 +178,7 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         Some(entrypoint) => shell_words::split(entrypoint).map_err(|e| RowError::BadEntrypoint(e.to_string()))?,
     };
     let env = env::effective(cx.defaults, row.nvidia_requested != 0, row.environment_vars.as_deref())?;
+    let digest = env_digest(&env);
     let secret_name = format!("{name}{SECRET_SUFFIX}");
 
     let approved = cx.grants.for_row(row);
@@ -241,7 +246,7 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         env: env_refs,
         resources: Some(resources),
         hostname: Some(name.clone()),
-        pod_annotations: BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), env_digest(&env))]),
+        pod_annotations: BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), digest.clone())]),
         volumes,
         ports,
         service,
@@ -268,6 +273,7 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         secret_name,
         workload,
         env,
+        env_digest: digest,
         hash,
     })
 }
@@ -289,15 +295,15 @@ pub fn key_of(labels: &BTreeMap<String, String>) -> Option<RowKey> {
     })
 }
 
-/// The env Secret. `owner` is the CR once it exists, so garbage collection removes the
-/// Secret with it; the first apply has none (the Secret is written before the CR, so the
-/// Pod never starts without it).
+/// The env Secret, owned by its CR (`owner`), so garbage collection removes it with the CR;
+/// its annotation tells which env it holds.
 pub fn secret(desired: &Desired, field_manager: &str, owner: Option<OwnerReference>) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(desired.secret_name.clone()),
             namespace: Some(desired.namespace.clone()),
             labels: Some(labels(desired.key, field_manager)),
+            annotations: Some(BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), desired.env_digest.clone())])),
             owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         },

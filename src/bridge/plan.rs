@@ -71,7 +71,8 @@ pub enum Plan {
     UpToDate,
     /// No CR of that name: create it, then its Secret, owned by it.
     Create,
-    /// Our CR, out of date (or its Secret is gone): write the Secret and the CR.
+    /// Our CR, out of date, or its Secret does not serve it (gone, an earlier container's,
+    /// without its owner, or not holding the row's env): write the Secret, then the CR.
     Update,
     /// Our CR of that name stands for another container (a re-used SQLite id, or a hostname
     /// that moved): delete it (by UID) and create anew once it is gone.
@@ -80,12 +81,14 @@ pub enum Plan {
     Blocked(RowError),
 }
 
-/// Decide for one mapped row. `row_is_live(key)` tells whether another container the CR may
-/// stand for still has a row: then the hostname is that row's, and this one is the collision.
+/// Decide for one mapped row. `secret` is the bridge's env Secret of the row's name, if there
+/// is one (someone else's is the row's error before it comes here). `row_is_live(key)` tells
+/// whether another container the CR may stand for still has a row: then the hostname is that
+/// row's, and this one is the collision.
 pub fn plan(
     desired: &Desired,
     existing: Option<&Existing>,
-    secret_present: bool,
+    secret: Option<&CachedSecret>,
     row_is_live: impl Fn(RowKey) -> bool,
 ) -> Plan {
     let Some(cr) = existing else { return Plan::Create };
@@ -109,7 +112,8 @@ pub fn plan(
             None => Plan::Update,
         };
     }
-    if cr.hash.as_deref() == Some(desired.hash.as_str()) && secret_present && cr.spec_matches(desired) {
+    let secret_serves = secret.is_some_and(|s| s.serves(cr.uid.as_deref(), &desired.env_digest));
+    if cr.hash.as_deref() == Some(desired.hash.as_str()) && secret_serves && cr.spec_matches(desired) {
         Plan::UpToDate
     } else {
         Plan::Update
@@ -302,7 +306,7 @@ pub fn orphan_secrets<'a>(
     secrets
         .into_iter()
         .filter(|secret| {
-            !secret.owned
+            !secret.owned()
                 && secret.made_by.bridge(field_manager)
                 && secret.meta().creation_timestamp.as_ref().is_some_and(|t| t.0 < created_before)
         })
@@ -323,7 +327,7 @@ pub fn unowned_secrets<'a>(
     workload: impl Fn(&str, &str) -> Option<Arc<CachedWorkload>> + 'a,
     field_manager: &'a str,
 ) -> impl Iterator<Item = (&'a CachedSecret, OwnerReference)> + 'a {
-    secrets.into_iter().filter(move |secret| !secret.owned && secret.made_by.bridge(field_manager)).filter_map(
+    secrets.into_iter().filter(move |secret| !secret.owned() && secret.made_by.bridge(field_manager)).filter_map(
         move |secret| {
             let (namespace, name) = (secret.meta().namespace.as_deref()?, secret.meta().name.as_deref()?);
             let cr = workload(namespace, name.strip_suffix(SECRET_SUFFIX)?)?;
@@ -372,7 +376,7 @@ pub fn is_orphan(
 pub(crate) mod tests {
     use super::*;
     use crate::bridge::env::DefaultEnv;
-    use crate::bridge::mapping::{self, Context, PROVIDER_LABEL, SYNCED_BY_LABEL};
+    use crate::bridge::mapping::{self, Context, ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, SYNCED_BY_LABEL};
     use crate::bridge::rows::{ContainerRow, Grants};
     use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadSpec, ManagedWorkloadStatus, ServiceStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -437,14 +441,32 @@ pub(crate) mod tests {
         CachedSecret::from(kube::core::PartialObjectMeta { metadata, ..Default::default() })
     }
 
+    /// The row's env Secret, owned by the CR of UID `owner`, holding the env of `digest`.
+    fn env_secret(d: &Desired, owner: Option<&str>, digest: &str) -> CachedSecret {
+        let secret = mapping::secret(d, "mw-bridge", None);
+        let mut metadata = secret.metadata;
+        metadata.annotations = Some(BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), digest.to_string())]));
+        metadata.owner_references =
+            owner.map(|uid| vec![OwnerReference { uid: uid.into(), ..Default::default() }]);
+        cached_secret(metadata)
+    }
+
     #[test]
     fn create_update_or_nothing() {
         let d = desired();
-        assert_eq!(plan(&d, None, false, |_| false), Plan::Create);
-        assert_eq!(plan(&d, Some(&existing(&d)), true, |_| false), Plan::UpToDate);
-        assert_eq!(plan(&d, Some(&existing(&d)), false, |_| false), Plan::Update, "a lost Secret is rewritten");
+        let env = env_secret(&d, Some("uid-1"), &d.env_digest);
+        assert_eq!(plan(&d, None, None, |_| false), Plan::Create);
+        assert_eq!(plan(&d, Some(&existing(&d)), Some(&env), |_| false), Plan::UpToDate);
+        assert_eq!(plan(&d, Some(&existing(&d)), None, |_| false), Plan::Update, "a lost Secret is rewritten");
         let stale = Existing { hash: Some("old".into()), ..existing(&d) };
-        assert_eq!(plan(&d, Some(&stale), true, |_| false), Plan::Update);
+        assert_eq!(plan(&d, Some(&stale), Some(&env), |_| false), Plan::Update);
+        // A Secret that does not serve this CR is rewritten before anything else.
+        let earlier = env_secret(&d, Some("uid-0"), &d.env_digest);
+        assert_eq!(plan(&d, Some(&existing(&d)), Some(&earlier), |_| false), Plan::Update, "an earlier container's");
+        let unowned = env_secret(&d, None, &d.env_digest);
+        assert_eq!(plan(&d, Some(&existing(&d)), Some(&unowned), |_| false), Plan::Update, "without its owner");
+        let old_env = env_secret(&d, Some("uid-1"), "another digest");
+        assert_eq!(plan(&d, Some(&existing(&d)), Some(&old_env), |_| false), Plan::Update, "its rewrite lost");
         // What the bridge applies reads back the same.
         assert_eq!(Existing::of(&cached(&d.workload), "mw-bridge"), Existing { uid: None, ..existing(&d) });
         // A hand edit of the image is undone; a hand stop is not the bridge's business.
@@ -454,7 +476,7 @@ pub(crate) mod tests {
             SpecFingerprint::of(&spec)
         };
         let edited = Existing { spec: spec(|s| s.image = "nginx:hacked".into()), ..existing(&d) };
-        assert_eq!(plan(&d, Some(&edited), true, |_| false), Plan::Update);
+        assert_eq!(plan(&d, Some(&edited), Some(&env), |_| false), Plan::Update);
         let stopped = Existing {
             spec: spec(|s| {
                 s.state = Some(DesiredState::Stopped);
@@ -462,14 +484,15 @@ pub(crate) mod tests {
             }),
             ..existing(&d)
         };
-        assert_eq!(plan(&d, Some(&stopped), true, |_| false), Plan::UpToDate);
+        assert_eq!(plan(&d, Some(&stopped), Some(&env), |_| false), Plan::UpToDate);
     }
 
     #[test]
     fn never_touches_what_is_not_ours() {
         let d = desired();
+        let env = env_secret(&d, Some("uid-1"), &d.env_digest);
         let foreign = Existing { ours: false, ..existing(&d) };
-        assert_eq!(plan(&d, Some(&foreign), true, |_| false).reason(), Some("name_taken"));
+        assert_eq!(plan(&d, Some(&foreign), Some(&env), |_| false).reason(), Some("name_taken"));
         let mine = cached(&d.workload);
         assert!(!Existing::of(&mine, "another-bridge").ours);
         assert_eq!(made_for(&mine, "mw-bridge"), Some((d.key, Some(d.created_at.as_str()))));
@@ -480,7 +503,7 @@ pub(crate) mod tests {
         taken.labels_mut().insert(PROVIDER_LABEL.into(), "manager".into());
         let taken = cached(&taken);
         assert!(!Existing::of(&taken, "mw-bridge").ours);
-        assert_eq!(plan(&d, Some(&Existing::of(&taken, "mw-bridge")), true, |_| false).reason(), Some("name_taken"));
+        assert_eq!(plan(&d, Some(&Existing::of(&taken, "mw-bridge")), Some(&env), |_| false).reason(), Some("name_taken"));
         assert_eq!(made_for(&taken, "mw-bridge"), None);
         assert!(!is_orphan(&Existing::of(&taken, "mw-bridge"), |_| true, |_| None), "never deleted as an orphan");
     }
@@ -488,14 +511,15 @@ pub(crate) mod tests {
     #[test]
     fn reused_ids_and_moved_hostnames() {
         let d = desired();
+        let env = env_secret(&d, Some("uid-1"), &d.env_digest);
         let reused = Existing { created_at: Some("2025-01-01 00:00:00.000 +00:00".into()), ..existing(&d) };
-        assert_eq!(plan(&d, Some(&reused), true, |_| false), Plan::Replace { uid: "uid-1".into() });
+        assert_eq!(plan(&d, Some(&reused), Some(&env), |_| false), Plan::Replace { uid: "uid-1".into() });
         let other = RowKey { node_id: 1, id: 99 };
         let taken = Existing { key: Some(other), ..existing(&d) };
-        assert_eq!(plan(&d, Some(&taken), true, |k| k == other).reason(), Some("hostname_collision"));
-        assert_eq!(plan(&d, Some(&taken), true, |_| false), Plan::Replace { uid: "uid-1".into() });
+        assert_eq!(plan(&d, Some(&taken), Some(&env), |k| k == other).reason(), Some("hostname_collision"));
+        assert_eq!(plan(&d, Some(&taken), Some(&env), |_| false), Plan::Replace { uid: "uid-1".into() });
         let deleting = Existing { deleting: true, ..existing(&d) };
-        assert_eq!(plan(&d, Some(&deleting), true, |_| false).reason(), Some("replacing"));
+        assert_eq!(plan(&d, Some(&deleting), Some(&env), |_| false).reason(), Some("replacing"));
     }
 
     #[test]

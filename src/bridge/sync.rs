@@ -24,8 +24,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use super::cached::{CachedWorkload, MadeBy};
-use super::cluster::{Cluster, CreateStep, Write, found_another};
+use super::cached::{CachedSecret, CachedWorkload, MadeBy};
+use super::cluster::{Cluster, CreateStep};
 use super::db::{self, Database, WriteBackError};
 use super::env::{self, DefaultEnv};
 use super::error::{BridgeError, RowError};
@@ -34,6 +34,7 @@ use super::metrics::Metrics;
 use super::plan::{self, DeleteGuard, Existing, Judgement, Plan, Sighting};
 use super::rows::{ContainerRow, Fingerprint, Grants, RowKey};
 use crate::retry::Backoff;
+use crate::write::{Write, found_another};
 use crate::telemetry::Health;
 
 /// Rows committed a little after a later `updatedAt` was already seen are still found: each
@@ -157,7 +158,7 @@ fn named(orphans: &[Orphan]) -> String {
 
 /// A mapped row to sync: what it should be, what the CR cache holds of it, and whether its
 /// Secret is cached.
-type Job = (Desired, Option<Existing>, bool);
+type Job = (Desired, Option<Existing>, Option<Arc<CachedSecret>>);
 
 /// An env Secret to give its owner: its namespace, name and UID, and the owner.
 type Adoption = (String, String, String, OwnerReference);
@@ -557,7 +558,7 @@ impl Bridge {
                 Ok(desired) => {
                     let cached =
                         self.cluster.workload(&desired.namespace, &desired.name).map(|mw| Existing::of(&mw, fm));
-                    let secret = self.cluster.secret_present(&desired.namespace, &desired.secret_name);
+                    let secret = self.cluster.secret(&desired.namespace, &desired.secret_name);
                     jobs.push((desired, cached, secret));
                 }
             }
@@ -759,7 +760,7 @@ impl Bridge {
         {
             let secrets = self.cluster.secrets();
             let still_unowned: HashSet<&str> =
-                secrets.iter().filter(|s| !s.owned).filter_map(|s| s.meta().uid.as_deref()).collect();
+                secrets.iter().filter(|s| !s.owned()).filter_map(|s| s.meta().uid.as_deref()).collect();
             self.adopted.retain(|uid| still_unowned.contains(uid.as_str()));
             // The usual pass: every Secret has its owner.
             if still_unowned.is_empty() {
@@ -903,7 +904,7 @@ async fn sync_one(
     fm: &str,
     desired: Desired,
     cached: Option<Existing>,
-    secret_cached: bool,
+    secret_cached: Option<Arc<CachedSecret>>,
     known: Known<'_>,
 ) -> Outcome {
     let mut result = try_sync_one(cluster, fm, &desired, cached, secret_cached, known).await;
@@ -912,7 +913,7 @@ async fn sync_one(
         // said there was none), or an update found another object than the one it read:
         // whose it is, a fresh read tells (someone else's is `name_taken`/`secret_taken`).
         debug!(likely = %likely, "an object appeared while writing; reading it again");
-        result = try_sync_one(cluster, fm, &desired, None, false, known).await;
+        result = try_sync_one(cluster, fm, &desired, None, None, known).await;
     }
     match result {
         Ok(outcome) => outcome,
@@ -936,7 +937,7 @@ async fn try_sync_one(
     fm: &str,
     d: &Desired,
     cached: Option<Existing>,
-    secret_cached: bool,
+    secret_cached: Option<Arc<CachedSecret>>,
     known: Known<'_>,
 ) -> Result<Outcome, Failure> {
     let (ns, name) = (d.namespace.as_str(), d.name.as_str());
@@ -953,30 +954,32 @@ async fn try_sync_one(
             .map_err(api(&format!("reading ManagedWorkload {ns}/{name}")))?
             .map(|mw| Existing::of(&CachedWorkload::from(mw), fm)),
     };
-    let mut secret_present = secret_cached;
-    if !secret_cached
-        && let Some(meta) = cluster
+    let name_taken = || RowError::NameTaken { namespace: ns.into(), name: name.into() };
+    let secret_taken = || RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() };
+    // Not in the cache of our own Secrets: absent, not seen yet, or someone else's.
+    let secret = match secret_cached {
+        Some(secret) => Some(secret),
+        None => match cluster
             .get_secret(ns, &d.secret_name)
             .await
             .map_err(api(&format!("reading Secret {ns}/{}", d.secret_name)))?
-    {
-        if !MadeBy::of(meta.labels()).bridge(fm) {
-            return Ok(Outcome::Row(RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() }));
-        }
-        secret_present = true;
-    }
-    let name_taken = || RowError::NameTaken { namespace: ns.into(), name: name.into() };
-    let secret_taken = || RowError::SecretTaken { namespace: ns.into(), name: d.secret_name.clone() };
+        {
+            Some(meta) if !MadeBy::of(meta.labels()).bridge(fm) => {
+                stop_using_anothers_secret(cluster, existing.as_ref(), d).await?;
+                return Ok(Outcome::Row(secret_taken()));
+            }
+            found => found.map(|meta| Arc::new(CachedSecret::from(meta))),
+        },
+    };
     // The API server's 409 on a create-only write (an object of that name exists after all)
     // or on a write for a UID the object no longer has (it was deleted and made again).
-    // A write that found another object than it was for (`cluster::found_another`) is not
+    // A write that found another object than it was for (`write::found_another`) is not
     // the row's error yet: whose the object is, a fresh read tells.
     let write = |what: String, taken: RowError| {
         move |e: kube::Error| if found_another(&e) { Failure::Appeared(taken) } else { classify(e, what) }
     };
-    // The Secret is ours when it exists (`secret_present`): then it is updated, else created.
-    let secret_write = if secret_present { Write::Update } else { Write::Create };
-    match plan::plan(d, existing.as_ref(), secret_present, |k| known.live.contains(&k)) {
+    let secret_uid = secret.as_ref().and_then(|s| s.meta().uid.clone());
+    match plan::plan(d, existing.as_ref(), secret.as_deref(), |k| known.live.contains(&k)) {
         Plan::UpToDate => Ok(Outcome::Synced),
         Plan::Blocked(err) => Ok(Outcome::Row(err)),
         Plan::Replace { uid } if !known.deletable.contains(&uid) => {
@@ -991,16 +994,22 @@ async fn try_sync_one(
             Ok(Outcome::Row(RowError::Replacing { namespace: ns.into(), name: name.into() }))
         }
         Plan::Create => {
-            // The CR first, created only where none exists (never merged into one made
-            // meanwhile by someone else); then its Secret, owned by it from its first write:
-            // two writes for a new row. The Pod never starts without its env meanwhile: its
-            // env's `secretKeyRef`s are not optional, so the kubelet waits for the Secret,
-            // which follows the CR within milliseconds, long before a Pod is scheduled.
+            // The Secret first, so no Pod of the new workload ever starts with values that are
+            // not its own: where the bridge's Secret of that name serves no CR yet (an earlier
+            // container's, its CR deleted and garbage collection behind; or one whose CR was
+            // never made), it is rewritten, by its UID, before the CR exists. Then the CR,
+            // create-only, then the Secret's owner. Should a later write not happen, the next
+            // pass finds the CR without a Secret that serves it (`Plan::Update`).
             let secret = mapping::secret(d, fm, None);
-            cluster.create_with_secret(&d.workload, secret, secret_write).await.map_err(|(step, e)| match step {
-                CreateStep::Workload => write(format!("creating ManagedWorkload {ns}/{name}"), name_taken())(e),
-                CreateStep::Secret => write(format!("creating Secret {ns}/{}", d.secret_name), secret_taken())(e),
-                CreateStep::Undo => api(&format!("deleting ManagedWorkload {ns}/{name}, its Secret being taken"))(e),
+            cluster.create_with_secret(&d.workload, secret, secret_uid.as_deref()).await.map_err(|(step, e)| {
+                match step {
+                    CreateStep::Secret => write(format!("writing Secret {ns}/{}", d.secret_name), secret_taken())(e),
+                    CreateStep::Workload => write(format!("creating ManagedWorkload {ns}/{name}"), name_taken())(e),
+                    CreateStep::Undo => api(&format!("deleting Secret {ns}/{}, the CR's name being taken", d.secret_name))(e),
+                    CreateStep::Owner => {
+                        write(format!("giving Secret {ns}/{} its owner", d.secret_name), secret_taken())(e)
+                    }
+                }
             })?;
             info!("created ManagedWorkload {ns}/{name}");
             Ok(Outcome::Synced)
@@ -1009,6 +1018,12 @@ async fn try_sync_one(
             let uid = existing.and_then(|e| e.uid);
             let mut owner = d.workload.clone();
             owner.metadata.uid = uid.clone();
+            // The Secret first, so the CR never asks for an env its Secret does not hold; the
+            // one read, by its UID (or created where there is none).
+            let secret_write = match &secret_uid {
+                Some(uid) => Write::Update { uid: Some(uid) },
+                None => Write::Create,
+            };
             let secret = mapping::secret(d, fm, mapping::owner_reference(&owner));
             cluster
                 .apply_secret(&secret, secret_write)
@@ -1017,13 +1032,33 @@ async fn try_sync_one(
             // For the object read, by its UID: a CR deleted and made again by someone else
             // since (a stale cache) answers 409 instead of being forced over.
             cluster
-                .apply_workload(&owner, Write::Update)
+                .apply_workload(&owner, Write::Update { uid: uid.as_deref() })
                 .await
                 .map_err(write(format!("applying ManagedWorkload {ns}/{name}"), name_taken()))?;
             info!("updated ManagedWorkload {ns}/{name}");
             Ok(Outcome::Synced)
         }
     }
+}
+
+/// The row's Secret name holds someone else's Secret. A CR of this bridge's for that name
+/// would start its Pod with their values (a CR made just before their Secret appeared, whose
+/// undoing failed; or their Secret made after the bridge's was deleted): it is deleted, by
+/// its UID, and made again once the name is free. Its disk stays, as on any deletion of a
+/// bridged workload (the bridge's volumes are retained), and comes back with it.
+async fn stop_using_anothers_secret(cluster: &Cluster, existing: Option<&Existing>, d: &Desired) -> Result<(), Failure> {
+    let (ns, name) = (d.namespace.as_str(), d.name.as_str());
+    let Some(uid) = existing.filter(|cr| cr.ours && !cr.deleting).and_then(|cr| cr.uid.as_deref()) else {
+        return Ok(());
+    };
+    warn!(
+        "Secret {ns}/{} is not the bridge's; deleting ManagedWorkload {ns}/{name}, whose Pod would start with it",
+        d.secret_name
+    );
+    cluster
+        .delete_workload(ns, name, uid)
+        .await
+        .map_err(|e| classify(e, format!("deleting ManagedWorkload {ns}/{name}, its Secret being someone else's")))
 }
 
 /// The API server refusing the object (400, 422) is the row's problem and waits for the row

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::drift::{self, Live};
 use super::ownership::{is_controlled_by, is_departing};
 use crate::resource::ManagedWorkload;
+use crate::write::{Write, found_another};
 
 /// What to do about one owned object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +46,14 @@ impl Mode {
     pub fn force(self) -> bool {
         matches!(self, Mode::Update { .. })
     }
+
+    /// The write to send, to the live object of UID `uid` (one the decision was made on).
+    pub fn write(self, uid: Option<&str>) -> Write<'_> {
+        match self {
+            Mode::Create => Write::Create,
+            Mode::Update { .. } => Write::Update { uid },
+        }
+    }
 }
 
 pub fn decide<K: Resource + Serialize, L: Live>(mw: &ManagedWorkload, desired: &K, live: Option<&L>) -> Decision {
@@ -71,9 +80,10 @@ pub fn decide_by<K: Resource + Serialize, L: Live>(
 /// What the API server's refusal of an apply means.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// A create-only apply found an object that appeared since the cache or GET said there
-    /// was none (409). Whose it is, the next reconcile tells; soon.
-    Appeared,
+    /// The write found another object than the one decided on (`write::found_another`): one
+    /// that appeared since the cache or GET said there was none, or, for an update, one
+    /// deleted and made again since. Whose it is, a fresh look tells.
+    Another,
     /// The API server refused the object built from the spec (400, 422), or admission did
     /// (a ResourceQuota, a policy or a webhook answering 403): reported on the workload with
     /// the server's own words and rechecked, since a freed quota or a changed policy cures it
@@ -87,10 +97,12 @@ pub enum Refusal {
 /// How soon to look again at a workload whose object appeared while creating it.
 pub const APPEARED_RECHECK: Duration = Duration::from_secs(1);
 
-pub fn judge(mode: Mode, err: &kube::Error) -> Refusal {
+pub fn judge(err: &kube::Error) -> Refusal {
+    if found_another(err) {
+        return Refusal::Another;
+    }
     let kube::Error::Api(status) = err else { return Refusal::Retry };
     match status.code {
-        409 if mode == Mode::Create => Refusal::Appeared,
         400 | 422 => Refusal::Rejected(status.message.clone()),
         403 if !crate::error::is_authorization_denial(status) => Refusal::Rejected(status.message.clone()),
         _ => Refusal::Retry,
@@ -158,6 +170,8 @@ mod tests {
             "a spec change: forced, no drift Event"
         );
         assert!(Mode::Update { drift: false }.force());
+        assert_eq!(Mode::Update { drift: false }.write(Some("u1")), Write::Update { uid: Some("u1") }, "bound");
+        assert_eq!(Mode::Create.write(Some("u1")), Write::Create);
 
         let mut edited = live.clone();
         edited.metadata.managed_fields = None;
@@ -196,19 +210,24 @@ mod tests {
 
     #[test]
     fn what_a_refusal_means() {
-        let update = Mode::Update { drift: false };
-        assert_eq!(judge(Mode::Create, &api(409, "exists")), Refusal::Appeared);
-        assert_eq!(judge(update, &api(409, "conflict")), Refusal::Retry, "a forced apply's 409 is no appearance");
+        assert_eq!(judge(&api(409, "exists")), Refusal::Another, "a create-only apply found one");
+        let replaced = kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "code": 422, "message": "metadata.uid: Invalid value: field is immutable",
+                "details": {"causes": [{"reason": "FieldValueInvalid", "field": "metadata.uid"}]}}))
+            .unwrap(),
+        ));
+        assert_eq!(judge(&replaced), Refusal::Another, "an update found another object than the one decided on");
         for code in [400, 422] {
-            assert_eq!(judge(update, &api(code, "spec.x: Invalid")), Refusal::Rejected("spec.x: Invalid".into()));
+            assert_eq!(judge(&api(code, "spec.x: Invalid")), Refusal::Rejected("spec.x: Invalid".into()));
         }
         let quota = r#"deployments.apps "web" is forbidden: exceeded quota: q, requested: count/deployments.apps=1"#;
-        assert_eq!(judge(Mode::Create, &api(403, quota)), Refusal::Rejected(quota.into()), "quota: rejected, named");
+        assert_eq!(judge(&api(403, quota)), Refusal::Rejected(quota.into()), "quota: rejected, named");
         let rbac = r#"deployments.apps "web" is forbidden: User "u" cannot patch resource "deployments" in API group "apps" in the namespace "a""#;
-        assert_eq!(judge(Mode::Create, &api(403, rbac)), Refusal::Retry, "RBAC: retried until granted");
+        assert_eq!(judge(&api(403, rbac)), Refusal::Retry, "RBAC: retried until granted");
         for code in [429, 500, 503, 504] {
-            assert_eq!(judge(update, &api(code, "busy")), Refusal::Retry, "{code}");
+            assert_eq!(judge(&api(code, "busy")), Refusal::Retry, "{code}");
         }
-        assert_eq!(judge(update, &kube::Error::Service("connection reset".into())), Refusal::Retry);
+        assert_eq!(judge(&kube::Error::Service("connection reset".into())), Refusal::Retry);
     }
 }

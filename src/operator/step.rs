@@ -29,6 +29,7 @@ use super::slim::{CachedClaim, CachedDeployment, CachedService};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
+use crate::write::Write;
 
 /// An owned kind as the step sees it: what its cache keeps, where that cache is, how a write
 /// is made and how its failures are named.
@@ -55,15 +56,17 @@ pub trait Owned:
         cached
     }
 
-    /// The write `mode` asks for: the shared apply, unless the kind needs more.
+    /// The write `mode` asks for, to the live object of UID `uid` (`None`: there is none):
+    /// the shared apply, unless the kind needs more.
     fn act(
         ctx: &Context,
         api: &Api<Self>,
         name: &str,
         desired: &Self,
         mode: Mode,
+        uid: Option<&str>,
     ) -> impl Future<Output = Result<Self, kube::Error>> + Send {
-        apply(&ctx.metrics, api, name, desired, mode)
+        apply(&ctx.metrics, api, name, desired, mode.write(uid))
     }
 
     /// Reading one failed.
@@ -130,7 +133,8 @@ pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
             Ok((_, Decision::UpToDate)) => return Ok(Verdict::UpToDate(live)),
             Ok((desired, Decision::Apply(mode))) => (desired, mode),
         };
-        let write = K::act(ctx, &api, name, &desired, mode);
+        let uid = live.as_ref().and_then(|l| l.meta().uid.clone());
+        let write = K::act(ctx, &api, name, &desired, mode, uid.as_deref());
         let answer = match beside.take() {
             Some(beside) => tokio::join!(write, beside(live.as_ref())).0,
             None => write.await,
@@ -139,9 +143,9 @@ pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
             Ok(applied) => return Ok(Verdict::Applied(applied, mode)),
             Err(source) => source,
         };
-        match plan::judge(mode, &source) {
-            Refusal::Appeared => {
-                info!(kind = %K::KIND, %name, "one of that name exists after all; looking it up");
+        match plan::judge(&source) {
+            Refusal::Another => {
+                info!(kind = %K::KIND, %name, "another object of that name than the one decided on; looking it up");
                 live = get(&api, namespace, name).await?;
                 if live.is_none() {
                     return Ok(Verdict::Requeue(plan::APPEARED_RECHECK));
@@ -181,27 +185,19 @@ async fn get<K: Owned>(api: &Api<K>, namespace: &str, name: &str) -> Result<Opti
 }
 
 /// Server-side apply `desired` as `name` under the operator's field manager, counted as a
-/// write of its kind. Updating, forced (controllers own their fields). Creating, neither
-/// forced nor able to touch an existing object: the resourceVersion precondition "1" matches
-/// no stored object (etcd's first write is revision 2) and is ignored when the object is
-/// created, so an object that appeared since it was looked for answers 409 instead of being
-/// merged into.
+/// write of its kind: created only where none exists, or forced onto the live object of the
+/// UID decided on and no other (`Write`). A cache behind the API server (a watch not yet
+/// re-listed after an outage, or the Deployment an earlier apply returned) may still show an
+/// object someone has since deleted and made again under that name: theirs is never changed.
 pub async fn apply<K: Owned>(
     metrics: &Metrics,
     api: &Api<K>,
     name: &str,
     desired: &K,
-    mode: Mode,
+    write: Write<'_>,
 ) -> Result<K, kube::Error> {
     metrics.wrote(K::URL_PATH_SEGMENT, "apply");
-    let mut params = crate::client::apply_params(FIELD_MANAGER);
-    params.force = mode.force();
-    if mode.force() {
-        return api.patch(name, &params, &Patch::Apply(desired)).await;
-    }
-    let mut create_only = desired.clone();
-    create_only.meta_mut().resource_version = Some("1".into());
-    api.patch(name, &params, &Patch::Apply(&create_only)).await
+    api.patch(name, &write.params(FIELD_MANAGER), &Patch::Apply(write.prepare(desired))).await
 }
 
 impl Owned for Deployment {
@@ -242,14 +238,17 @@ impl Owned for Service {
         name: &str,
         desired: &Service,
         mode: Mode,
+        uid: Option<&str>,
     ) -> Result<Service, kube::Error> {
         if mode == (Mode::Update { drift: true }) {
             let ports = desired.spec.as_ref().map(|s| s.ports.clone());
             ctx.metrics.wrote("services", "patch");
             let params = crate::client::patch_params(FIELD_MANAGER);
-            api.patch(name, &params, &Patch::Merge(serde_json::json!({ "spec": { "ports": ports } }))).await?;
+            // Bound to the UID as the apply is (`Write::Update`).
+            let patch = serde_json::json!({ "metadata": { "uid": uid }, "spec": { "ports": ports } });
+            api.patch(name, &params, &Patch::Merge(patch)).await?;
         }
-        apply(&ctx.metrics, api, name, desired, mode).await
+        apply(&ctx.metrics, api, name, desired, mode.write(uid)).await
     }
 
     fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error {

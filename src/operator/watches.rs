@@ -24,7 +24,7 @@ use super::replica_sets::ReplicaSets;
 use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
 use crate::metrics::Metrics;
 use crate::reflect::{ReflectInPlace, watch_config};
-use crate::resource::ManagedWorkload;
+use crate::resource::{ManagedWorkload, OWNER_ANNOTATION};
 
 /// A ManagedWorkload as watched: parsed, or the reason it could not be.
 pub type Workload = DeserializeGuard<ManagedWorkload>;
@@ -299,8 +299,9 @@ fn targets<K: Send + 'static>(
         .boxed()
 }
 
-/// Which ManagedWorkload events ask for a reconcile: a new generation (the spec) or new
-/// labels, and the end of a re-list. The operator's own status writes change neither, so they
+/// Which ManagedWorkload events ask for a reconcile: a new generation (the spec), new labels
+/// or a new owner (an annotation, so no new generation: a container handed to another user
+/// must move its claims to them at once, not at the next resync), and the end of a re-list. The operator's own status writes change neither, so they
 /// do not come back as reconciles; a deleted workload needs none (its objects are garbage
 /// collection's). Remembers one hash per workload UID, forgotten with the workload (or when
 /// a re-list no longer holds it).
@@ -311,7 +312,8 @@ struct SpecChanges {
 
 impl SpecChanges {
     fn asks_for_reconcile(&mut self, event: &watcher::Event<Workload>) -> bool {
-        let hash = |mw: &Workload| predicates::generation.combine(predicates::labels).hash_property(mw);
+        let hash =
+            |mw: &Workload| predicates::generation.combine(predicates::labels).combine(owner).hash_property(mw);
         let changed = self.seen.observe(event, hash);
         match event {
             // One that cannot be told apart from its last sighting is reconciled.
@@ -320,6 +322,13 @@ impl SpecChanges {
             _ => false,
         }
     }
+}
+
+/// The workload's owner (`OWNER_ANNOTATION`), as a predicate's hash.
+fn owner(mw: &Workload) -> Option<u64> {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let owner = mw.annotations().get(OWNER_ANNOTATION)?;
+    Some(BuildHasherDefault::<DefaultHasher>::default().hash_one(owner))
 }
 
 /// Drive the watches (which fill the caches) and send the workload each event concerns to the
@@ -422,13 +431,24 @@ mod tests {
     }
 
     #[test]
-    fn a_workload_asks_for_a_reconcile_when_its_spec_or_labels_change_not_its_status() {
+    fn a_workload_asks_for_a_reconcile_when_its_spec_labels_or_owner_change_not_its_status() {
         use watcher::Event::{Apply, Delete};
         let mut changes = SpecChanges::default();
         assert!(changes.asks_for_reconcile(&Apply(workload("u1", 1, "x"))), "first seen");
         assert!(!changes.asks_for_reconcile(&Apply(workload("u1", 1, "x"))), "a status write");
         assert!(changes.asks_for_reconcile(&Apply(workload("u1", 2, "x"))), "a new generation");
         assert!(changes.asks_for_reconcile(&Apply(workload("u1", 2, "y"))), "new labels");
+        let handed_over = |user: &str| {
+            let mut mw = workload("u1", 2, "y");
+            if let Ok(mw) = &mut mw.0 {
+                mw.annotations_mut().insert(OWNER_ANNOTATION.into(), user.into());
+            }
+            mw
+        };
+        assert!(changes.asks_for_reconcile(&Apply(handed_over("alice"))), "an owner set");
+        assert!(!changes.asks_for_reconcile(&Apply(handed_over("alice"))), "the same owner");
+        assert!(changes.asks_for_reconcile(&Apply(handed_over("carol"))), "handed over to another user");
+        assert!(changes.asks_for_reconcile(&Apply(workload("u1", 2, "y"))), "the owner removed");
         assert!(!changes.asks_for_reconcile(&Delete(workload("u1", 2, "y"))), "deleted: garbage collection's");
         assert!(changes.asks_for_reconcile(&Apply(workload("u2", 1, "x"))), "a successor under the same name");
     }

@@ -1,0 +1,97 @@
+//! The rule every server-side apply of the operator and the bridge follows: it changes the
+//! object it decided on, or nothing. A name alone is not enough: between a look (a cache, a
+//! GET) and the write, the object may be deleted and someone else's made under that name.
+
+use std::borrow::Cow;
+
+use kube::Resource;
+use kube::api::PatchParams;
+
+/// Which stored object an apply may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write<'a> {
+    /// None: create, and only create. Not forced, and with the resourceVersion precondition
+    /// "1", which no stored object has (etcd's first write is revision 2) and which is
+    /// ignored when the object is created: an object of that name made since the look
+    /// answers 409 instead of being merged into and taken over.
+    Create,
+    /// The stored object of this UID, and no other, forced (the writer owns the fields it
+    /// sets). The UID goes in the body, where the API server treats it as a precondition: it
+    /// refuses to change a stored object's UID (422 on `metadata.uid`) and answers 409 when
+    /// none is stored. `None` only where the UID is unknown, and then any object of the name.
+    Update { uid: Option<&'a str> },
+}
+
+impl Write<'_> {
+    /// Whether the apply takes fields over from other managers.
+    pub fn force(self) -> bool {
+        matches!(self, Write::Update { .. })
+    }
+
+    /// `object` as sent for this write.
+    pub fn prepare<K: Resource + Clone>(self, object: &K) -> Cow<'_, K> {
+        match self {
+            Write::Create => {
+                let mut create_only = object.clone();
+                create_only.meta_mut().resource_version = Some("1".into());
+                Cow::Owned(create_only)
+            }
+            Write::Update { uid: Some(uid) } if object.meta().uid.as_deref() != Some(uid) => {
+                let mut bound = object.clone();
+                bound.meta_mut().uid = Some(uid.to_string());
+                Cow::Owned(bound)
+            }
+            Write::Update { .. } => Cow::Borrowed(object),
+        }
+    }
+
+    /// The apply's parameters under `manager` (`client::apply_params`), forced for an update.
+    pub fn params(self, manager: &str) -> PatchParams {
+        let params = crate::client::apply_params(manager);
+        if self.force() { params.force() } else { params }
+    }
+}
+
+/// Did a write find another object than the one it was for? A create-only apply, one that
+/// exists (409); a write bound to a UID, one deleted and made again since, or none (the API
+/// server refuses to change `metadata.uid`: 422 on that field; or 409).
+pub fn found_another(err: &kube::Error) -> bool {
+    let kube::Error::Api(status) = err else { return false };
+    let on_uid = || status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"));
+    status.code == 409 || (status.code == 422 && on_uid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::ManagedWorkload;
+
+    #[test]
+    fn another_object_is_a_conflict_or_a_refused_uid() {
+        // As the API server answers (the 422 of a changed UID names the field).
+        let status = |code: u16, field: &str| {
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                "details": {"causes": [{"reason": "FieldValueInvalid", "field": field}]}});
+            kube::Error::Api(Box::new(serde_json::from_value(status).unwrap()))
+        };
+        assert!(found_another(&status(409, "")));
+        assert!(found_another(&status(422, "metadata.uid")));
+        assert!(!found_another(&status(422, "spec.image")), "a refused spec is the object's own error");
+        assert!(!found_another(&status(500, "")));
+    }
+
+    #[test]
+    fn create_only_never_matches_a_stored_object_and_an_update_names_its_uid() {
+        let mut mw = ManagedWorkload::new("x", Default::default());
+        mw.metadata.resource_version = Some("4711".into());
+        assert_eq!(Write::Create.prepare(&mw).metadata.resource_version.as_deref(), Some("1"));
+        assert!(!Write::Create.force());
+        let update = Write::Update { uid: Some("u1") };
+        assert!(update.force());
+        assert_eq!(update.prepare(&mw).metadata.resource_version.as_deref(), Some("4711"));
+        assert_eq!(update.prepare(&mw).metadata.uid.as_deref(), Some("u1"), "bound to the object decided on");
+        mw.metadata.uid = Some("u1".into());
+        assert!(matches!(update.prepare(&mw), Cow::Borrowed(_)), "already bound: not copied");
+        assert_eq!(Write::Update { uid: None }.prepare(&mw).metadata.uid.as_deref(), Some("u1"));
+    }
+}
