@@ -177,7 +177,7 @@ impl Election {
             if lost.is_some() {
                 warn!(lease = %self.describe(), "standing by");
             }
-            standby = Standby::default();
+            standby = Standby { led: true, ..Standby::default() };
         }
         Ok(())
     }
@@ -243,9 +243,8 @@ impl Election {
                     // after the request left (a slow request), and timing it from the request
                     // would let this replica take over before the renewal's deadline.
                     let answered = Instant::now();
-                    let expired = standby.observe(current.as_ref(), answered, Duration::from_secs(self.duration));
-                    let ours = holder(current.as_ref()) == Some(self.identity.as_str());
-                    if expired || ours {
+                    let own = (Duration::from_secs(self.duration), self.identity.as_str());
+                    if standby.observe(current.as_ref(), answered, own) {
                         let sent = Instant::now();
                         match bounded(self.attempt_timeout(), self.write(leases, current.as_ref(), true)).await {
                             Ok(()) => return sent,
@@ -625,16 +624,26 @@ impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for Connect
 struct Standby {
     record: Option<(Option<String>, Option<String>)>,
     since: Option<Instant>,
+    /// This process has led under its identity: a Lease still held by that identity is its
+    /// own from an earlier term. Before, it may be another process given the same identity
+    /// (two replicas with one `--identity`), which is waited for like any other holder.
+    led: bool,
 }
 
 impl Standby {
-    /// Whether the Lease may be taken: absent, without a holder, or unchanged (holder and
-    /// renew time) for `duration` since this replica first saw it so. `answered` is when the
-    /// answer that showed `lease` came.
-    fn observe(&mut self, lease: Option<&Lease>, answered: Instant, duration: Duration) -> bool {
+    /// Whether the Lease may be taken: absent, without a holder, held by this process's own
+    /// identity after a term of its own, or unchanged (holder and renew time) since this
+    /// replica first saw it so for the longer of its own Lease duration and the one the
+    /// Lease says (its holder's: during an upgrade that shortens it, the old leader still
+    /// writes for the old length, as client-go also judges by the Lease's).
+    /// `answered` is when the answer that showed `lease` came; `(duration, identity)` are
+    /// this replica's own.
+    fn observe(&mut self, lease: Option<&Lease>, answered: Instant, (duration, identity): (Duration, &str)) -> bool {
         let Some(l) = lease else { return true };
-        if holder(Some(l)).is_none() {
-            return true;
+        match holder(Some(l)) {
+            None => return true,
+            Some(holder) if self.led && holder == identity => return true,
+            Some(_) => {}
         }
         let spec = l.spec.as_ref();
         let record = (
@@ -645,7 +654,9 @@ impl Standby {
             self.record = Some(record);
             self.since = Some(answered);
         }
-        self.since.is_some_and(|since| answered.duration_since(since) >= duration)
+        let stated = spec.and_then(|s| s.lease_duration_seconds).and_then(|s| u64::try_from(s).ok());
+        let wait = duration.max(Duration::from_secs(stated.unwrap_or(0)));
+        self.since.is_some_and(|since| answered.duration_since(since) >= wait)
     }
 }
 
@@ -713,7 +724,8 @@ mod tests {
     }
 
     /// A model of one takeover, run on the real rules (the leader's `Term`, the standby's
-    /// `Standby::observe`). The leader took the Lease at t0 and renews every retry period,
+    /// `Standby::observe`), the leader configured as `e` and the standby as `standby` (the
+    /// same, or another Lease duration during an upgrade). The leader took the Lease at t0 and renews every retry period,
     /// each renewal stored by the API server `up` after it was sent, until it is paused
     /// (SIGSTOP) after its fifth. The standby looks at the Lease one look at a time, a retry
     /// period after the previous answer (the first at `offset`); its n-th look is read by the
@@ -723,6 +735,7 @@ mod tests {
     /// when it sent the look (the rule this replaced).
     fn takeover(
         e: &Election,
+        standby_config: &Election,
         up: Duration,
         read: impl Fn(u32) -> Duration,
         back: Duration,
@@ -746,9 +759,13 @@ mod tests {
         for n in 0u32..10_000 {
             let served = look + read(n);
             let answered = served + back;
-            let seen = lease(Some("a"), i64::from(stored(served)));
+            let mut seen = lease(Some("a"), i64::from(stored(served)));
+            if let Some(spec) = seen.spec.as_mut() {
+                spec.lease_duration_seconds = i32::try_from(e.duration).ok();
+            }
             let at = if from_request { look } else { answered };
-            if standby.observe(Some(&seen), at, Duration::from_secs(e.duration)) {
+            let own = (Duration::from_secs(standby_config.duration), "b");
+            if standby.observe(Some(&seen), at, own) {
                 return (deadline, answered);
             }
             look = answered + period;
@@ -762,8 +779,13 @@ mod tests {
     #[test]
     fn a_standby_takes_over_only_after_the_leaders_deadline_whatever_the_latencies() {
         let mut early_by_the_old_rule = Vec::new();
-        for (duration, grace) in [(2, 1), (4, 2), (15, 5), (60, 30), (60, 1)] {
+        let alike = [(2, 1), (4, 2), (15, 5), (60, 30), (60, 1)].map(|t| (t, t));
+        // A `helm upgrade` that changes the Lease's length: the new replica stands by with
+        // the new one while the old leader renews with the old one.
+        let upgrades = [((60, 30), (15, 5)), ((15, 5), (4, 2)), ((4, 2), (60, 30))];
+        for ((duration, grace), (standby_duration, standby_grace)) in alike.into_iter().chain(upgrades) {
             let e = timing(duration, grace);
+            let standby = timing(standby_duration, standby_grace);
             let bound = e.attempt_timeout();
             let latencies = [Duration::ZERO, Duration::from_millis(100), bound / 2, bound];
             // Every look as slow as the next, or a single slow one among fast looks.
@@ -779,11 +801,13 @@ mod tests {
                 for (pattern, read) in &reads {
                     for back in [Duration::ZERO, Duration::from_millis(100)] {
                         for offset in (0..8).map(|i| e.retry_period() * i / 8) {
-                            let case =
-                                format!("{duration}/{grace} up {up:?} {pattern} back {back:?} offset {offset:?}");
+                            let case = format!(
+                                "{duration}/{grace} (standby {standby_duration}/{standby_grace}) up {up:?} {pattern} \
+                                 back {back:?} offset {offset:?}"
+                            );
                             // Each attempt is bounded: a look answered later is no look.
                             let read = |n| read(n).min(bound - back);
-                            let (deadline, took) = takeover(&e, up, read, back, offset, false);
+                            let (deadline, took) = takeover(&e, &standby, up, read, back, offset, false);
                             // The leader's last write was sent before its deadline; the standby
                             // holds the Lease the grace after it at the earliest.
                             assert!(
@@ -791,7 +815,7 @@ mod tests {
                                 "{case}: took {:?} after the deadline",
                                 took.checked_duration_since(deadline)
                             );
-                            let (deadline, took) = takeover(&e, up, read, back, offset, true);
+                            let (deadline, took) = takeover(&e, &standby, up, read, back, offset, true);
                             if took < deadline {
                                 early_by_the_old_rule.push(case);
                             }
@@ -804,7 +828,7 @@ mod tests {
         // the leader's last renewal lets the standby take the Lease while the leader still
         // writes (where a request may take longer than the grace).
         assert!(
-            early_by_the_old_rule.iter().any(|c| c.starts_with("60/1 ")),
+            early_by_the_old_rule.iter().any(|c| c.starts_with("60/1 (standby 60/1)")),
             "the old rule was never early: {early_by_the_old_rule:?}"
         );
     }
@@ -962,7 +986,7 @@ mod tests {
     #[test]
     fn a_standby_takes_a_lease_unchanged_for_its_duration_by_its_own_clock() {
         let t0 = Instant::now();
-        let d = Duration::from_secs(15);
+        let d = (Duration::from_secs(15), "me");
         let at = |s| t0 + Duration::from_secs(s);
         let mut standby = Standby::default();
         assert!(standby.observe(None, t0, d), "absent: take it");
@@ -976,5 +1000,32 @@ mod tests {
         assert!(!standby.observe(Some(&lease(Some("a"), 100_002)), at(29), d));
         assert!(standby.observe(Some(&lease(Some("a"), 100_002)), at(30), d), "unchanged for 15 s");
         assert!(!standby.observe(Some(&lease(Some("b"), 100_002)), at(31), d), "another holder: counts again");
+    }
+
+    #[test]
+    fn a_standby_waits_for_the_longer_lease_and_for_its_own_identity_held_by_another_process() {
+        let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
+        let mut longer = lease(Some("a"), 1);
+        longer.spec.as_mut().unwrap().lease_duration_seconds = Some(60);
+        let mut standby = Standby::default();
+        let own = (Duration::from_secs(15), "me");
+        assert!(!standby.observe(Some(&longer), at(0), own));
+        assert!(!standby.observe(Some(&longer), at(59), own), "the holder's 60 s, not the standby's 15");
+        assert!(standby.observe(Some(&longer), at(60), own));
+        let mut shorter = lease(Some("a"), 1);
+        shorter.spec.as_mut().unwrap().lease_duration_seconds = Some(5);
+        let mut standby = Standby::default();
+        assert!(!standby.observe(Some(&shorter), at(0), own));
+        assert!(!standby.observe(Some(&shorter), at(14), own), "its own 15 s, the longer");
+        assert!(standby.observe(Some(&shorter), at(15), own));
+        // Its own identity in the Lease: another process given the same identity, waited for...
+        let mut standby = Standby::default();
+        assert!(!standby.observe(Some(&lease(Some("me"), 1)), at(0), own), "not taken at once");
+        assert!(standby.observe(Some(&lease(Some("me"), 1)), at(15), own));
+        // ...unless this process held it in a term of its own.
+        let mut standby = Standby { led: true, ..Standby::default() };
+        assert!(standby.observe(Some(&lease(Some("me"), 1)), at(0), own), "its own, from its last term");
+        assert!(!standby.observe(Some(&lease(Some("a"), 1)), at(0), own));
     }
 }
