@@ -11,6 +11,7 @@
 
 const k8s = require('@kubernetes/client-node');
 const m = require('./mapping');
+const { KubeconfigError, loadKubeConfig, redact } = require('./kubeconfig');
 
 const MERGE_PATCH = k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch);
 const DELETE_TIMEOUT_MS = 60_000;
@@ -18,7 +19,8 @@ const DELETE_TIMEOUT_MS = 60_000;
 /** A call Kubernetes answered with an error, in the API server's own words. */
 class KubernetesError extends Error {
   constructor(message, { code, reason } = {}) {
-    super(message);
+    // Job output reaches the container's owner: nothing that looks like a credential.
+    super(redact(message));
     this.name = 'KubernetesError';
     this.code = code;
     // The workload's reason (ImagePullBackOff, Unschedulable, ClaimRejected, ...) when the
@@ -27,7 +29,12 @@ class KubernetesError extends Error {
   }
 }
 
-function explain(err, what) {
+/**
+ * `err` as a KubernetesError: its message only (never its headers, body or cause), with the
+ * node's `secrets` and anything like a credential taken out.
+ */
+function explain(err, what, secrets = []) {
+  if (err instanceof m.MappingError || err instanceof KubernetesError || err instanceof KubeconfigError) return err;
   if (err instanceof k8s.ApiException) {
     let message;
     try {
@@ -35,10 +42,11 @@ function explain(err, what) {
     } catch {
       message = typeof err.body === 'object' ? err.body?.message : String(err.body || '');
     }
-    return new KubernetesError(`${what}: Kubernetes API ${err.code}: ${message || 'no message'}`, { code: err.code });
+    return new KubernetesError(redact(`${what}: Kubernetes API ${err.code}: ${message || 'no message'}`, secrets), { code: err.code });
   }
-  if (err instanceof m.MappingError || err instanceof KubernetesError) return err;
-  return new KubernetesError(`${what}: ${err.message}`);
+  // V8 quotes the text it could not parse: an exec plugin's output holds its token.
+  if (err instanceof SyntaxError) return new KubernetesError(`${what}: an answer was not valid JSON`);
+  return new KubernetesError(redact(`${what}: ${err?.message ?? err}`, secrets));
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -72,27 +80,34 @@ function rootfsGb(value) {
 }
 
 class KubernetesApi {
+  /** The kubeconfig's credentials, taken out of every error. */
+  #secrets;
+
   /**
    * @param {object} node the Node row: id, name, kubeconfigPath, kubeContext, kubeNamespace
    * @param {object} [opts]
    * @param {string} [opts.kubeconfig] a kubeconfig's text, instead of node.kubeconfigPath
-   * @param {object} [opts.settings] how containers map (default: settingsFromEnv(process.env))
+   * @param {object} [opts.env] Manager's environment: the MW_* settings (default process.env)
+   * @param {object} [opts.settings] how containers map (default: settingsFromEnv(env))
    * @param {function} [opts.log] progress lines (default console.log: a job's output)
    */
   constructor(node, opts = {}) {
     if (!node || node.id == null) throw new m.MappingError('a kubernetes node needs its id');
     this.node = node;
-    this.kc = new k8s.KubeConfig();
-    // Without a path: $KUBECONFIG, ~/.kube/config, or the in-cluster ServiceAccount.
-    if (opts.kubeconfig) this.kc.loadFromString(opts.kubeconfig);
-    else if (node.kubeconfigPath) this.kc.loadFromFile(node.kubeconfigPath);
-    else this.kc.loadFromDefault();
-    if (node.kubeContext) this.kc.setCurrentContext(node.kubeContext);
+    const env = opts.env || process.env;
+    // The node's kubeconfig only (lib/kubeconfig.js): never $KUBECONFIG or ~/.kube/config.
+    const { kc, secrets } = loadKubeConfig(node, { text: opts.kubeconfig, env });
+    this.kc = kc;
+    this.#secrets = secrets;
     this.namespace = node.kubeNamespace || this.kc.getContextObject(this.kc.getCurrentContext())?.namespace || 'default';
-    this.settings = opts.settings || m.settingsFromEnv(process.env);
+    this.settings = opts.settings || m.settingsFromEnv(env);
     this.log = opts.log || ((line) => console.log(line));
     this.custom = this.kc.makeApiClient(k8s.CustomObjectsApi);
     this.core = this.kc.makeApiClient(k8s.CoreV1Api);
+  }
+
+  #explain(err, what) {
+    return explain(err, what, this.#secrets);
   }
 
   /** The provider id of a container of this node. */
@@ -113,7 +128,7 @@ class KubernetesApi {
       return await this.custom.getNamespacedCustomObject(this.#ref(providerId));
     } catch (err) {
       if (err.code === 404) return null;
-      throw explain(err, `reading ${providerId}`);
+      throw this.#explain(err, `reading ${providerId}`);
     }
   }
 
@@ -144,7 +159,7 @@ class KubernetesApi {
       return await this.core.readNamespacedSecret({ name, namespace: this.namespace });
     } catch (err) {
       if (err.code === 404) return null;
-      throw explain(err, `reading Secret ${this.namespace}/${name}`);
+      throw this.#explain(err, `reading Secret ${this.namespace}/${name}`);
     }
   }
 
@@ -168,7 +183,7 @@ class KubernetesApi {
       if (!owner && existing.metadata.ownerReferences) body.metadata.ownerReferences = existing.metadata.ownerReferences;
       await this.core.replaceNamespacedSecret({ name, namespace: this.namespace, body });
     } catch (err) {
-      throw explain(err, `writing Secret ${this.namespace}/${name}`);
+      throw this.#explain(err, `writing Secret ${this.namespace}/${name}`);
     }
   }
 
@@ -184,7 +199,7 @@ class KubernetesApi {
     try {
       return await this.custom.replaceNamespacedCustomObject({ ...this.#ref(`${mw.metadata.namespace}/${mw.metadata.name}`), body: mw });
     } catch (err) {
-      throw explain(err, `updating ${mw.metadata.namespace}/${mw.metadata.name}`);
+      throw this.#explain(err, `updating ${mw.metadata.namespace}/${mw.metadata.name}`);
     }
   }
 
@@ -258,7 +273,7 @@ class KubernetesApi {
           body: workload,
         });
       } catch (err) {
-        throw explain(err, `creating ${providerId}`);
+        throw this.#explain(err, `creating ${providerId}`);
       }
       // Now the Secret goes with the workload when it is deleted.
       await this.#writeSecret(secret, made);
@@ -362,7 +377,7 @@ class KubernetesApi {
     try {
       mw = await this.custom.patchNamespacedCustomObject({ ...this.#ref(providerId), body: { spec: { state } } }, MERGE_PATCH);
     } catch (err) {
-      throw explain(err, `${op} ${providerId}`);
+      throw this.#explain(err, `${op} ${providerId}`);
     }
     this.log(`Kubernetes: ${providerId} ${state} (generation ${mw.metadata.generation})`);
     return m.taskId(op, mw.metadata.namespace, mw.metadata.name, mw.metadata.generation);
@@ -470,7 +485,7 @@ class KubernetesApi {
       try {
         await this.custom.deleteNamespacedCustomObject({ ...this.#ref(providerId), propagationPolicy: 'Background' });
       } catch (err) {
-        if (err.code !== 404) throw explain(err, `deleting ${providerId}`);
+        if (err.code !== 404) throw this.#explain(err, `deleting ${providerId}`);
       }
     }
     const { name } = m.parseProviderId(providerId);
@@ -495,7 +510,7 @@ class KubernetesApi {
         labelSelector: `${m.NODE_ID_LABEL}=${this.node.id},${m.PROVIDER_LABEL}=${m.PROVIDER_VALUE}`,
       });
     } catch (err) {
-      throw explain(err, `listing ${this.namespace}'s workloads`);
+      throw this.#explain(err, `listing ${this.namespace}'s workloads`);
     }
     return list.items.map((mw) => {
       const managerStatus = m.managerStatus(mw);
