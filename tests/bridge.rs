@@ -1356,8 +1356,8 @@ async fn postgres_write_backs_do_not_move_the_watermark() {
 async fn the_bridges_writes_never_take_over_a_hand_made_object() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use mw_operator::bridge::cluster::{Cluster, CreateStep};
-    use mw_operator::write::{Write, found_another};
     use mw_operator::bridge::metrics::Metrics;
+    use mw_operator::write::{Write, found_another};
     let ns = TestNamespace::new("bridge-create-only").await;
     support::bridge::grant(&ns).await;
     let workloads = ns.api::<ManagedWorkload>();

@@ -17,8 +17,8 @@ use kube::core::PartialObjectMeta;
 use serde::Serialize;
 
 use super::mapping::{
-    APPROVE_DELETION_ANNOTATION, BRIDGE_HASH_ANNOTATION, ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, ROW_CREATED_ANNOTATION, SYNCED_BY_LABEL,
-    key_of,
+    APPROVE_DELETION_ANNOTATION, BRIDGE_HASH_ANNOTATION, ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, ROW_CREATED_ANNOTATION,
+    SYNCED_BY_LABEL, key_of,
 };
 use super::rows::RowKey;
 use crate::cached::stands_for;

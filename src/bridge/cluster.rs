@@ -247,7 +247,6 @@ impl Cluster {
         let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
         ignore_gone(api.delete(name, &params).await.map(|_| self.metrics.wrote("secret_delete")))
     }
-
 }
 
 /// A watch event with its object trimmed to what a cache keeps.
@@ -323,5 +322,4 @@ mod tests {
         assert_eq!(parse_http_date("Tue, 21 Jul 2026 09:12:40 GMT "), Some("2026-07-21T09:12:40Z".parse().unwrap()));
         assert_eq!(parse_http_date("yesterday"), None);
     }
-
 }

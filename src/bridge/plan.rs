@@ -446,8 +446,7 @@ pub(crate) mod tests {
         let secret = mapping::secret(d, "mw-bridge", None);
         let mut metadata = secret.metadata;
         metadata.annotations = Some(BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), digest.to_string())]));
-        metadata.owner_references =
-            owner.map(|uid| vec![OwnerReference { uid: uid.into(), ..Default::default() }]);
+        metadata.owner_references = owner.map(|uid| vec![OwnerReference { uid: uid.into(), ..Default::default() }]);
         cached_secret(metadata)
     }
 
@@ -503,7 +502,10 @@ pub(crate) mod tests {
         taken.labels_mut().insert(PROVIDER_LABEL.into(), "manager".into());
         let taken = cached(&taken);
         assert!(!Existing::of(&taken, "mw-bridge").ours);
-        assert_eq!(plan(&d, Some(&Existing::of(&taken, "mw-bridge")), Some(&env), |_| false).reason(), Some("name_taken"));
+        assert_eq!(
+            plan(&d, Some(&Existing::of(&taken, "mw-bridge")), Some(&env), |_| false).reason(),
+            Some("name_taken")
+        );
         assert_eq!(made_for(&taken, "mw-bridge"), None);
         assert!(!is_orphan(&Existing::of(&taken, "mw-bridge"), |_| true, |_| None), "never deleted as an orphan");
     }

@@ -34,8 +34,8 @@ use super::metrics::Metrics;
 use super::plan::{self, DeleteGuard, Existing, Judgement, Plan, Sighting};
 use super::rows::{ContainerRow, Fingerprint, Grants, RowKey};
 use crate::retry::Backoff;
-use crate::write::{Write, found_another};
 use crate::telemetry::Health;
+use crate::write::{Write, found_another};
 
 /// Rows committed a little after a later `updatedAt` was already seen are still found: each
 /// incremental poll looks this far back (rows already seen unchanged cost nothing).
@@ -1001,16 +1001,18 @@ async fn try_sync_one(
             // create-only, then the Secret's owner. Should a later write not happen, the next
             // pass finds the CR without a Secret that serves it (`Plan::Update`).
             let secret = mapping::secret(d, fm, None);
-            cluster.create_with_secret(&d.workload, secret, secret_uid.as_deref()).await.map_err(|(step, e)| {
-                match step {
+            cluster.create_with_secret(&d.workload, secret, secret_uid.as_deref()).await.map_err(
+                |(step, e)| match step {
                     CreateStep::Secret => write(format!("writing Secret {ns}/{}", d.secret_name), secret_taken())(e),
                     CreateStep::Workload => write(format!("creating ManagedWorkload {ns}/{name}"), name_taken())(e),
-                    CreateStep::Undo => api(&format!("deleting Secret {ns}/{}, the CR's name being taken", d.secret_name))(e),
+                    CreateStep::Undo => {
+                        api(&format!("deleting Secret {ns}/{}, the CR's name being taken", d.secret_name))(e)
+                    }
                     CreateStep::Owner => {
                         write(format!("giving Secret {ns}/{} its owner", d.secret_name), secret_taken())(e)
                     }
-                }
-            })?;
+                },
+            )?;
             info!("created ManagedWorkload {ns}/{name}");
             Ok(Outcome::Synced)
         }
@@ -1046,7 +1048,11 @@ async fn try_sync_one(
 /// undoing failed; or their Secret made after the bridge's was deleted): it is deleted, by
 /// its UID, and made again once the name is free. Its disk stays, as on any deletion of a
 /// bridged workload (the bridge's volumes are retained), and comes back with it.
-async fn stop_using_anothers_secret(cluster: &Cluster, existing: Option<&Existing>, d: &Desired) -> Result<(), Failure> {
+async fn stop_using_anothers_secret(
+    cluster: &Cluster,
+    existing: Option<&Existing>,
+    d: &Desired,
+) -> Result<(), Failure> {
     let (ns, name) = (d.namespace.as_str(), d.name.as_str());
     let Some(uid) = existing.filter(|cr| cr.ours && !cr.deleting).and_then(|cr| cr.uid.as_deref()) else {
         return Ok(());

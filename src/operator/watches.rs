@@ -312,8 +312,7 @@ struct SpecChanges {
 
 impl SpecChanges {
     fn asks_for_reconcile(&mut self, event: &watcher::Event<Workload>) -> bool {
-        let hash =
-            |mw: &Workload| predicates::generation.combine(predicates::labels).combine(owner).hash_property(mw);
+        let hash = |mw: &Workload| predicates::generation.combine(predicates::labels).combine(owner).hash_property(mw);
         let changed = self.seen.observe(event, hash);
         match event {
             // One that cannot be told apart from its last sighting is reconciled.
