@@ -471,8 +471,8 @@ async fn the_service_address_answers_http_through_kube_proxy_across_a_rollout() 
 
 /// A new bridged row's CR is created before its env Secret (docs/bridge.md): the kubelet must
 /// not start the container until the Secret is there, and must start it once it is. Here the
-/// Secret comes 10 s late: the container waits (`CreateContainerConfigError`, never started),
-/// then starts, and serves.
+/// Secret comes 10 s late: the container waits (`CreateContainerConfigError`, never started,
+/// the workload `Creating` and saying what it waits for), then starts, and serves.
 #[tokio::test]
 #[ignore = "needs the real node (make test runs it)"]
 async fn a_container_waits_for_its_env_secret_and_starts_once_it_exists() {
@@ -499,6 +499,13 @@ async fn a_container_waits_for_its_env_secret_and_starts_once_it_exists() {
         assert_eq!(container_state(&p), "CreateContainerConfigError", "started without its Secret");
     }
     assert_eq!(restarts(&pods, "late").await, 0, "never started");
+    // Meanwhile the workload says it waits, and for what: not a failure.
+    let waiting = workloads.get("late").await.unwrap();
+    let status = waiting.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(Phase::Creating), "{status:?}");
+    let reconciling = status.conditions.iter().find(|c| c.type_ == "Reconciling").expect("Reconciling");
+    assert_eq!((reconciling.status.as_str(), reconciling.reason.as_str()), ("True", "CreateContainerConfigError"));
+    assert!(reconciling.message.contains("late-manager-env"), "{}", reconciling.message);
     let mut secret = Secret::default();
     secret.metadata.name = Some("late-manager-env".into());
     secret.string_data = Some([("GREETING".to_string(), "hello".to_string())].into());

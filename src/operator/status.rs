@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
-use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ContainerStateWaiting, ContainerStatus, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
@@ -15,7 +15,8 @@ use super::service;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 
 /// Container waiting reasons that mean the Pod will not start without a change: reported as
-/// `Failed` at once instead of after the rollout's progress deadline.
+/// `Failed` at once instead of after the rollout's progress deadline. A Secret or ConfigMap
+/// (or one of its keys) not there yet is the exception: a wait (`config_wait`).
 pub const FAILURE_REASONS: [&str; 5] =
     ["ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError", "InvalidImageName"];
 
@@ -393,12 +394,7 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
         if !blocked.is_wait() {
             return Verdict::new(Phase::Failed, blocked.reason, blocked.message.clone());
         }
-        let (phase, word) = match mw.spec.desired_state() {
-            DesiredState::Stopped => (Phase::Stopping, "Stopping"),
-            DesiredState::Running if updating(mw) => (Phase::Updating, "Updating"),
-            DesiredState::Running => (Phase::Creating, "Creating"),
-        };
-        return Verdict::new(phase, blocked.reason, format!("{word}: {}", blocked.message));
+        return waiting_on(mw, blocked.reason, &blocked.message);
     }
     let deployment = observed.deployment;
     let built = observed.built();
@@ -434,6 +430,11 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
                     Some(claim) => volumes::not_bound_in_time(&claim, &failure),
                     None => failure,
                 };
+            }
+            // Within the progress deadline, a container waiting for its Secret or ConfigMap
+            // is a wait, and says what it waits for.
+            if let Some((reason, message)) = current.iter().find_map(|p| config_wait(p)) {
+                return waiting_on(mw, reason, &message);
             }
             let Some(deployment) = deployment else {
                 return Verdict::new(Phase::Creating, "Creating", "Creating: the Deployment does not exist yet");
@@ -622,7 +623,10 @@ fn restarted(cs: &ContainerStatus) -> bool {
 fn pod_failure(mw: &ManagedWorkload, pod: &Pod, now: &Time) -> Option<Verdict> {
     container_statuses(pod).find_map(|cs| {
         let waiting = cs.state.as_ref().and_then(|s| s.waiting.as_ref());
-        let reason = waiting.and_then(|w| w.reason.as_deref()).filter(|r| FAILURE_REASONS.contains(r));
+        let reason = waiting
+            .filter(|w| !waits_for_config(w))
+            .and_then(|w| w.reason.as_deref())
+            .filter(|r| FAILURE_REASONS.contains(r));
         let name = &cs.name;
         match reason {
             Some("ErrImagePull" | "ImagePullBackOff") => Some(Verdict::new(
@@ -650,6 +654,36 @@ fn pod_failure(mw: &ManagedWorkload, pod: &Pod, now: &Time) -> Option<Verdict> {
             None => None,
         }
     })
+}
+
+/// The kubelet cannot make the container because a Secret or ConfigMap it reads, or a key of
+/// one, is not there (yet): a bridged container's env Secret follows its workload by
+/// moments, and anyone's may be created after the workload. Any other configuration error
+/// (a security context the image cannot meet) needs a change: a failure.
+fn waits_for_config(waiting: &ContainerStateWaiting) -> bool {
+    let message = waiting.message.as_deref().unwrap_or_default();
+    waiting.reason.as_deref() == Some("CreateContainerConfigError")
+        && (message.contains(" not found") || message.contains("couldn't find key"))
+}
+
+/// A container of this Pod waiting for its configuration (`waits_for_config`): the reason and
+/// what it waits for.
+fn config_wait(pod: &Pod) -> Option<(&'static str, String)> {
+    container_statuses(pod).find_map(|cs| {
+        let waiting = cs.state.as_ref()?.waiting.as_ref().filter(|w| waits_for_config(w))?;
+        let message = scrub(waiting.message.as_deref().unwrap_or_default(), pod);
+        Some(("CreateContainerConfigError", format!("container {} waits: {message}", cs.name)))
+    })
+}
+
+/// A wait of the workload's, in the phase its spec is heading to.
+fn waiting_on(mw: &ManagedWorkload, reason: &str, message: &str) -> Verdict {
+    let (phase, word) = match mw.spec.desired_state() {
+        DesiredState::Stopped => (Phase::Stopping, "Stopping"),
+        DesiredState::Running if updating(mw) => (Phase::Updating, "Updating"),
+        DesiredState::Running => (Phase::Creating, "Creating"),
+    };
+    Verdict::new(phase, reason, format!("{word}: {message}"))
 }
 
 fn crash_loop(cs: &ContainerStatus) -> Verdict {

@@ -340,6 +340,7 @@ fn stopping_until_the_deployment_controller_scaled_down() {
 fn failed_at_once_when_a_current_pod_cannot_start() {
     for reason in FAILURE_REASONS {
         let mw = workload(DesiredState::Running, 1);
+        // (A CreateContainerConfigError that waits for a Secret is a wait: the next test.)
         let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
         let p = waiting(pod(&d, true, false, ""), reason, "details from the kubelet");
         let s = derive_with(&mw, Some(&d), &[p]);
@@ -742,8 +743,40 @@ fn kubelet_messages_lose_the_pods_identity() {
     let message = format!("configmap \"missing\" not found for {name} ({})", "pod-uid-7");
     let p = waiting(p, "CreateContainerConfigError", &message);
     let s = derive_with(&mw, Some(&d), &[p]);
-    let m = &cond(&s, STALLED).message;
-    assert_eq!(m, "container workload: CreateContainerConfigError: configmap \"missing\" not found for <pod> (<pod>)");
+    let m = &cond(&s, RECONCILING).message;
+    assert_eq!(m, "Creating: container workload waits: configmap \"missing\" not found for <pod> (<pod>)");
+}
+
+/// A Secret or ConfigMap not there yet (a bridged container's env Secret follows its
+/// workload by moments) is a wait, not a failure: Creating (or Updating), Reconciling, with
+/// what it waits for; past the rollout's progress deadline, Failed as any stuck rollout.
+#[test]
+fn a_container_waiting_for_its_secret_is_creating_until_the_progress_deadline() {
+    let mw = workload(DesiredState::Running, 1);
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    for message in ["secret \"web-manager-env\" not found", "couldn't find key GREETING in Secret apps/web-env"] {
+        let p = waiting(pod(&d, true, false, ""), "CreateContainerConfigError", message);
+        let s = derive_with(&mw, Some(&d), std::slice::from_ref(&p));
+        assert_summary(&s, Phase::Creating, "False", "True", "False");
+        assert_eq!(cond(&s, RECONCILING).reason, "CreateContainerConfigError");
+        assert!(cond(&s, RECONCILING).message.contains(message), "{}", cond(&s, RECONCILING).message);
+        let mut stuck = d.clone();
+        stuck.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
+            "Progressing",
+            "False",
+            "ProgressDeadlineExceeded",
+            "ReplicaSet \"web-abc\" has timed out progressing.",
+        )]);
+        let s = derive_with(&mw, Some(&stuck), &[p]);
+        assert_summary(&s, Phase::Failed, "False", "False", "True");
+    }
+    let rooted = waiting(
+        pod(&d, true, false, ""),
+        "CreateContainerConfigError",
+        "container has runAsNonRoot and image will run as root",
+    );
+    let s = derive_with(&mw, Some(&d), &[rooted]);
+    assert_summary(&s, Phase::Failed, "False", "False", "True");
 }
 
 #[test]
