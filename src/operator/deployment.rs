@@ -32,6 +32,9 @@ const REVISION_HISTORY_LIMIT: i32 = 3;
 
 /// The extended resource a GPU is requested as, unless the operator is told otherwise.
 pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The Deployment's `progressDeadlineSeconds` unless the spec sets it (the Deployment API's
+/// own default); waits of the workload's are bounded by it too.
+pub const PROGRESS_DEADLINE_SECONDS: i32 = 600;
 
 /// Operator settings the pod template depends on (`run` flags, the same for every workload).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,7 +118,7 @@ pub fn deployment(mw: &ManagedWorkload, settings: &PodSettings) -> Option<Deploy
             selector: LabelSelector { match_labels: Some(selector_labels(mw)), ..Default::default() },
             template,
             strategy: Some(strategy),
-            progress_deadline_seconds: Some(spec.progress_deadline_seconds.unwrap_or(600)),
+            progress_deadline_seconds: Some(spec.progress_deadline_seconds.unwrap_or(PROGRESS_DEADLINE_SECONDS)),
             revision_history_limit: Some(REVISION_HISTORY_LIMIT),
             ..Default::default()
         }),

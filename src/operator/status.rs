@@ -394,6 +394,14 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
         if !blocked.is_wait() {
             return Verdict::new(Phase::Failed, blocked.reason, blocked.message.clone());
         }
+        if let Some(deadline) = waited_past_deadline(mw, blocked.reason, now) {
+            let message = format!(
+                "{}, for longer than the progress deadline ({deadline} s): something holds it (a finalizer, or a Pod \
+                 on a node that is gone); `kubectl describe` it to see what",
+                blocked.message
+            );
+            return Verdict::new(Phase::Failed, blocked.reason, message);
+        }
         return waiting_on(mw, blocked.reason, &blocked.message);
     }
     let deployment = observed.deployment;
@@ -674,6 +682,21 @@ fn config_wait(pod: &Pod) -> Option<(&'static str, String)> {
         let message = scrub(waiting.message.as_deref().unwrap_or_default(), pod);
         Some(("CreateContainerConfigError", format!("container {} waits: {message}", cs.name)))
     })
+}
+
+/// The progress deadline, when the workload has waited (`reason`) for longer: since its
+/// `Reconciling` condition became True, or it has been reported Stalled for that wait
+/// already (which ends Reconciling, and must not start the count again). A wait that long is
+/// no longer one that time ends.
+fn waited_past_deadline(mw: &ManagedWorkload, reason: &str, now: &Time) -> Option<i64> {
+    let deadline = i64::from(mw.spec.progress_deadline_seconds.unwrap_or(desired::PROGRESS_DEADLINE_SECONDS));
+    let conditions = &mw.status.as_ref()?.conditions;
+    let holds = |type_: &str| conditions.iter().find(|c| c.type_ == type_ && c.status == "True");
+    if holds(STALLED).is_some_and(|c| c.reason == reason) {
+        return Some(deadline);
+    }
+    let since = holds(RECONCILING)?.last_transition_time.0.as_second();
+    (now.0.as_second().saturating_sub(since) > deadline).then_some(deadline)
 }
 
 /// A wait of the workload's, in the phase its spec is heading to.

@@ -427,7 +427,8 @@ fn blocked_reports_stalled_with_its_reason() {
 }
 
 /// Deleted and re-created under its name: the predecessor's objects on their way out are a
-/// wait (kstatus InProgress), never Failed/Stalled, whether the workload should run or stop.
+/// wait (kstatus InProgress), not Failed/Stalled, whether the workload should run or stop;
+/// bounded by the progress deadline.
 #[test]
 fn waiting_for_a_predecessors_objects_is_in_progress_not_stalled() {
     for (state, phase) in [(DesiredState::Running, Phase::Creating), (DesiredState::Stopped, Phase::Stopping)] {
@@ -445,6 +446,28 @@ fn waiting_for_a_predecessors_objects_is_in_progress_not_stalled() {
         assert_summary(&s, phase, "False", "True", "False");
         assert_eq!(cond(&s, RECONCILING).reason, WAITING_FOR_DELETION);
         assert!(cond(&s, READY).message.contains("waiting for Deployment web to be deleted"), "{:?}", cond(&s, READY));
+
+        // Still waiting at the progress deadline (600 s since Reconciling began): a wait...
+        let mut waiting = mw.clone();
+        waiting.status = Some(s.clone());
+        let s = derive(&waiting, &observed, &at(1600));
+        assert_summary(&s, phase, "False", "True", "False");
+        // ...and past it (a claim held by a Pod on a lost node), Stalled, saying so.
+        let s = derive(&waiting, &observed, &at(1601));
+        assert_summary(&s, Phase::Failed, "False", "False", "True");
+        assert_eq!(cond(&s, STALLED).reason, WAITING_FOR_DELETION);
+        assert!(
+            cond(&s, STALLED).message.contains("longer than the progress deadline (600 s)"),
+            "{:?}",
+            cond(&s, STALLED)
+        );
+        // Reported so, it stays so (no count begun again), with the same status.
+        let mut stalled = waiting.clone();
+        stalled.status = Some(s.clone());
+        assert_eq!(derive(&stalled, &observed, &at(1700)), s);
+        // A deadline of the spec's own.
+        waiting.spec.progress_deadline_seconds = Some(30);
+        assert_eq!(derive(&waiting, &observed, &at(1031)).phase, Some(Phase::Failed));
     }
 }
 
