@@ -9,12 +9,15 @@
 // workload and the generation it made, and `waitForTask` waits until the operator reports
 // Ready for that generation, so a job process that only holds the id can wait for it.
 
+const net = require('net');
 const k8s = require('@kubernetes/client-node');
 const m = require('./mapping');
 const { KubeconfigError, loadKubeConfig, redact } = require('./kubeconfig');
 
 const MERGE_PATCH = k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch);
 const DELETE_TIMEOUT_MS = 60_000;
+/** Manager's Containers.ipv4Address is a STRING(45). */
+const MAX_ADDRESS_LENGTH = 45;
 
 /** A call Kubernetes answered with an error, in the API server's own words. */
 class KubernetesError extends Error {
@@ -55,6 +58,25 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 function conditionAt(mw, type, generation) {
   if ((mw.status?.observedGeneration ?? -1) < generation) return undefined;
   return (mw.status.conditions || []).find((c) => c.type === type && (c.observedGeneration ?? -1) >= generation);
+}
+
+/**
+ * The address Manager stores for a workload: `status.address`, unless it is longer than
+ * Manager's column (a load balancer's host name, e.g. an AWS ELB's). Then an IP the load
+ * balancer also serves on, else none: `why` says so, for the job's output.
+ * @returns {{address: string|null, why?: string}}
+ */
+function managerAddress(mw) {
+  const address = mw.status?.address ?? null;
+  if (address === null || address.length <= MAX_ADDRESS_LENGTH) return { address };
+  const ip = (mw.status.service?.loadBalancerIngress || []).find((a) => net.isIP(a) && a.length <= MAX_ADDRESS_LENGTH);
+  if (ip) return { address: ip };
+  return {
+    address: null,
+    why:
+      `the load balancer's address ${address} (${address.length} characters) does not fit Manager's ipv4Address ` +
+      `(at most ${MAX_ADDRESS_LENGTH}); use a load balancer that gives an IP, or MW_SERVICE_TYPE=ClusterIP`,
+  };
 }
 
 /** Cores and memory (MB) as the spec's limits hold them. */
@@ -286,12 +308,16 @@ class KubernetesApi {
    * Manager's config update (Proxmox semantics): `env` is the whole effective env,
    * NUL-joined; `entrypoint` one string; `delete` lists what to unset (env, entrypoint);
    * `cores`, `memory` (MB) and `rootfs` ("storage:GB", grow only) resize. `tags` is the owner.
-   * `swap`, `hookscript`, `features` and the like have no Kubernetes meaning and are ignored.
+   * `swap` is not applied (Kubernetes has no per-container swap limit): the job's output says
+   * so, and it changes nothing. `hookscript`, `features` and the like are ignored.
    * @returns {Promise<string>} a task id for the resulting generation
    */
   async updateLxcConfig(nodeName, providerId, config = {}) {
     const mw = await this.#ours(providerId);
     const name = mw.metadata.name;
+    if (Number(config.swap) > 0) {
+      this.log(`Kubernetes: swap ${config.swap} MB is not applied to ${providerId}: Kubernetes has no per-container swap limit`);
+    }
     const deleted = new Set(String(config.delete || '').split(',').map((s) => s.trim()).filter(Boolean));
     let spec = { ...mw.spec };
     if (config.rootfs !== undefined) {
@@ -462,11 +488,16 @@ class KubernetesApi {
     return null;
   }
 
-  /** `status.address`: the Service's stable address, else the serving Pod's IP; null when none. */
+  /**
+   * `status.address`: the Service's stable address, else the serving Pod's IP; null when none,
+   * or when it does not fit Manager's column (said in the job's output; see managerAddress).
+   */
   async getLxcIpAddress(nodeName, providerId) {
     const mw = await this.#get(providerId);
     if (!mw || mw.spec.state === 'Stopped') return null;
-    return mw.status?.address ?? null;
+    const { address, why } = managerAddress(mw);
+    if (why) this.log(`Kubernetes: ${providerId} has no address for Manager: ${why}`);
+    return address;
   }
 
   async getLxcNetworkInfo(nodeName, providerId) {
@@ -477,6 +508,9 @@ class KubernetesApi {
    * Delete the workload; its Deployment, Pods, Service and env Secret go by garbage collection,
    * its rootfs claim as MW_ROOTFS_ON_DELETE says (retain: kept for a workload of the same name).
    * Resolves once it is gone; a missing one counts as deleted.
+   * `force` and `purge` do not change that: Manager's delete passes both, always, and Proxmox's
+   * purge drops backup, replication and HA entries, not the disk (Proxmox deletes that anyway).
+   * Read as "delete the data", purge would make MW_ROOTFS_ON_DELETE=retain mean nothing.
    */
   async deleteContainer(nodeName, providerId) {
     const mw = await this.#get(providerId);
@@ -529,4 +563,4 @@ class KubernetesApi {
   }
 }
 
-module.exports = { KubernetesApi, KubernetesError, rootfsGb };
+module.exports = { KubernetesApi, KubernetesError, rootfsGb, managerAddress };

@@ -54,8 +54,18 @@ function settingsFromEnv(env = process.env) {
     throw new MappingError(`MW_ROOTFS_ON_DELETE must be retain or delete, not ${env.MW_ROOTFS_ON_DELETE}`);
   }
   const serviceType = env.MW_SERVICE_TYPE === undefined ? 'ClusterIP' : env.MW_SERVICE_TYPE;
-  if (!['', 'none', 'ClusterIP', 'NodePort', 'LoadBalancer'].includes(serviceType)) {
-    throw new MappingError(`MW_SERVICE_TYPE must be ClusterIP, NodePort, LoadBalancer or none, not ${serviceType}`);
+  // Manager's agent dials ipv4Address:internalPort; a node port is another number
+  // (docs/networking.md, "Which topology needs what").
+  if (serviceType === 'NodePort') {
+    throw new MappingError(
+      'MW_SERVICE_TYPE=NodePort does not fit Manager: its agent dials ipv4Address:internalPort, while a node port is a ' +
+        'different number (30000-32767). Use ClusterIP (the default) when the agent runs inside the cluster or on one of ' +
+        'its nodes, LoadBalancer (e.g. MetalLB) when it runs outside the cluster, or none for the Pod IP (needs routes to ' +
+        'the Pod network)',
+    );
+  }
+  if (!['', 'none', 'ClusterIP', 'LoadBalancer'].includes(serviceType)) {
+    throw new MappingError(`MW_SERVICE_TYPE must be ClusterIP, LoadBalancer or none, not ${serviceType}`);
   }
   const annotations = {};
   for (const pair of (env.MW_SERVICE_ANNOTATIONS || '').split(',').filter(Boolean)) {

@@ -1,0 +1,198 @@
+// Edges of what Manager asks and what it can store, without a cluster: a local HTTP server stands
+// in for the API server, and the patch's Kubernetes reconfigure runs against a fake provider.
+'use strict';
+
+const { after, before, describe, test } = require('node:test');
+const assert = require('node:assert/strict');
+const fs = require('fs');
+const http = require('http');
+const path = require('path');
+
+const m = require('../lib/mapping');
+const { KubernetesApi, managerAddress } = require('../lib/kubernetes-api');
+
+const PATCH = path.join(__dirname, '..', 'patches', 'manager-v2026.7.4.patch');
+const ELB = 'a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6-1234567890.us-east-1.elb.amazonaws.com';
+
+/** One ManagedWorkload of node 7, as the operator would have it. */
+function workload(status = {}) {
+  const { workload: mw } = m.desired(
+    { namespace: 'workloads', nodeId: 7, containerId: 3, hostname: 'web', image: 'nginx', services: [{ type: 'http', internalPort: 80 }] },
+    m.settingsFromEnv({}),
+  );
+  mw.metadata = { ...mw.metadata, generation: 2, resourceVersion: '10', uid: 'u-1' };
+  mw.status = { observedGeneration: 2, phase: 'Running', ...status };
+  return mw;
+}
+
+/** A fake API server holding `mw`; every request it got is in `requests`. */
+function apiServer() {
+  const state = { mw: null, requests: [] };
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      state.requests.push({ method: req.method, url: req.url, body: body ? JSON.parse(body) : null });
+      const send = (code, obj) => {
+        res.writeHead(code, { 'content-type': 'application/json' });
+        res.end(JSON.stringify(obj));
+      };
+      const notFound = () => send(404, { kind: 'Status', code: 404, message: 'not found' });
+      if (req.url.startsWith('/apis/opensource-server.mieweb.org/v1alpha1/namespaces/workloads/managedworkloads/web')) {
+        if (!state.mw) return notFound();
+        if (req.method === 'GET') return send(200, state.mw);
+        if (req.method === 'PUT') {
+          // As the API server: a new generation only for a changed spec.
+          const same = JSON.stringify(body && JSON.parse(body).spec) === JSON.stringify(state.mw.spec);
+          const next = JSON.parse(body);
+          next.metadata.generation = state.mw.metadata.generation + (same ? 0 : 1);
+          next.status = state.mw.status;
+          state.mw = next;
+          return send(200, next);
+        }
+        if (req.method === 'DELETE') {
+          state.mw = null;
+          return send(200, { kind: 'Status', status: 'Success' });
+        }
+      }
+      return notFound();
+    });
+  });
+  return { server, state };
+}
+
+describe('the provider against a fake API server', () => {
+  const { server, state } = apiServer();
+  let api;
+  const lines = [];
+  before(async () => {
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const kubeconfig = JSON.stringify({
+      apiVersion: 'v1',
+      kind: 'Config',
+      clusters: [{ name: 'lab', cluster: { server: `http://127.0.0.1:${server.address().port}`, 'insecure-skip-tls-verify': true } }],
+      users: [{ name: 'manager', user: { token: 'test' } }],
+      contexts: [{ name: 'manager', context: { cluster: 'lab', user: 'manager' } }],
+      'current-context': 'manager',
+    });
+    api = new KubernetesApi({ id: 7, name: 'k8s', kubeNamespace: 'workloads' }, { kubeconfig, env: { MW_KUBECONFIG_ALLOW_INSECURE_TLS: '1' }, log: (l) => lines.push(l) });
+  });
+  after(() => server.close());
+
+  test('a load balancer host name longer than ipv4Address: its IP, else no address and why', async () => {
+    state.mw = workload({ address: ELB, service: { loadBalancerIngress: [ELB, '192.0.2.10'] } });
+    assert.equal(await api.getLxcIpAddress('k8s', 'workloads/web'), '192.0.2.10');
+    lines.length = 0;
+    state.mw = workload({ address: ELB, service: { loadBalancerIngress: [ELB] } });
+    assert.equal(await api.getLxcIpAddress('k8s', 'workloads/web'), null);
+    assert.match(lines.join('\n'), /workloads\/web has no address for Manager: the load balancer's address \S+ \(71 characters\) does not fit Manager's ipv4Address \(at most 45\); use a load balancer that gives an IP, or MW_SERVICE_TYPE=ClusterIP/);
+    // What fits is kept as it is, a host name too.
+    state.mw = workload({ address: 'lb.example.org', service: { loadBalancerIngress: ['lb.example.org', '192.0.2.10'] } });
+    assert.equal(await api.getLxcIpAddress('k8s', 'workloads/web'), 'lb.example.org');
+    assert.deepEqual(managerAddress(workload({ address: '10.96.0.12' })), { address: '10.96.0.12' });
+    assert.deepEqual(managerAddress(workload({})), { address: null });
+  });
+
+  test('swap: not applied, said in the output, and no new generation', async () => {
+    state.mw = workload({ address: '10.96.0.12' });
+    const spec = structuredClone(state.mw.spec);
+    lines.length = 0;
+    const task = await api.updateLxcConfig('k8s', 'workloads/web', { swap: 512 });
+    assert.equal(task, 'k8s:update:workloads/web:2');
+    assert.deepEqual(state.mw.spec, spec);
+    assert.match(lines.join('\n'), /swap 512 MB is not applied to workloads\/web: Kubernetes has no per-container swap limit/);
+    assert.match(lines.join('\n'), /workloads\/web unchanged/);
+  });
+
+  test('delete with force and purge (what Manager always passes): the workload only, the disk as MW_ROOTFS_ON_DELETE says', async () => {
+    state.mw = workload({ address: '10.96.0.12' });
+    state.requests.length = 0;
+    await api.deleteContainer('k8s', 'workloads/web', true, true);
+    const writes = state.requests.filter((r) => r.method !== 'GET');
+    assert.deepEqual(writes.map((r) => `${r.method} ${r.url.split('?')[0]}`), [
+      'DELETE /apis/opensource-server.mieweb.org/v1alpha1/namespaces/workloads/managedworkloads/web',
+    ]);
+    assert.ok(!state.requests.some((r) => r.url.includes('persistentvolumeclaims')), 'no claim touched');
+  });
+});
+
+test('MW_SERVICE_TYPE=NodePort is refused, saying what to use instead', () => {
+  assert.throws(() => m.settingsFromEnv({ MW_SERVICE_TYPE: 'NodePort' }), (err) => {
+    assert.ok(err instanceof m.MappingError);
+    assert.match(err.message, /^MW_SERVICE_TYPE=NodePort does not fit Manager: its agent dials ipv4Address:internalPort/);
+    assert.match(err.message, /Use ClusterIP \(the default\) when the agent runs inside the cluster or on one of its nodes, LoadBalancer .* outside the cluster, or none for the Pod IP/);
+    return true;
+  });
+  assert.throws(() => m.settingsFromEnv({ MW_SERVICE_TYPE: 'External' }), /must be ClusterIP, LoadBalancer or none, not External/);
+  for (const t of ['ClusterIP', 'LoadBalancer', 'none', '']) m.settingsFromEnv({ MW_SERVICE_TYPE: t });
+});
+
+describe('the Manager patch', () => {
+  const patch = fs.readFileSync(PATCH, 'utf8');
+
+  test("every hunk's line counts match its header (git apply refuses the patch otherwise)", () => {
+    const lines = patch.split('\n');
+    let hunks = 0;
+    for (let i = 0; i < lines.length; i++) {
+      const h = /^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@/.exec(lines[i]);
+      if (!h) continue;
+      hunks++;
+      let [old, neu] = [Number(h[1] ?? 1), Number(h[2] ?? 1)];
+      let j = i + 1;
+      for (; old > 0 || neu > 0; j++) {
+        const c = lines[j]?.[0];
+        if (c === ' ') [old, neu] = [old - 1, neu - 1];
+        else if (c === '-') old--;
+        else if (c === '+') neu--;
+        else if (c !== '\\') assert.fail(`hunk at line ${i + 1} ends early, at line ${j + 1}`);
+      }
+      assert.ok(old === 0 && neu === 0, `hunk at line ${i + 1}: counts off`);
+      assert.ok(j >= lines.length - 1 || /^(@@|diff |\\)/.test(lines[j]), `hunk at line ${i + 1} is longer than its header says (line ${j + 1})`);
+    }
+    assert.ok(hunks > 10, `${hunks} hunks`);
+  });
+
+  test('kubeconfigPath: no fallback to $KUBECONFIG; MW_KUBECONFIG_IN_CLUSTER=1 is the only one', () => {
+    assert.ok(!patch.includes('$KUBECONFIG'), 'the patch still names $KUBECONFIG as a fallback');
+    const added = patch.split('\n').filter((l) => l.startsWith('+'));
+    assert.ok(added.some((l) => l.includes('description: kubernetes nodes only; absolute path of a kubeconfig') && l.includes('MW_KUBECONFIG_IN_CLUSTER=1')), 'the OpenAPI description');
+    assert.ok(added.some((l) => l.includes('MW_KUBECONFIG_IN_CLUSTER=1') && l.trim().startsWith('+    //')), 'the model comment');
+  });
+
+  // The patch's reconfigureOnKubernetes, as Manager runs it, against a provider that changes nothing.
+  const source = (() => {
+    const start = patch.indexOf('+async function reconfigureOnKubernetes');
+    const end = patch.indexOf('\n+}\n', start);
+    return patch.slice(start, end + 3).split('\n').map((l) => l.slice(1)).join('\n');
+  })();
+  const reconfigure = new Function('console', `${source}\nreturn reconfigureOnKubernetes;`);
+  async function run(args) {
+    const calls = [];
+    const client = {
+      lxcConfig: async () => ({ hostname: 'web', cores: 2, memory: 2048, swap: 0 }),
+      updateLxcConfig: async (n, id, config) => (calls.push(['update', config]), 'k8s:update:workloads/web:2'),
+      getLxcStatus: async () => ({ status: 'running' }),
+      stopLxc: async () => (calls.push(['stop']), 'k8s:stop:workloads/web:3'),
+      startLxc: async () => (calls.push(['start']), 'k8s:start:workloads/web:4'),
+      waitForTask: async () => ({ status: 'stopped', exitstatus: 'OK' }),
+      getLxcIpAddress: async () => '10.96.0.12',
+    };
+    const container = { containerId: 'workloads/web', update: async () => {} };
+    const out = [];
+    await reconfigure({ log: (...a) => out.push(a.join(' ')) })(client, { name: 'k8s' }, container, { env: 'A=1' }, args);
+    return { calls, out: out.join('\n') };
+  }
+
+  test('an approved swap request (or the same size again) does not restart the container', async () => {
+    let r = await run({ swap: '512' });
+    assert.deepEqual(r.calls, [['update', { env: 'A=1', swap: 512 }]], 'swap goes to the provider, which says it is not applied');
+    assert.match(r.out, /No change to apply: the container keeps running/);
+    r = await run({ cpus: '2' });
+    assert.deepEqual(r.calls.map((c) => c[0]), ['update']);
+  });
+
+  test('a reconfigure that changes nothing else is still a restart (Manager\'s restart)', async () => {
+    const r = await run({});
+    assert.deepEqual(r.calls.map((c) => c[0]), ['update', 'stop', 'start']);
+  });
+});
