@@ -10,17 +10,32 @@ use kube::runtime::watcher;
 
 use super::slim::CachedPod;
 
-/// Names of the managed Pods per (namespace, workload), from the Pod watch. A superset: a
-/// name whose Pod is gone or relabelled is skipped and dropped when looked up, so a watch gap
-/// that hides a deletion costs nothing but a stale name until the next look-up.
+/// Names of the managed Pods per (namespace, workload), from the Pod watch, updated after the
+/// Pod cache. A superset: a name whose Pod is not in the cache is skipped but kept (it may
+/// be there a moment later), a relabelled one is dropped when looked up, and a re-list
+/// replaces the whole index, so names of Pods deleted during a watch gap go with it.
 #[derive(Default)]
 pub struct PodIndex {
-    names: Mutex<HashMap<(String, String), Names>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    names: HashMap<(String, String), Names>,
+    /// What the re-list under way has listed so far: the index once it is done.
+    listing: Option<HashMap<(String, String), Names>>,
 }
 
 /// A workload's Pod names, sorted: one, or two during a rollout. A B-tree set's first node
 /// has room for eleven (280 bytes), most of what the index kept per workload.
 type Names = Vec<Box<str>>;
+
+fn insert(names: &mut HashMap<(String, String), Names>, key: (String, String), name: &str) {
+    let set = names.entry(key).or_default();
+    if let Err(at) = set.binary_search_by(|n| (**n).cmp(name)) {
+        set.insert(at, name.into());
+    }
+}
 
 impl PodIndex {
     fn key(pod: &CachedPod) -> Option<(String, String)> {
@@ -28,47 +43,56 @@ impl PodIndex {
     }
 
     pub fn observe(&self, event: &watcher::Event<CachedPod>) {
-        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         match event {
-            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+            watcher::Event::Apply(pod) => {
                 if let Some(key) = Self::key(pod) {
-                    let set = names.entry(key).or_default();
-                    let name = pod.name_any();
-                    if let Err(at) = set.binary_search_by(|n| (**n).cmp(name.as_str())) {
-                        set.insert(at, name.into());
-                    }
+                    insert(&mut inner.names, key, &pod.name_any());
+                }
+            }
+            watcher::Event::InitApply(pod) => {
+                if let (Some(key), Some(listing)) = (Self::key(pod), inner.listing.as_mut()) {
+                    insert(listing, key, &pod.name_any());
                 }
             }
             watcher::Event::Delete(pod) => {
                 if let Some(key) = Self::key(pod)
-                    && let Some(set) = names.get_mut(&key)
+                    && let Some(set) = inner.names.get_mut(&key)
                 {
                     let name = pod.name_any();
                     set.retain(|n| **n != *name);
                     if set.is_empty() {
-                        names.remove(&key);
+                        inner.names.remove(&key);
                     }
                 }
             }
-            watcher::Event::Init | watcher::Event::InitDone => {}
+            watcher::Event::Init => inner.listing = Some(HashMap::new()),
+            watcher::Event::InitDone => {
+                if let Some(listed) = inner.listing.take() {
+                    inner.names = listed;
+                }
+            }
         }
     }
 
     /// The workload's Pods from `store`, in name order (so an unchanged world reads the same).
     pub fn pods(&self, store: &Store<CachedPod>, namespace: &str, workload: &str) -> Vec<Arc<CachedPod>> {
         let key = (namespace.to_string(), workload.to_string());
-        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(set) = names.get_mut(&key) else { return Vec::new() };
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(set) = inner.names.get_mut(&key) else { return Vec::new() };
         let mut pods = Vec::with_capacity(set.len());
         set.retain(|name| match store.get(&ObjectRef::new(name).within(namespace)) {
             Some(pod) if Self::key(&pod).as_ref() == Some(&key) => {
                 pods.push(pod);
                 true
             }
-            _ => false,
+            // Relabelled to another workload: its Apply put it under that one.
+            Some(_) => false,
+            // Not in the cache: gone (its Delete follows), or not there yet; kept either way.
+            None => true,
         });
         if set.is_empty() {
-            names.remove(&key);
+            inner.names.remove(&key);
         }
         pods
     }
@@ -125,12 +149,45 @@ mod tests {
         writer.apply_watcher_event(&moved);
         assert_eq!(names("a", "web"), Vec::<String>::new());
         assert_eq!(names("a", "db"), ["db-1", "web-2"]);
-        // A deletion the watch never delivered (a gap, then a re-list without it).
-        writer.apply_watcher_event(&watcher::Event::Init);
-        writer.apply_watcher_event(&watcher::Event::InitApply(cached("a", "db-1", "db")));
-        writer.apply_watcher_event(&watcher::Event::InitDone);
+        // Deletions the watch never delivered (a gap, then a re-list without them): the
+        // workload `b/web`, gone altogether, is forgotten too.
+        for e in [watcher::Event::Init, watcher::Event::InitApply(cached("a", "db-1", "db")), watcher::Event::InitDone]
+        {
+            writer.apply_watcher_event(&e);
+            index.observe(&e);
+        }
         assert_eq!(names("a", "db"), ["db-1"]);
-        let entries = index.names.lock().unwrap();
-        assert_eq!(entries.len(), 2, "emptied keys are dropped: {:?}", entries.keys());
+        let inner = index.inner.lock().unwrap();
+        assert_eq!(inner.names.len(), 1, "only what the re-list listed: {:?}", inner.names.keys());
+    }
+
+    /// A look-up between the cache taking a Pod in and the index doing so, or the other way
+    /// round, loses nothing: the Pod is found from the next look-up on.
+    #[test]
+    fn a_look_up_in_between_forgets_no_pod() {
+        let index = PodIndex::default();
+        let mut writer: Writer<CachedPod> = Writer::default();
+        let store = writer.as_reader();
+        for e in [watcher::Event::Init, watcher::Event::InitDone] {
+            writer.apply_watcher_event(&e);
+            index.observe(&e);
+        }
+        let first = watcher::Event::Apply(cached("a", "web-1", "web"));
+        // The index first (a watch event seen before the cache has it).
+        index.observe(&first);
+        assert!(index.pods(&store, "a", "web").is_empty(), "not in the cache yet");
+        writer.apply_watcher_event(&first);
+        assert_eq!(index.pods(&store, "a", "web").len(), 1, "found once the cache has it");
+        // During a re-list, the cache shows the old list until it is done.
+        let relist = [watcher::Event::Init, watcher::Event::InitApply(cached("a", "web-2", "web"))];
+        for e in &relist {
+            writer.apply_watcher_event(e);
+            index.observe(e);
+            assert_eq!(index.pods(&store, "a", "web").len(), 1);
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        index.observe(&watcher::Event::InitDone);
+        let found: Vec<_> = index.pods(&store, "a", "web").iter().map(|p| p.name_any()).collect();
+        assert_eq!(found, ["web-2"]);
     }
 }

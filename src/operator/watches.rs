@@ -105,14 +105,15 @@ impl Caches {
         let (pods, writer) = reflector::store();
         let pod_index = Arc::new(PodIndex::default());
         let indexer = pod_index.clone();
+        // The index after the cache (`PodIndex`), both before the event's trigger is sent.
         let pod_events = watcher(api::<CachedPod>(client, ns), managed.clone())
             .default_backoff()
+            .reflect_in_place(writer)
             .inspect(move |event| {
                 if let Ok(event) = event {
                     indexer.observe(event);
                 }
-            })
-            .reflect_in_place(writer);
+            });
         let pod_targets = targets(pod_events, "pods", |pod: &CachedPod| {
             let name = pod.instance()?;
             Some(ObjectRef::new(name).within(&pod.namespace()?))
