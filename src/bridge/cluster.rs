@@ -108,6 +108,11 @@ impl Cluster {
         }
     }
 
+    /// Whether this bridge watches `namespace` (its caches hold all of its own CRs there).
+    pub fn watches(&self, namespace: &str) -> bool {
+        self.workloads.contains_key(namespace)
+    }
+
     pub fn workload(&self, namespace: &str, name: &str) -> Option<Arc<CachedWorkload>> {
         self.workloads.get(namespace)?.get(&ObjectRef::new(name).within(namespace))
     }

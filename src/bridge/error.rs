@@ -45,12 +45,18 @@ pub enum RowError {
     AwaitingDeletion { namespace: String, name: String, uid: String },
     #[error("writing back containerId/ipv4Address violates {constraint}: another row holds the same value; retrying")]
     UniqueWriteBack { constraint: String },
+    #[error(
+        "this container runs as ManagedWorkload {from}/{name} (its containerId), but its node is now mapped to \
+         namespace {to}, where it would start again on an empty disk; map the node back, or move the container \
+         yourself: delete {from}/{name} (its disk is kept there) and clear the row's containerId"
+    )]
+    NodeMoved { from: String, name: String, to: String },
 }
 
 impl RowError {
     /// Every `reason()`, in the order of docs/bridge.md's table: the label values of
     /// `mw_bridge_row_errors_total`, each exported from the start.
-    pub const REASONS: [&'static str; 16] = [
+    pub const REASONS: [&'static str; 17] = [
         "missing_image",
         "bad_service",
         "bad_image",
@@ -67,6 +73,7 @@ impl RowError {
         "replacing",
         "awaiting_deletion",
         "unique_violation",
+        "node_moved",
     ];
 
     /// A short, stable label for the per-reason counter and logs.
@@ -88,6 +95,7 @@ impl RowError {
             RowError::Replacing { .. } => "replacing",
             RowError::AwaitingDeletion { .. } => "awaiting_deletion",
             RowError::UniqueWriteBack { .. } => "unique_violation",
+            RowError::NodeMoved { .. } => "node_moved",
         }
     }
 }
@@ -152,6 +160,7 @@ mod tests {
             RowError::Replacing { namespace: s(), name: s() },
             RowError::AwaitingDeletion { namespace: s(), name: s(), uid: s() },
             RowError::UniqueWriteBack { constraint: s() },
+            RowError::NodeMoved { from: s(), name: s(), to: s() },
         ];
         let mut reasons: Vec<&str> = every.iter().map(RowError::reason).collect();
         let mut listed = RowError::REASONS.to_vec();

@@ -120,6 +120,26 @@ pub fn plan(
     }
 }
 
+/// A row whose container runs in another namespace than its node is mapped to now: its
+/// `containerId` (`provider_id`, the `namespace/name` the bridge wrote back) names the old
+/// one. Its disk is there, and claims cannot move between namespaces: a new workload in the
+/// new namespace would start on an empty disk while the old one may still run. Held until
+/// the old workload is gone: `still_there(namespace, name)` says whether it may still exist
+/// (in a namespace this bridge does not watch, it cannot tell, and only the administrator
+/// clearing the row's `containerId` lets it go).
+pub fn moved_from(
+    provider_id: Option<&str>,
+    desired: &Desired,
+    still_there: impl Fn(&str, &str) -> bool,
+) -> Option<RowError> {
+    let (from, name) = provider_id?.split_once('/')?;
+    (from != desired.namespace && still_there(from, name)).then(|| RowError::NodeMoved {
+        from: from.to_string(),
+        name: name.to_string(),
+        to: desired.namespace.clone(),
+    })
+}
+
 /// Which address of a workload is written back as `ipv4Address` (bridge flag
 /// `--ipv4-address`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -522,6 +542,19 @@ pub(crate) mod tests {
         assert_eq!(plan(&d, Some(&taken), Some(&env), |_| false), Plan::Replace { uid: "uid-1".into() });
         let deleting = Existing { deleting: true, ..existing(&d) };
         assert_eq!(plan(&d, Some(&deleting), Some(&env), |_| false).reason(), Some("replacing"));
+    }
+
+    #[test]
+    fn a_container_whose_node_moved_is_held_while_its_old_workload_may_exist() {
+        let d = desired();
+        let anywhere = |_: &str, _: &str| true;
+        assert_eq!(moved_from(None, &d, anywhere), None, "never written back: a new container");
+        assert_eq!(moved_from(Some("ns/app"), &d, anywhere), None, "in the namespace it is mapped to");
+        assert_eq!(moved_from(Some("4711"), &d, anywhere), None, "a provider id of another kind (a VMID)");
+        let held = moved_from(Some("old/app"), &d, anywhere).expect("held");
+        assert_eq!(held.reason(), "node_moved");
+        assert!(held.to_string().contains("old/app") && held.to_string().contains("namespace ns"), "{held}");
+        assert_eq!(moved_from(Some("old/app"), &d, |_, _| false), None, "the old workload is gone: created anew");
     }
 
     #[test]

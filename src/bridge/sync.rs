@@ -553,14 +553,21 @@ impl Bridge {
                 rootfs: &self.settings.rootfs,
                 service: &self.settings.service,
             };
+            let cluster = &self.cluster;
+            // Where it watches the old namespace, the old workload's deletion (the deletion
+            // guard's, as an orphan) lets the row go; elsewhere only the administrator can.
+            let still_there = |ns: &str, name: &str| !cluster.watches(ns) || cluster.workload(ns, name).is_some();
             match mapping::desired(&t.row, &cx) {
                 Err(err) => unmappable.push((*key, Outcome::Row(err))),
-                Ok(desired) => {
-                    let cached =
-                        self.cluster.workload(&desired.namespace, &desired.name).map(|mw| Existing::of(&mw, fm));
-                    let secret = self.cluster.secret(&desired.namespace, &desired.secret_name);
-                    jobs.push((desired, cached, secret));
-                }
+                Ok(desired) => match plan::moved_from(t.row.container_id.as_deref(), &desired, still_there) {
+                    Some(held) => unmappable.push((*key, Outcome::Row(held))),
+                    None => {
+                        let cached =
+                            self.cluster.workload(&desired.namespace, &desired.name).map(|mw| Existing::of(&mw, fm));
+                        let secret = self.cluster.secret(&desired.namespace, &desired.secret_name);
+                        jobs.push((desired, cached, secret));
+                    }
+                },
             }
         }
         (jobs, unmappable)
@@ -599,6 +606,7 @@ impl Bridge {
                             | RowError::HostnameCollision { .. }
                             | RowError::Replacing { .. }
                             | RowError::AwaitingDeletion { .. }
+                            | RowError::NodeMoved { .. }
                     );
                     t.pending = retry;
                     t.retry_at = retry.then(|| Instant::now() + ROW_RETRY);
