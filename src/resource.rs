@@ -24,6 +24,20 @@ pub const CONTAINER_ID_LABEL: &str = "opensource-server.mieweb.org/container-id"
 /// for Manager (the bridge, Manager's provider). With the node id it says whose data a
 /// retained claim holds: a claim goes back only to a workload of the same owner.
 pub const OWNER_ANNOTATION: &str = "opensource-server.mieweb.org/owner";
+/// Says which bridge (by its field manager) made a CR or Secret. The bridge touches nothing
+/// without it: it never adopts, overwrites or deletes another's objects.
+pub const SYNCED_BY_LABEL: &str = "opensource-server.mieweb.org/synced-by";
+/// Marks what Manager's own jobs made through its Kubernetes provider (`integrations/manager`).
+/// The bridge never touches an object that carries it, even one with its own label (a node
+/// moved from the bridge to the provider): a node is served by one or the other, never both.
+pub const PROVIDER_LABEL: &str = "opensource-server.mieweb.org/provider";
+
+/// Made for a Manager container (by the bridge or Manager's provider), whose spec Manager's
+/// side re-applies: advice to edit the spec by hand would not hold.
+pub fn made_for_manager(mw: &ManagedWorkload) -> bool {
+    let labels = mw.metadata.labels.as_ref();
+    labels.is_some_and(|l| l.contains_key(SYNCED_BY_LABEL) || l.contains_key(PROVIDER_LABEL))
+}
 
 /// A Manager container, run on Kubernetes as a Deployment of one replica (or zero when
 /// stopped). The operator writes only `status`; `spec` belongs to whoever applies it.

@@ -20,13 +20,7 @@ use crate::resource::{
     NODE_ID_LABEL, Protocol, Quantity, ResourceList, Resources, RetentionPolicy, ServiceSpec, ServiceType, Volume,
 };
 
-/// Says which bridge (by its field manager) made a CR or Secret. The bridge touches nothing
-/// without it: it never adopts, overwrites or deletes another's objects.
-pub const SYNCED_BY_LABEL: &str = "opensource-server.mieweb.org/synced-by";
-/// Marks what Manager's own jobs made through its Kubernetes provider (`integrations/manager`).
-/// The bridge never touches an object that carries it, even one with its own label (a node
-/// moved from the bridge to the provider): a node is served by one or the other, never both.
-pub const PROVIDER_LABEL: &str = "opensource-server.mieweb.org/provider";
+pub use crate::resource::{PROVIDER_LABEL, SYNCED_BY_LABEL};
 /// The row's `createdAt`: with the id labels it tells a re-used SQLite id from the container
 /// the CR was made for.
 pub const ROW_CREATED_ANNOTATION: &str = "opensource-server.mieweb.org/row-created-at";

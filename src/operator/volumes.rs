@@ -145,7 +145,8 @@ impl Claims {
             }
             Verdict::Conflict(live) => {
                 let whose = as_is(live).and_then(|c| claims::retained_for_another(&c, mw, volume));
-                self.blocked.get_or_insert_with(|| conflict(&name, whose.as_deref()));
+                let manager = crate::resource::made_for_manager(mw);
+                self.blocked.get_or_insert_with(|| conflict(&name, whose.as_deref(), manager));
             }
             Verdict::Departing => {
                 self.blocked.get_or_insert_with(|| Blocked::departing("PersistentVolumeClaim", &name));
@@ -196,16 +197,27 @@ fn announce_replacement(ctx: &Context, mw: &ManagedWorkload, name: &str) {
     ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimReplaced", &note);
 }
 
-fn conflict(name: &str, retained_for: Option<&str>) -> Blocked {
+/// The conflict over claim `name`: one retained for another owner's earlier workload of this
+/// name (`retained_for`), or someone else's. `manager`: the workload is a Manager container,
+/// whose spec Manager's side puts back, so the way out is in Manager.
+fn conflict(name: &str, retained_for: Option<&str>, manager: bool) -> Blocked {
+    let empty = if manager {
+        "To start this container with an empty disk, give it another hostname in Manager"
+    } else {
+        "To start this workload with an empty volume, rename the volume in spec.volumes"
+    };
     let message = match retained_for {
         Some(owner) => format!(
             "PersistentVolumeClaim {name} holds the data of an earlier workload of this name, owned by {owner}; it is \
-             not mounted here. To start this workload with an empty volume, rename the volume in spec.volumes; to \
-             give it that data, an administrator sets the claim's annotation {owner_key} and label {node_key} to \
-             this workload's; to discard the data, delete the claim (its PersistentVolume's reclaim policy decides \
-             what happens to the volume)",
+             not mounted here. {empty}; to give it that data, an administrator sets the claim's annotation \
+             {owner_key} and label {node_key} to this workload's; to discard the data, delete the claim (its \
+             PersistentVolume's reclaim policy decides what happens to the volume)",
             owner_key = crate::resource::OWNER_ANNOTATION,
             node_key = crate::resource::NODE_ID_LABEL,
+        ),
+        None if manager => format!(
+            "a PersistentVolumeClaim named {name} already exists and was not made for this container's disk; it is \
+             left untouched: delete or rename it, or give the container another hostname in Manager"
         ),
         None => format!(
             "a PersistentVolumeClaim named {name} already exists and was not made for this volume of this \
@@ -228,5 +240,21 @@ pub fn deleting(claim: &PersistentVolumeClaim) -> Blocked {
              patch pv {volume} -p '{{\"spec\":{{\"persistentVolumeReclaimPolicy\":\"Retain\"}}}}'. Once the \
              claim is gone, a new, empty one is made, and the workload's Events say so"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_conflicts_advice_is_one_that_works_for_the_workload() {
+        let by_hand = conflict("web-data", Some("alice"), false).message;
+        assert!(by_hand.contains("rename the volume in spec.volumes"), "{by_hand}");
+        // The bridge and Manager's provider put a hand edit of the spec back.
+        let manager = conflict("web-rootfs", Some("alice"), true).message;
+        assert!(!manager.contains("spec.volumes") && manager.contains("another hostname in Manager"), "{manager}");
+        let foreign = conflict("web-rootfs", None, true).message;
+        assert!(!foreign.contains("rename the volume") && foreign.contains("another hostname in Manager"), "{foreign}");
     }
 }
