@@ -1,6 +1,7 @@
 //! Row → desired ManagedWorkload and Secret: a pure function of one `"Containers"` row and
 //! the context it is read in (its node's namespace, the system env defaults, the approved
-//! resources). Every rule of DESIGN §5 about names, labels, env and resources lives here.
+//! resources). Every rule of docs/bridge.md ("How a row becomes a ManagedWorkload") about
+//! names, labels, env and resources lives here.
 
 use std::collections::BTreeMap;
 
@@ -272,7 +273,7 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
     })
 }
 
-/// Identity labels (DESIGN §3) plus the bridge's ownership label.
+/// Identity labels (docs/resource.md, "Labels") plus the bridge's ownership label.
 pub fn labels(key: RowKey, field_manager: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (NODE_ID_LABEL.to_string(), key.node_id.to_string()),

@@ -1,5 +1,5 @@
 //! The bridge: Manager's database rows become ManagedWorkloads, and their live state flows
-//! back into the rows (DESIGN §5). A second pipeline beside the operator's, of the same shape:
+//! back into the rows (docs/bridge.md). A second pipeline beside the operator's, of the same shape:
 //! rows → desired CRs → apply; CR status → row updates.
 //!
 //! Pure parts: `rows` (the data), `env`, `image`, `mapping` (row → CR and Secret), `plan`

@@ -1,5 +1,5 @@
 //! What to do about one row, one CR, one write-back: pure decisions over what was observed,
-//! so every ownership rule of DESIGN §5 is unit-tested without a cluster or a database.
+//! so every ownership rule of docs/bridge.md ("Ownership") is unit-tested without a cluster or a database.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -152,7 +152,7 @@ pub enum AddressSource {
     Pod,
 }
 
-/// What the row's written-back columns should hold for this CR (DESIGN §5): the permanent
+/// What the row's written-back columns should hold for this CR (docs/bridge.md, "What is written back"): the permanent
 /// provider id, the address (as `source` says), and no MAC (a Pod has none worth routing to).
 /// `current` is the address the row holds now.
 ///
@@ -198,7 +198,7 @@ pub fn write_back_target(cr: Option<&CachedWorkload>, written: &RowState, source
     }
 }
 
-/// The deletion guard (DESIGN §5, docs/bridge.md "Deletion guard"). A CR whose row is gone is
+/// The deletion guard (docs/bridge.md, "Deletion guard"). A CR whose row is gone is
 /// deleted only once two full reads of the database, at least `confirm_after` apart, found the
 /// same set of CRs to delete: a database in flux (a restore under way, a failover to a lagging
 /// replica) shows one read's set, not two agreeing ones. A confirmed set is deleted when it is
@@ -308,10 +308,11 @@ pub const ORPHAN_SECRET_GRACE: SignedDuration = SignedDuration::from_mins(5);
 
 /// The env Secrets of this bridge that lost their way: labelled by `field_manager`, owned by
 /// nothing, created more than `ORPHAN_SECRET_GRACE` before `server_now`, and with no
-/// ManagedWorkload of the matching name in their namespace (left by an earlier build of the
-/// bridge, which wrote the Secret first, stopped between the two writes; or a CR deleted
-/// while its Secret had no owner). `server_now` is the API server's clock: the one that stamped the
-/// Secrets' creationTimestamp (the bridge's own may be off from it by any amount).
+/// ManagedWorkload of the matching name in their namespace (a new row's Secret whose CR's
+/// create was refused or never sent: a crash, a pass timeout or a lost leadership between the
+/// writes; or a CR deleted while its Secret had no owner). `server_now` is the API server's
+/// clock: the one that stamped the Secrets' creationTimestamp (the bridge's own may be off
+/// from it by any amount).
 /// `workloads` are the (namespace, name) of the CRs that exist. Linear: one set of names,
 /// one look-up per Secret.
 pub fn orphan_secrets<'a>(
@@ -338,10 +339,10 @@ pub fn orphan_secrets<'a>(
 }
 
 /// The env Secrets of this bridge still without their owner, each with the owner to give it:
-/// the CR of the matching name, when it is this bridge's and not being deleted. A Secret is
-/// written with its owner (a new row's after its CR); one without (its owner reference
-/// removed by hand, or left by an earlier bridge that wrote the Secret first) gets it in a
-/// write of its own. A Secret whose CR never came is `orphan_secrets`'.
+/// the CR of the matching name, when it is this bridge's and not being deleted. A new row's
+/// Secret gets its owner in the write after its CR's create; one without (that write not
+/// made, or its owner reference removed by hand) gets it in a write of its own. A Secret
+/// whose CR never came is `orphan_secrets`'.
 pub fn unowned_secrets<'a>(
     secrets: impl IntoIterator<Item = &'a CachedSecret, IntoIter: 'a>,
     workload: impl Fn(&str, &str) -> Option<Arc<CachedWorkload>> + 'a,

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 /// Which Manager container a row or a CR stands for. `Containers.id` alone is not enough:
-/// the same id under another node is another container (DESIGN §5).
+/// the same id under another node is another container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RowKey {
     pub node_id: i64,

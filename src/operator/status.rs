@@ -1,6 +1,6 @@
 //! The status of a ManagedWorkload, derived from what the cluster reports: a pure function
-//! of the CR, its Deployment and its Pods (plus the clock, passed in), so the DESIGN's truth
-//! table is unit-tested case by case.
+//! of the CR, its Deployment and its Pods (plus the clock, passed in), so the phase table
+//! of docs/resource.md is unit-tested case by case.
 
 use std::time::Duration;
 

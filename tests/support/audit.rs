@@ -124,8 +124,8 @@ fn write_entries(user: &str, namespace: &str) -> Vec<Value> {
 /// A quiet window long enough to see any write the operator still holds back from a workload in
 /// a steady phase (Running, Stopped, Failed): status details wait at most
 /// `DETAIL_DELAY` after the previous write. (In transition, Creating, Updating or Stopping,
-/// they may wait 60 s, but the transition's end is written at once and carries them: wait for
-/// the steady phase first, as every caller does.)
+/// they may wait `DETAIL_DELAY_IN_TRANSITION`, but the transition's end is written at once and
+/// carries them: wait for the steady phase first, as every caller does.)
 pub const QUIET: std::time::Duration =
     mw_operator::operator::status::DETAIL_DELAY.saturating_add(std::time::Duration::from_secs(2));
 

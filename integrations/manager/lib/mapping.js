@@ -303,7 +303,7 @@ function envRefs(env, secretName) {
   return sortedKeys(env).map((key) => ({ name: key, valueFrom: { secretKeyRef: { name: secretName, key } } }));
 }
 
-/** Identity labels (DESIGN §3) and this provider's mark. */
+/** Identity labels (docs/resource.md) and this provider's mark. */
 function labels(nodeId, containerId) {
   return {
     [NODE_ID_LABEL]: String(nodeId),

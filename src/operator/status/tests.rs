@@ -1,4 +1,4 @@
-//! The DESIGN's phase table, case by case, over hand-built observed objects.
+//! The phase table of docs/resource.md ("Phases"), case by case, over hand-built observed objects.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
