@@ -934,7 +934,7 @@ async fn sync_one(
 
 enum Failure {
     Row(RowError),
-    /// A write found another object than it was for (`cluster::found_another`); with the row
+    /// A write found another object than it was for (`write::found_another`); with the row
     /// error that most likely means (`NameTaken`, `SecretTaken`).
     Appeared(RowError),
     Api(String, kube::Error),
