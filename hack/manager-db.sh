@@ -27,6 +27,10 @@ case "${1:-}" in
       grep -vx 'CREATE TABLE sqlite_sequence(name,seq);' "$FIXTURES/sqlite.sql"
       echo 'PRAGMA foreign_keys=ON;'
       cat "$FIXTURES/sample-rows.sql"
+      # Their containerIds name namespace default, where an earlier install ran them; here
+      # they are new containers (the bridge holds a row whose containerId names another
+      # namespace than its node's as node_moved: docs/bridge.md).
+      echo 'UPDATE "Containers" SET "containerId" = NULL;'
       printf "INSERT INTO \"Settings\" (key, value, \"createdAt\", \"updatedAt\") VALUES ('default_container_env_vars', '%s', '%s', '%s');\n" \
         "$DEFAULT_ENV" "$NOW" "$NOW"
     } | sqlite3 -bail "$db"

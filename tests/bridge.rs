@@ -381,6 +381,45 @@ async fn a_new_container_never_starts_with_an_earlier_ones_env() {
     db.close().await;
 }
 
+/// Issue 41, item 7: a node mapped to another namespace moves nothing by itself. The sample
+/// rows' containerIds name namespace `default`, where their workloads ran before; the node is
+/// now mapped to this test's namespace, where they would start on empty disks. Each such row
+/// is held (`node_moved`), the rest sync, and a row whose containerId the administrator
+/// cleared (having moved the container) is created.
+#[tokio::test]
+async fn a_node_mapped_to_another_namespace_holds_its_containers() {
+    use support::manager::SAMPLE_PROVIDER_IDS;
+    let ns = TestNamespace::new("bridge-node-moved").await;
+    let db = ManagerDb::new(Engine::Sqlite).await;
+    db.exec(SAMPLE_PROVIDER_IDS).await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let bridge = Bridge::start(&ns, &db, &[]).await;
+    wait_ready(&workloads, "akumar-dev", Phase::Running).await;
+    for name in ["team-wiki", "pg-analytics"] {
+        bridge.wait_for_line(&["row not synced", &format!("hostname={name}"), "reason=node_moved"], TIMEOUT).await;
+        assert!(workloads.get_opt(name).await.unwrap().is_none(), "{name} was created on an empty disk");
+    }
+    let held = bridge.lines(&["reason=node_moved", "hostname=team-wiki"]).remove(0);
+    assert!(held.contains("default/team-wiki") && held.contains("clear the row's containerId"), "{held}");
+    let (id, address, _) = db.written("team-wiki").await.expect("the row");
+    assert_eq!(
+        (id.as_deref(), address.as_deref()),
+        (Some("default/team-wiki"), Some("10.15.10.141")),
+        "the row still says where it runs, and how Manager's agent reaches it"
+    );
+
+    // Moved by the administrator: the old workload deleted, the row's containerId cleared.
+    db.exec(&format!(
+        r#"UPDATE "Containers" SET "containerId" = NULL, "updatedAt" = '{}' WHERE hostname = 'team-wiki'"#,
+        now()
+    ))
+    .await;
+    wait_ready(&workloads, "team-wiki", Phase::Running).await;
+    assert!(workloads.get_opt("pg-analytics").await.unwrap().is_none(), "still held");
+    bridge.stop().await;
+    db.close().await;
+}
+
 #[tokio::test]
 async fn a_workload_handed_to_managers_provider_is_never_touched() {
     let ns = TestNamespace::new("bridge-provider").await;

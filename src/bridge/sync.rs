@@ -846,6 +846,11 @@ impl Bridge {
         let fm = self.settings.field_manager.clone();
         let stale_after = Instant::now() - ROW_RETRY;
         for (key, t) in self.rows.iter_mut() {
+            // A container held in the namespace its node was mapped to before runs there: its
+            // row keeps what it says, the address Manager's agent reaches it at included.
+            if matches!(t.error, Some(RowError::NodeMoved { .. })) {
+                continue;
+            }
             // Also for a row in error: its workload (made from an earlier, good version of
             // the row) may still run, and the row must follow it, not keep its last address.
             let cr = self

@@ -97,6 +97,16 @@ impl PgServer {
     }
 }
 
+/// The sample rows' `containerId`s name namespace `default`, where an earlier install ran
+/// them; each test maps their node to a namespace of its own, where the bridge would hold
+/// them as `node_moved` (docs/bridge.md). Cleared, so they are new containers to the bridge;
+/// `SAMPLE_PROVIDER_IDS` puts them back.
+const FRESH_PROVIDER_IDS: &str = r#"UPDATE "Containers" SET "containerId" = NULL"#;
+
+/// The sample rows' provider ids, as `sample-rows.sql` writes them.
+pub const SAMPLE_PROVIDER_IDS: &str = r#"UPDATE "Containers" SET "containerId" = 'default/' || hostname
+    WHERE hostname IN ('team-wiki', 'pg-analytics')"#;
+
 impl ManagerDb {
     /// A new database with Manager's schema and sample rows, on `engine`.
     pub async fn new(engine: Engine) -> ManagerDb {
@@ -127,6 +137,7 @@ impl ManagerDb {
             .join("\n");
         sqlx::raw_sql(&schema).execute(&pool).await.expect("loading Manager's SQLite schema");
         sqlx::raw_sql(&fixture("sample-rows.sql")).execute(&pool).await.expect("loading the sample rows");
+        sqlx::raw_sql(FRESH_PROVIDER_IDS).execute(&pool).await.expect("clearing the sample rows' provider ids");
         ManagerDb {
             engine: Engine::Sqlite,
             url: format!("sqlite://{}", path.display()),
@@ -144,6 +155,7 @@ impl ManagerDb {
         let pool = server.connect(&name).await;
         sqlx::raw_sql(&fixture("postgres.sql")).execute(&pool).await.expect("loading Manager's PostgreSQL schema");
         sqlx::raw_sql(&fixture("sample-rows.sql")).execute(&pool).await.expect("loading the sample rows");
+        sqlx::raw_sql(FRESH_PROVIDER_IDS).execute(&pool).await.expect("clearing the sample rows' provider ids");
         ManagerDb {
             engine: Engine::Postgres,
             url: server.url_for(&name),
