@@ -1,7 +1,8 @@
 # The operator's image with a container engine, for those who have one:
 #   docker build -t <registry>/mw-operator:0.1.0 . && docker push <registry>/mw-operator:0.1.0
-# `make image` builds the same image without one (docs/install.md, "The image"): both put
-# exactly the files hack/image.py lists on an empty base (the release binary, the libraries the
+# `make image` builds an image of the same files without one (docs/install.md, "The image";
+# not the same digest: the layers and labels differ): both put exactly the files
+# hack/image.py lists on an empty base (the release binary, the libraries the
 # loader opens for it, Debian's CA bundle, root and nonroot users, the licences) and run it
 # as 65532. CI builds `make image`'s recipe; no container engine runs there.
 FROM rust:1.95-bookworm AS build

@@ -35,7 +35,8 @@ unit:
 build:
 	cargo build --locked --release
 
-# The operator's OCI image (the bridge is the same binary), built without a container engine:
+# The operator's OCI image (the bridge is the same binary), built without a container engine
+# for this machine's architecture (amd64 or arm64; hack/image.py refuses others):
 # target/image/mw-operator.oci.tar, named $(IMAGE). Push it with skopeo, crane, ctr or
 # `docker load` (docs/install.md, "The image").
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)

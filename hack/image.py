@@ -15,6 +15,9 @@ What the image holds, and nothing else:
                                       anyone running it without one)
   /usr/share/doc/...                  the licences of everything above
 
+The image is for the binary's architecture, read from its ELF header: x86_64 (OCI's amd64) or
+aarch64 (arm64), and it must be this machine's, whose libraries go in; any other is refused.
+
 It runs as 65532:65532 (non-root) with ENTRYPOINT mw-operator, CMD run. Layers are gzip'd
 deterministic tars (mtime 0, sorted), so the same binary and the same Debian packages give the
 same digest, build after build: the digest is printed. The archive is an OCI image layout in a
@@ -26,6 +29,7 @@ tar with Docker's manifest.json beside it: `ctr images import`, `skopeo copy oci
 """
 import argparse
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -36,6 +40,31 @@ from oci import Layout, tar_bytes, write_if_changed  # noqa: E402
 NONROOT = 65532
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 BINARY_PATH = "usr/local/bin/mw-operator"
+
+# The ELF header's e_machine (the ELF specification's numbers) of each architecture the image
+# can be built for: its machine name, as Rust's target triples and `uname -m` spell it, and
+# OCI's (the Go names the image config and the index's platform use).
+ARCHITECTURES = {62: ("x86_64", "amd64"), 183: ("aarch64", "arm64")}
+SUPPORTED = ", ".join(f"{machine} ({oci})" for machine, oci in ARCHITECTURES.values())
+
+
+def architecture(binary):
+    """OCI's name for the architecture `binary` is built for. Refused: anything but the
+    architectures above, and a binary of another architecture than this machine's, whose
+    shared libraries would go in beside it (ldd cannot read a foreign binary either)."""
+    with open(binary, "rb") as f:
+        header = f.read(20)
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        sys.exit(f"image.py: {binary} is not an ELF executable")
+    order = "little" if header[5] == 1 else "big"
+    e_machine = int.from_bytes(header[18:20], order)
+    if e_machine not in ARCHITECTURES:
+        sys.exit(f"image.py: {binary} is built for ELF machine {e_machine}; the image can be built for {SUPPORTED} only")
+    machine, oci = ARCHITECTURES[e_machine]
+    if platform.machine() != machine:
+        sys.exit(f"image.py: {binary} is built for {machine}, but this machine is {platform.machine()}: the image takes "
+                 f"the binary's shared libraries from this machine, so build it on {machine} (supported: {SUPPORTED})")
+    return oci
 
 
 def shared_libraries(binary):
@@ -150,6 +179,7 @@ def main():
     out.add_argument("--rootfs", help="write the image's files into this directory instead")
     args = parser.parse_args()
 
+    arch = architecture(args.binary)
     layers = [base_files(args.binary), app_files(args.binary, args.licence)]
     if args.rootfs:
         write_rootfs(args.rootfs, layers)
@@ -176,9 +206,9 @@ def main():
     }
     layout = Layout()
     for name in args.name:
-        desc = layout.image(normalized(name), layers, config, compress=True, annotations=labels)
+        desc = layout.image(normalized(name), layers, config, compress=True, annotations=labels, architecture=arch)
     write_if_changed(args.out, layout.archive())
-    print(f"{args.out}: {' '.join(args.name)} {desc['digest']}")
+    print(f"{args.out}: {' '.join(args.name)} linux/{arch} {desc['digest']}")
 
 
 if __name__ == "__main__":

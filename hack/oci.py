@@ -68,9 +68,10 @@ class Layout:
         self.blobs[digest] = data
         return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
-    def image(self, name, layers, config, compress=False, annotations=None):
+    def image(self, name, layers, config, compress=False, annotations=None, architecture="amd64"):
         """Adds image `name` (REPOSITORY:TAG) of `layers` (uncompressed tars, bottom first)
-        with `config` (the image config's `config` object). Returns the manifest's descriptor."""
+        with `config` (the image config's `config` object), for `architecture` (OCI's name:
+        amd64, arm64). Returns the manifest's descriptor."""
         layer_descs, diff_ids = [], []
         for layer in layers:
             diff_ids.append(sha256(layer))
@@ -82,7 +83,7 @@ class Layout:
             else:
                 layer_descs.append(self.blob(layer, TAR))
         image_config = {
-            "architecture": "amd64",
+            "architecture": architecture,
             "os": "linux",
             "config": {k: v for k, v in config.items() if v is not None},
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
@@ -97,7 +98,7 @@ class Layout:
         if annotations:
             manifest["annotations"] = annotations
         desc = self.blob(canonical(manifest), "application/vnd.oci.image.manifest.v1+json")
-        desc["platform"] = {"architecture": "amd64", "os": "linux"}
+        desc["platform"] = {"architecture": architecture, "os": "linux"}
         desc["annotations"] = {
             "io.containerd.image.name": name,
             "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],

@@ -4,7 +4,9 @@
 //! values.schema.json describes every value, refuses typos and wrong types, and accepts only
 //! what the binary's flag parsers accept; every install command the docs show renders; the
 //! optional PrometheusRule holds docs/operations.md's alerts, over series the operator's own
-//! registry exports.
+//! registry exports. The users' aggregated roles are config/rbac's; the disruption budgets,
+//! the spread over nodes and the metrics NetworkPolicies render as docs/operations.md and
+//! docs/security.md say.
 
 mod support;
 #[path = "support/versions.rs"]
@@ -98,6 +100,19 @@ fn rules_of(path: &str) -> Value {
     serde_saphyr::from_str::<Value>(&text).unwrap()["rules"].clone()
 }
 
+/// A ClusterRole for users, aggregated into Kubernetes' view, edit or admin role (value
+/// rbac.aggregateClusterRoles), not a grant to the operator.
+fn aggregated(role: &Value) -> bool {
+    role["metadata"]["labels"]
+        .as_object()
+        .is_some_and(|labels| labels.keys().any(|k| k.starts_with("rbac.authorization.k8s.io/aggregate-to-")))
+}
+
+/// The ClusterRoles that grant the operator (or the bridge) something.
+fn granting_cluster_roles(docs: &[Value]) -> Vec<&Value> {
+    of_kind(docs, "ClusterRole").into_iter().filter(|r| !aggregated(r)).collect()
+}
+
 /// Server-side apply of rendered documents, the way `helm install` would create them.
 async fn apply_all(client: &Client, namespace: &str, docs: &[Value]) {
     for doc in docs {
@@ -180,12 +195,177 @@ fn the_service_monitor_and_single_replica_options_render() {
     assert!(stderr.contains("leaderElection.renewGrace"), "{stderr}");
 }
 
+/// The users' roles: read with view, write with edit and admin, the status never; the rules
+/// and labels of config/rbac/aggregate-to-*.yaml; bound to nobody; optional; cluster-wide
+/// installs only (a namespace-scoped one makes nothing cluster-wide).
+#[test]
+fn the_users_roles_aggregate_into_view_edit_and_admin() {
+    let scoped = render("rel", "ops", &["a", "b"]);
+    assert!(of_kind(&scoped, "ClusterRole").is_empty(), "a namespace-scoped install makes no ClusterRole");
+    {
+        let docs = render("rel", "ops", &[]);
+        let roles: Vec<&Value> = of_kind(&docs, "ClusterRole").into_iter().filter(|r| aggregated(r)).collect();
+        assert_eq!(roles.len(), 2, "{roles:#?}");
+        for (suffix, file) in
+            [("view", "config/rbac/aggregate-to-view.yaml"), ("edit", "config/rbac/aggregate-to-edit.yaml")]
+        {
+            let role = named(&docs, "ClusterRole", &format!("rel-mw-operator-{suffix}"));
+            assert_eq!(role.len(), 1, "{suffix}");
+            let shipped: Value = serde_saphyr::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+            assert_eq!(role[0]["rules"], shipped["rules"], "the chart grants what {file} grants");
+            for (key, value) in shipped["metadata"]["labels"].as_object().unwrap() {
+                if key.starts_with("rbac.authorization.k8s.io/") {
+                    assert_eq!(&role[0]["metadata"]["labels"][key], value, "{suffix}: {key}");
+                }
+            }
+            for rule in role[0]["rules"].as_array().unwrap() {
+                assert_eq!(rule["resources"], serde_json::json!(["managedworkloads"]), "never the status: {rule}");
+            }
+        }
+        let labels = |suffix: &str| {
+            named(&docs, "ClusterRole", &format!("rel-mw-operator-{suffix}"))[0]["metadata"]["labels"].clone()
+        };
+        for role in ["view", "edit", "admin"] {
+            assert_eq!(labels("view")[format!("rbac.authorization.k8s.io/aggregate-to-{role}")], "true");
+        }
+        assert!(labels("edit").get("rbac.authorization.k8s.io/aggregate-to-view").is_none(), "view never writes");
+        for binding in of_kind(&docs, "ClusterRoleBinding").into_iter().chain(of_kind(&docs, "RoleBinding")) {
+            assert!(!binding["roleRef"]["name"].as_str().unwrap().ends_with("-view"), "{binding}");
+            assert!(!binding["roleRef"]["name"].as_str().unwrap().ends_with("-edit"), "{binding}");
+        }
+    }
+    let off = render_with("rel", "ops", &set(&["rbac.aggregateClusterRoles=false"]));
+    assert!(of_kind(&off, "ClusterRole").iter().all(|r| !aggregated(r)));
+}
+
+/// A drain evicts one replica at a time while two run, and the replicas prefer distinct nodes;
+/// neither holds a one-node cluster (no budget for one replica, a preference only); both can be
+/// turned off, the spread replaced.
+#[test]
+fn disruption_budgets_and_spread_keep_a_replica_serving() {
+    let docs = render_with("rel", "ops", &bridge_values(&[("k8s-lab-1", "team-a")]));
+    for name in ["rel-mw-operator", "rel-mw-operator-bridge"] {
+        let deployment = &named(&docs, "Deployment", name)[0]["spec"];
+        assert_eq!(deployment["replicas"], 2);
+        let budget = named(&docs, "PodDisruptionBudget", name);
+        assert_eq!(budget.len(), 1, "{name}");
+        let spec = &budget[0]["spec"];
+        assert_eq!(
+            (&spec["maxUnavailable"], &spec["unhealthyPodEvictionPolicy"]),
+            (&serde_json::json!(1), &serde_json::json!("AlwaysAllow"))
+        );
+        assert_eq!(spec["selector"], deployment["selector"], "{name}: the budget covers the Deployment's Pods");
+        let spread = &deployment["template"]["spec"]["topologySpreadConstraints"];
+        assert_eq!(spread.as_array().map(Vec::len), Some(1), "{name}: {spread}");
+        assert_eq!(spread[0]["topologyKey"], "kubernetes.io/hostname");
+        assert_eq!(spread[0]["whenUnsatisfiable"], "ScheduleAnyway", "a preference: a one-node cluster runs both");
+        assert!(selects(&spread[0]["labelSelector"]["matchLabels"], &deployment["template"]["metadata"]["labels"]));
+        assert_eq!(spread[0]["labelSelector"]["matchLabels"], deployment["selector"]["matchLabels"]);
+    }
+
+    let single = render_with(
+        "rel",
+        "ops",
+        &[
+            bridge_values(&[("k8s-lab-1", "team-a")]),
+            set(&[
+                "replicas=1",
+                "leaderElection.enabled=false",
+                "bridge.replicas=1",
+                "bridge.leaderElection.enabled=false",
+            ]),
+        ]
+        .concat(),
+    );
+    assert!(of_kind(&single, "PodDisruptionBudget").is_empty(), "a budget on one replica would block every drain");
+    let off = render_with(
+        "rel",
+        "ops",
+        &[
+            bridge_values(&[("k8s-lab-1", "team-a")]),
+            set(&[
+                "podDisruptionBudget.enabled=false",
+                "bridge.podDisruptionBudget.enabled=false",
+                "spreadOverNodes=false",
+                "bridge.spreadOverNodes=false",
+            ]),
+        ]
+        .concat(),
+    );
+    assert!(of_kind(&off, "PodDisruptionBudget").is_empty());
+    for deployment in of_kind(&off, "Deployment") {
+        assert!(deployment["spec"]["template"]["spec"].get("topologySpreadConstraints").is_none());
+    }
+    let zones = render_with(
+        "rel",
+        "ops",
+        &set(&[
+            "topologySpreadConstraints[0].maxSkew=1",
+            "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+            "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+        ]),
+    );
+    let spread = &of_kind(&zones, "Deployment")[0]["spec"]["template"]["spec"]["topologySpreadConstraints"];
+    assert_eq!(spread.as_array().unwrap().len(), 1, "replaces the default: {spread}");
+    assert_eq!(spread[0]["topologyKey"], "topology.kubernetes.io/zone");
+}
+
+/// The operator's and the bridge's Pods take connections on their metrics port only, from the
+/// peers the values name and (default) from none; ingress only, egress left open.
+#[test]
+fn the_network_policies_admit_only_the_metrics_port() {
+    let bridge = bridge_values(&[("k8s-lab-1", "team-a")]);
+    let closed = render_with("rel", "ops", &bridge);
+    for (name, port) in [("rel-mw-operator", "metrics"), ("rel-mw-operator-bridge", "http-metrics")] {
+        let policy = named(&closed, "NetworkPolicy", name);
+        assert_eq!(policy.len(), 1, "{name}");
+        let spec = &policy[0]["spec"];
+        let pod = &named(&closed, "Deployment", name)[0]["spec"]["template"];
+        assert!(selects(&spec["podSelector"]["matchLabels"], &pod["metadata"]["labels"]), "{name}");
+        assert_eq!(
+            spec["policyTypes"],
+            serde_json::json!(["Ingress"]),
+            "{name}: egress (API server, database) stays open"
+        );
+        assert!(spec.get("ingress").is_none(), "{name}: no peer by default: {spec}");
+        let ports = pod["spec"]["containers"][0]["ports"].as_array().unwrap();
+        assert_eq!(ports.len(), 1, "{name}: the metrics port is all that listens");
+        assert_eq!(ports[0]["name"], port);
+    }
+    let open = render_with(
+        "rel",
+        "ops",
+        &[
+            bridge,
+            set(&["networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring", "metricsPort=9090"]),
+        ]
+        .concat(),
+    );
+    for name in ["rel-mw-operator", "rel-mw-operator-bridge"] {
+        let spec = &named(&open, "NetworkPolicy", name)[0]["spec"];
+        let rules = spec["ingress"].as_array().unwrap();
+        assert_eq!(rules.len(), 1, "{name}");
+        assert_eq!(
+            rules[0]["from"],
+            serde_json::json!([{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}])
+        );
+        let container = &named(&open, "Deployment", name)[0]["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(
+            rules[0]["ports"],
+            serde_json::json!([{"port": container["ports"][0]["containerPort"], "protocol": "TCP"}]),
+            "{name}: the metrics port, by number"
+        );
+    }
+    let off = render_with("rel", "ops", &set(&["networkPolicy.enabled=false"]));
+    assert!(of_kind(&off, "NetworkPolicy").is_empty());
+}
+
 #[tokio::test]
 async fn cluster_wide_install_is_accepted_and_runs() {
     let ns = TestNamespace::new("chart-cluster").await;
     let release = ns.name.clone();
     let docs = render(&release, &ns.name, &[]);
-    let roles = of_kind(&docs, "ClusterRole");
+    let roles = granting_cluster_roles(&docs);
     assert_eq!(roles.len(), 1);
     assert_eq!(roles[0]["rules"], shipped_rules(), "the chart grants what config/rbac grants");
     assert!(grants_no_lease(roles[0]), "no Lease permission in every namespace");
@@ -253,6 +433,7 @@ async fn namespace_scoped_install_grants_nothing_cluster_wide() {
     let deployment = of_kind(&docs, "Deployment")[0];
     let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
     assert!(args.iter().any(|a| a == "--namespace=a,b"), "{args:?}");
+    delete_cluster_scoped(&ns.client, &render(&release, &ns.name, &[&ns.name])).await;
 }
 
 /// `--set` arguments enabling the bridge for `nodes` (node name, namespace), with the database
@@ -314,6 +495,8 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
         kinds,
         [
             "Deployment",
+            "NetworkPolicy",
+            "PodDisruptionBudget",
             "Role",
             "Role",
             "Role",
@@ -570,8 +753,10 @@ async fn bridge_install_is_accepted_and_reaches_only_its_namespaces() {
     let (a, b) = (TestNamespace::new("chart-bridge-a").await, TestNamespace::new("chart-bridge-b").await);
     let release = ns.name.clone();
     let mut values = bridge_values(&[("k8s-lab-1", &a.name), ("k8s-lab-2", &b.name)]);
-    // The operator namespace-scoped too, so the test creates nothing cluster-wide.
+    // The operator namespace-scoped too, and no users' roles, so the test creates nothing
+    // cluster-wide.
     values.extend(["--set".to_string(), format!("watchNamespaces={{{}}}", ns.name)]);
+    values.extend(set(&["rbac.aggregateClusterRoles=false"]));
     let docs = render_with(&release, &ns.name, &values);
     assert!(of_kind(&docs, "ClusterRole").is_empty() && of_kind(&docs, "ClusterRoleBinding").is_empty());
 
@@ -939,6 +1124,19 @@ fn the_prometheus_rule_holds_the_documented_alerts_over_exported_metrics() {
     documented.sort();
     assert_eq!(rendered, documented, "the chart's alerts are docs/operations.md's");
 
+    // With the bridge its alerts join them (docs/bridge.md's: tests/docs.rs compares the names
+    // with both pages), and every expression below is checked, theirs too.
+    let bridge = set(&[
+        "bridge.enabled=true",
+        "bridge.nodes[0].node=k8s-lab-1",
+        "bridge.nodes[0].namespace=workloads",
+        "bridge.database.urlSecret.name=db",
+    ]);
+    let with_bridge = rules_of_prometheus_rule(&render_with("rel", "ops", &[values.clone(), bridge.clone()].concat()));
+    assert!(rules.iter().all(|r| with_bridge.contains(r)), "the bridge changes none of the operator's alerts");
+    assert!(with_bridge.len() > rules.len(), "the bridge adds its alerts");
+    let rules = with_bridge;
+
     // Every expression parses, reads only series the operator exports (or kube-state-metrics',
     // see above), matches only labels those series carry (or `namespace`, the scrape
     // target's), with values they take; and is narrowed to this release.
@@ -986,6 +1184,20 @@ fn the_prometheus_rule_holds_the_documented_alerts_over_exported_metrics() {
         rules_of_prometheus_rule(&single).iter().map(|r| r["alert"].as_str().unwrap().to_string()).collect();
     assert_eq!(left.len(), documented.len() - 2, "{left:?}");
     assert!(left.iter().all(|a| !a.contains("Leader")), "{left:?}");
+    // The bridge's leader alert follows its Lease, and goes without its election.
+    let bridge_renamed =
+        [bridge.clone(), set(&["prometheusRule.enabled=true", "bridge.leaderElection.leaseName=other"])];
+    let bridge_leader: Vec<Value> = rules_of_prometheus_rule(&render_with("rel", "ops", &bridge_renamed.concat()))
+        .into_iter()
+        .filter(|r| r["alert"] == "MwBridgeNoLeader")
+        .collect();
+    assert_eq!(bridge_leader.len(), 1);
+    let selectors = promql::selectors(bridge_leader[0]["expr"].as_str().unwrap()).unwrap();
+    assert!(selectors.iter().all(|s| s.matchers.contains(&("name".into(), "=".into(), "other".into()))));
+    let unelected =
+        [bridge, set(&["prometheusRule.enabled=true", "bridge.replicas=1", "bridge.leaderElection.enabled=false"])];
+    let unelected = rules_of_prometheus_rule(&render_with("rel", "ops", &unelected.concat()));
+    assert!(unelected.iter().all(|r| r["alert"] != "MwBridgeNoLeader"), "{unelected:?}");
 }
 
 #[test]

@@ -178,26 +178,93 @@ fn manager_md_names_the_provider_as_shipped() {
     assert!(read("integrations/manager/lib/kubernetes-api.js").contains("module.exports"));
     let patch = "integrations/manager/patches/manager-v2026.7.4.patch";
     assert!(manager.contains(patch) && std::path::Path::new(patch).exists(), "{patch}");
-    // Each provider setting it lists is read by the provider and is also the bridge's flag.
-    let mapping = read("integrations/manager/lib/mapping.js");
-    let bridge = read("src/bridge/mod.rs");
-    let table = &manager[manager.find("| `MW_ROOTFS_MOUNT_PATH`").expect("the settings table")..];
-    let mut settings = 0;
-    for line in table.lines().map(str::trim_start).take_while(|l| l.starts_with('|')) {
-        for var in line.split('`').filter(|w| w.starts_with("MW_")) {
-            assert!(mapping.contains(&format!("env.{var}")), "the provider does not read {var}");
-            // The bridge's Service annotations are a repeated flag, not an environment variable.
-            let flag = match var {
-                "MW_SERVICE_ANNOTATIONS" => "long = \"service-annotation\"".to_string(),
-                _ => format!("env = \"{var}\""),
-            };
-            assert!(bridge.contains(&flag), "the bridge has no flag for {var}");
-            settings += 1;
-        }
-    }
-    assert!(settings >= 6, "{settings} settings");
     // And it does not send users to `check` with a Manager node's credentials.
     assert!(!manager.contains("check --kubeconfig <node's kubeconfig>"), "docs/manager.md");
+}
+
+/// The `MW_*` names `code` mentions, found as the provider's own test finds them
+/// (integrations/manager/test/package.test.js: `\bMW_[A-Z_]+[A-Z]\b`).
+fn mw_names(code: &str) -> BTreeSet<String> {
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let bytes = code.as_bytes();
+    let mut names = BTreeSet::new();
+    for (i, _) in code.match_indices("MW_") {
+        if i > 0 && word(bytes[i - 1]) {
+            continue;
+        }
+        let len = bytes[i..].iter().take_while(|b| b.is_ascii_uppercase() || **b == b'_').count();
+        let name = &code[i..i + len];
+        if len > 3 && !name.ends_with('_') && !bytes.get(i + len).is_some_and(|b| word(*b)) {
+            names.insert(name.to_string());
+        }
+    }
+    names
+}
+
+/// The rows of the first table after `marker` whose header starts with `header`, indented or
+/// not (a table inside a list item is indented).
+fn indented_table(text: &str, marker: &str, header: &str) -> Vec<Vec<String>> {
+    let start = text.find(marker).unwrap_or_else(|| panic!("no {marker:?}"));
+    let lines: Vec<&str> = text[start..].lines().map(str::trim_start).collect();
+    let head = lines.iter().position(|l| l.starts_with(header)).unwrap_or_else(|| panic!("no table {header:?}"));
+    lines[head + 2..].iter().take_while(|l| l.starts_with('|')).map(|l| markdown::cells(l)).collect()
+}
+
+#[test]
+fn manager_md_lists_every_setting_the_provider_reads_beside_the_bridges() {
+    // What the provider reads: every MW_* name in its code (index.js and lib/).
+    let mut code = read("integrations/manager/index.js");
+    let mut lib: Vec<_> = std::fs::read_dir("integrations/manager/lib").unwrap().map(|e| e.unwrap().path()).collect();
+    lib.sort();
+    for path in lib.iter().filter(|p| p.extension().is_some_and(|e| e == "js")) {
+        code.push_str(&read(&path.display().to_string()));
+    }
+    let read_by_provider = mw_names(&code);
+    assert!(read_by_provider.len() >= 10, "the scan finds the provider's settings: {read_by_provider:?}");
+    let rows = indented_table(&read("docs/manager.md"), "3. **Settings**", "| variable |");
+    let documented: BTreeSet<String> = rows
+        .iter()
+        .flat_map(|row| markdown::backticked(&row[0]))
+        .filter(|name| name.starts_with("MW_"))
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        documented, read_by_provider,
+        "docs/manager.md's settings table against the MW_* names the provider reads"
+    );
+
+    // The bridge's column, against `mw-operator bridge`'s flags: each flag it names exists, with
+    // the environment variable it gives (none where the flag has none), and a provider setting
+    // that is also a bridge flag's environment variable names that flag.
+    let bridge = flags(&subcommand("bridge"));
+    let env_of = |arg: &clap::Arg| arg.get_env().map(|e| e.to_string_lossy().into_owned());
+    let mut compared = 0;
+    for row in &rows {
+        let setting = markdown::backticked(&row[0]).into_iter().find(|s| s.starts_with("MW_"));
+        let cell = row.get(3).unwrap_or_else(|| panic!("docs/manager.md: no bridge column in {row:?}"));
+        let spans = markdown::backticked(cell);
+        let named: Vec<&str> =
+            spans.iter().filter(|s| s.starts_with("--")).map(|s| s.split_whitespace().next().unwrap()).collect();
+        let envs: Vec<&str> = spans.iter().copied().filter(|s| s.starts_with("MW_")).collect();
+        for flag in &named {
+            let arg =
+                bridge.get(*flag).unwrap_or_else(|| panic!("docs/manager.md names bridge {flag}, which bridge lacks"));
+            match env_of(arg) {
+                Some(env) => {
+                    assert!(envs.contains(&env.as_str()), "docs/manager.md: bridge {flag}'s variable is {env}")
+                }
+                None => {
+                    assert!(envs.is_empty(), "docs/manager.md gives bridge {flag} a variable {envs:?}; it has none")
+                }
+            }
+            compared += 1;
+        }
+        if let Some((flag, _)) = setting.and_then(|s| bridge.iter().find(|(_, arg)| env_of(arg).as_deref() == Some(s)))
+        {
+            assert!(named.contains(&flag.as_str()), "docs/manager.md: {setting:?} is also bridge {flag}'s; say so");
+        }
+    }
+    assert!(compared >= 7, "{compared} bridge flags compared");
 }
 
 /// The CRD's schema of `spec.ports[].containerPort`.
@@ -717,31 +784,259 @@ fn the_license_file_is_the_one_cargo_toml_names() {
     assert!(license.contains("Permission is hereby granted, free of charge"));
 }
 
+#[test]
+fn the_providers_licence_is_the_projects() {
+    let manifest = read("Cargo.toml");
+    let crate_licence = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("license = "))
+        .map(|l| l.trim_matches('"').to_string())
+        .expect("Cargo.toml names a license");
+    for path in ["integrations/manager/package.json", "integrations/manager/package-lock.json"] {
+        let package: Value = serde_json::from_str(&read(path)).unwrap();
+        // package-lock.json keeps the root package's licence under packages[""].
+        let licence = package.get("license").or_else(|| package["packages"][""].get("license"));
+        assert_eq!(
+            licence.and_then(Value::as_str),
+            Some(crate_licence.as_str()),
+            "{path}'s licence against Cargo.toml's"
+        );
+    }
+}
+
+// ---- The chart's PrometheusRule: the alerts docs/operations.md and docs/bridge.md document ----
+
+/// `helm template` of the chart as release `mw-operator` in `mw-system`, with `--set` values.
+fn helm_template(sets: &[&str]) -> Vec<Value> {
+    let helm = std::env::var("MW_TEST_HELM")
+        .expect("MW_TEST_HELM: the helm binary (make test sets it; `bash hack/helm.sh` prints or builds one)");
+    let mut command = std::process::Command::new(&helm);
+    command.args(["template", "mw-operator", "charts/mw-operator", "--namespace", "mw-system"]);
+    for set in sets {
+        command.args(["--set", set]);
+    }
+    let out = command.output().unwrap_or_else(|e| panic!("running {helm}: {e}"));
+    assert!(out.status.success(), "helm template {sets:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .split("\n---")
+        .filter_map(|doc| serde_saphyr::from_str::<Value>(doc).ok())
+        .filter(|doc| doc.is_object())
+        .collect()
+}
+
+/// Every alert of the rendered PrometheusRule: (name, `for`).
+fn rendered_alerts(sets: &[&str]) -> BTreeSet<(String, String)> {
+    let docs = helm_template(&[&["prometheusRule.enabled=true"], sets].concat());
+    let rule = docs.iter().find(|d| d["kind"] == "PrometheusRule").expect("a PrometheusRule");
+    rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|group| group["rules"].as_array().unwrap())
+        .map(|r| (r["alert"].as_str().unwrap().to_string(), r["for"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+/// The alerts of docs/operations.md: its YAML blocks' `- alert:` entries.
+fn operations_alerts() -> BTreeSet<(String, String)> {
+    markdown::code_blocks(&read("docs/operations.md"))
+        .iter()
+        .filter_map(|block| serde_saphyr::from_str::<Value>(block).ok())
+        .filter_map(|doc| doc.as_array().cloned())
+        .flatten()
+        .filter(|rule| rule["alert"].is_string())
+        .map(|rule| (rule["alert"].as_str().unwrap().to_string(), rule["for"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+/// docs/bridge.md's alerts table: `| alert | expression | for | … |`.
+fn bridge_alert_rows() -> Vec<Vec<String>> {
+    markdown::table(&read("docs/bridge.md"), "### Alerts", "| alert | expression | for |")
+}
+
+#[test]
+fn the_prometheus_rule_holds_the_alerts_the_docs_document() {
+    let operations = operations_alerts();
+    assert!(operations.len() >= 5, "docs/operations.md's alerts: {operations:?}");
+    let bridge: BTreeSet<(String, String)> = bridge_alert_rows()
+        .iter()
+        .map(|row| (markdown::backticked(&row[0])[0].to_string(), markdown::backticked(&row[2])[0].to_string()))
+        .collect();
+    assert!(!bridge.is_empty(), "docs/bridge.md documents the bridge's alerts");
+    assert_eq!(rendered_alerts(&[]), operations, "the chart's alerts without the bridge are docs/operations.md's");
+    let with_bridge = rendered_alerts(&[
+        "bridge.enabled=true",
+        "bridge.nodes[0].node=k8s-lab-1",
+        "bridge.nodes[0].namespace=workloads",
+        "bridge.database.urlSecret.name=db",
+    ]);
+    let documented: BTreeSet<_> = operations.union(&bridge).cloned().collect();
+    assert_eq!(
+        with_bridge, documented,
+        "the chart's alerts with the bridge are docs/operations.md's and docs/bridge.md's"
+    );
+}
+
+#[test]
+fn bridge_md_alerts_read_what_the_bridge_exports() {
+    let exported = exposition::families(&bridge_registry());
+    for row in bridge_alert_rows() {
+        let expr = markdown::backticked(&row[1])[0];
+        let mut read = 0;
+        // Each series it reads (a name followed by its selector, or any `mw_` name) and each
+        // `label="value"` of a selector.
+        let mut rest = expr;
+        while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
+            let len =
+                rest[start..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len() - start);
+            let (name, after) = (&rest[start..start + len], &rest[start + len..]);
+            rest = after;
+            if !(after.starts_with('{') || name.starts_with("mw_")) {
+                continue; // a function, a keyword or a label name
+            }
+            let family = exported
+                .get(name)
+                .unwrap_or_else(|| panic!("docs/bridge.md: {expr} reads {name}, which the bridge does not export"));
+            read += 1;
+            if let Some(selector) = after.strip_prefix('{') {
+                let selector = &selector[..selector.find('}').unwrap()];
+                for matcher in selector.split(',').map(str::trim) {
+                    let (label, value) = matcher.split_once("=\"").unwrap();
+                    let values = family.labels.get(label).unwrap_or_else(|| panic!("{name} has no label {label}"));
+                    assert!(values.contains(value.trim_end_matches('"')), "{name} never has {matcher}: {values:?}");
+                }
+                rest = &after[selector.len() + 2..];
+            }
+        }
+        assert!(read > 0, "docs/bridge.md: {expr} reads no series the bridge exports");
+    }
+}
+
+// ---- CONTRIBUTING.md's layout: every module and test file ----
+
+/// A module's or test's name as the layout table writes it: `reconcile`, `bridge_db`.
+fn is_module_name(word: &str) -> bool {
+    !word.is_empty() && word.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// The `.rs` files directly in `dir`, by name.
+fn rust_files(dir: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn contributing_md_lists_every_module_and_test_file() {
+    let rows = markdown::table(&read("CONTRIBUTING.md"), "## Layout", "| path |");
+    // Listed: each `src/…` path, and for a directory each module its row names.
+    let (mut listed, mut tests_listed) = (BTreeSet::new(), BTreeSet::new());
+    for row in &rows {
+        let paths = markdown::backticked(&row[0]);
+        for path in paths.iter().filter(|p| p.starts_with("src/")) {
+            listed.insert(path.to_string());
+            if path.ends_with('/') {
+                let names = markdown::backticked(&row[1]).into_iter().filter(|w| is_module_name(w));
+                listed.extend(names.map(|name| format!("{path}{name}.rs")));
+            }
+        }
+        if paths.contains(&"tests/") {
+            let names = markdown::backticked(&row[1]).into_iter().filter(|w| is_module_name(w));
+            tests_listed.extend(names.map(|name| format!("tests/{name}.rs")));
+        }
+    }
+    // The modules: each src/*.rs, and each file of a directory under src/ (its mod.rs is the
+    // directory itself); files deeper down are parts of the module beside their directory.
+    let mut modules: BTreeSet<String> = rust_files("src").into_iter().map(|f| format!("src/{f}")).collect();
+    for entry in std::fs::read_dir("src").unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.is_dir() {
+            let dir = format!("{}/", dir.display());
+            for file in rust_files(&dir) {
+                modules.insert(if file == "mod.rs" { dir.clone() } else { format!("{dir}{file}") });
+            }
+        }
+    }
+    assert!(modules.contains("src/write.rs") && modules.contains("src/operator/"), "{modules:?}");
+    assert_eq!(listed, modules, "CONTRIBUTING.md's layout against the modules under src/");
+    let tests: BTreeSet<String> = rust_files("tests").into_iter().map(|f| format!("tests/{f}")).collect();
+    assert_eq!(tests_listed, tests, "CONTRIBUTING.md's layout against the test files in tests/");
+}
+
 // ---- The README ----
+
+/// A node of the chart's values schema as written (`{"allOf": [{"$ref": "#/definitions/x"}]}`)
+/// to the node it stands for.
+fn resolve<'a>(schema: &'a Value, mut node: &'a Value) -> &'a Value {
+    loop {
+        if let Some(name) = node["$ref"].as_str().and_then(|r| r.strip_prefix("#/definitions/")) {
+            node = &schema["definitions"][name];
+        } else if node["properties"].is_null() && node["items"].is_null() && node["allOf"].is_array() {
+            node = &node["allOf"][0];
+        } else {
+            return node;
+        }
+    }
+}
 
 #[test]
 fn the_readme_takes_a_newcomer_from_prerequisites_to_a_verified_install() {
     let readme = read("README.md");
-    let at = |needle: &str| readme.find(needle).unwrap_or_else(|| panic!("README.md lacks {needle:?}"));
+    // What it is and what stock Manager does with it, then a quick start on a real cluster,
+    // the local demo, and the details: each needle found after the one before it.
     let order = [
-        "## Prerequisites",
-        "## Install",
-        "No image is published",
+        "Manager v2026.7.4",
+        "## Quick start on a real cluster",
         "make image",
-        "skopeo copy oci-archive:",
+        "skopeo copy oci-archive:target/image/mw-operator.oci.tar",
+        "kubectl apply --server-side -f crds/",
         "helm install",
-        "## Verify",
         "mw-operator check",
-        "## Using it from Manager",
+        "config/samples/nginx.yaml",
         "## Try it locally",
         "make demo",
         "make test",
+        "## Prerequisites",
+        "## Install",
+        "No image is published",
+        "## Verify",
+        "mw-operator check",
+        "## Using it from Manager",
     ];
-    for pair in order.windows(2) {
-        assert!(at(pair[0]) < at(pair[1]), "README.md: {:?} comes before {:?}", pair[0], pair[1]);
+    let mut at = 0;
+    for (i, needle) in order.iter().enumerate() {
+        let found = readme[at..].find(needle).unwrap_or_else(|| {
+            panic!("README.md: no {needle:?} after {:?}", order[..i].last().copied().unwrap_or("the start"))
+        });
+        at += found + needle.len();
     }
-    // The stock-Manager limits come before any instructions.
-    assert!(at("Manager v2026.7.4") < at("## Prerequisites"), "README.md: the Manager version and its limits first");
+    // The archive the quick start pushes is the one `make image` writes.
+    assert!(read("Makefile").contains("--out target/image/mw-operator.oci.tar"), "Makefile's image archive");
+    // Every `--set` of its command lines is a value the chart's schema knows.
+    let schema: Value = serde_json::from_str(&read("charts/mw-operator/values.schema.json")).unwrap();
+    let mut sets = 0;
+    for block in markdown::code_blocks(&readme) {
+        for (i, _) in block.match_indices("--set ") {
+            let value = block[i + "--set ".len()..].split_whitespace().next().unwrap().trim_matches('\'');
+            let key = value.split_once('=').map_or(value, |(k, _)| k);
+            let mut node = &schema;
+            for part in key.split('.') {
+                let (name, indexed) = part.split_once('[').map_or((part, false), |(n, _)| (n, true));
+                node = &resolve(&schema, node)["properties"][name];
+                if indexed {
+                    node = &resolve(&schema, node)["items"];
+                }
+                assert!(node.is_object(), "README.md: --set {value}: the chart has no value {key}");
+            }
+            sets += 1;
+        }
+    }
+    assert!(sets >= 5, "only {sets} --set found in README.md");
     // The demo output shows the columns `kubectl get mw -o wide` prints.
     let crd = documents("crds/managedworkloads.opensource-server.mieweb.org.yaml").remove(0);
     let columns: Vec<String> = crd["spec"]["versions"][0]["additionalPrinterColumns"]

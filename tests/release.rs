@@ -563,6 +563,29 @@ fn layer_listing(dir: &std::path::Path, digest: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into()
 }
 
+/// An architecture the image cannot be labelled with (a 32-bit ARM ELF header) is refused,
+/// naming the ones it can.
+#[test]
+fn the_image_refuses_other_architectures() {
+    let dir = std::env::temp_dir().join(format!("mw-image-arch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut header = vec![0u8; 64];
+    header[..6].copy_from_slice(b"\x7fELF\x01\x01"); // 32-bit, little-endian
+    header[18] = 40; // e_machine: EM_ARM
+    let binary = dir.join("arm");
+    std::fs::write(&binary, header).unwrap();
+    let out = std::process::Command::new("python3")
+        .arg("hack/image.py")
+        .args(["--binary", binary.to_str().unwrap(), "--name", "mw-operator:9.9.9", "--out"])
+        .arg(dir.join("image.tar"))
+        .output()
+        .expect("running python3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("x86_64 (amd64), aarch64 (arm64) only"), "{stderr}");
+    assert!(!dir.join("image.tar").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `make image`'s recipe, on a small dynamically linked binary (the recipe does not depend on
 /// which): the same inputs give the same bytes, and the image holds the binary, the libraries
 /// the loader opens for it, the CA bundle, the users and the licences, runs as 65532, and is
@@ -599,6 +622,14 @@ fn the_image_is_reproducible_and_holds_only_what_the_binary_needs() {
     assert_eq!(config["config"]["Cmd"], json!(["run"]));
     assert_eq!(config["config"]["Labels"]["org.opencontainers.image.revision"], "abc");
     assert_eq!(config["config"]["Labels"]["org.opencontainers.image.licenses"], "MIT");
+    // Labelled with the binary's architecture, as OCI names it (/usr/bin/true is this machine's).
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => panic!("hack/image.py builds no image on {other}"),
+    };
+    assert_eq!((config["architecture"].as_str(), config["os"].as_str()), (Some(arch), Some("linux")));
+    assert_eq!(manifest_desc["platform"]["architecture"], arch);
     // `docker load` reads Docker's manifest.json beside the OCI layout.
     let docker = read_json(unpacked.join("manifest.json"));
     assert_eq!(docker[0]["RepoTags"], json!(["docker.io/library/mw-operator:9.9.9"]));
