@@ -231,8 +231,14 @@ pub const DETAIL_DELAY_IN_TRANSITION: Duration = Duration::from_secs(300);
 /// Waits a human may have to end, said at once when the workload enters one in transition
 /// (the other steps it waits on are details): no node can host the Pod (a cluster autoscaler
 /// or an administrator adds one; Manager reports the reason); its volume is still attached to
-/// a lost node.
-pub const STUCK_WAITS: [&str; 2] = [UNSCHEDULABLE, volumes::VOLUME_HELD_ELSEWHERE];
+/// a lost node; a Secret or ConfigMap it reads is not there; the kubelet cannot make its
+/// sandbox.
+pub const STUCK_WAITS: [&str; 4] = [UNSCHEDULABLE, volumes::VOLUME_HELD_ELSEWHERE, CONFIG_WAIT, SANDBOX_WAIT];
+
+/// Reason of a wait for a Secret or ConfigMap (the kubelet's own word for it).
+const CONFIG_WAIT: &str = "CreateContainerConfigError";
+/// Reason of a wait for a sandbox the kubelet cannot make yet.
+const SANDBOX_WAIT: &str = "PodSandboxFailed";
 
 /// Kubernetes' kstatus conditions, whose reason is part of what a client waits on.
 const SUMMARY: [&str; 3] = [READY, RECONCILING, STALLED];
@@ -359,7 +365,7 @@ fn sandbox_failure(mw: &ManagedWorkload, message: &str) -> Verdict {
         );
         return Verdict::new(Phase::Failed, "UserNamespacesUnsupported", why);
     }
-    waiting_on(mw, "PodSandboxFailed", &format!("the kubelet cannot make the Pod's sandbox yet: {message}"))
+    waiting_on(mw, SANDBOX_WAIT, &format!("the kubelet cannot make the Pod's sandbox yet: {message}"))
 }
 
 /// The permanent id Manager stores for the container: `namespace/name`.
@@ -764,7 +770,7 @@ fn config_wait(pod: &Pod) -> Option<(&'static str, String)> {
     container_statuses(pod).find_map(|cs| {
         let waiting = cs.state.as_ref()?.waiting.as_ref().filter(|w| waits_for_config(w))?;
         let message = scrub(waiting.message.as_deref().unwrap_or_default(), pod);
-        Some(("CreateContainerConfigError", format!("container {} waits: {message}", cs.name)))
+        Some((CONFIG_WAIT, format!("container {} waits: {message}", cs.name)))
     })
 }
 

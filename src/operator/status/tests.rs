@@ -794,6 +794,9 @@ fn a_container_waiting_for_its_secret_is_creating_until_the_progress_deadline() 
         assert_summary(&s, Phase::Creating, "False", "True", "False");
         assert_eq!(cond(&s, RECONCILING).reason, "CreateContainerConfigError");
         assert!(cond(&s, RECONCILING).message.contains(message), "{}", cond(&s, RECONCILING).message);
+        // Said at once, not held back with the transition's details: someone has to make it.
+        let creating = derive_with(&mw, Some(&d), &[pod(&d, true, false, "")]);
+        assert_eq!(urgency(Some(&creating), &s), Urgency::Now);
         let mut stuck = d.clone();
         stuck.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
             "Progressing",
