@@ -82,6 +82,8 @@ ensure_node_packages() {
   command -v iptables >/dev/null || missing+=(iptables)
   command -v conntrack >/dev/null || missing+=(conntrack)
   command -v ip >/dev/null || missing+=(iproute2)
+  # The system-container test image's Debian (hack/systemd-image.sh).
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
   if ((${#missing[@]})); then
     log "installing ${missing[*]} from Debian's packages (the real node's runtime)"
     local sudo=()
@@ -178,9 +180,10 @@ cmd_node_up() {
   claim_bridge
   echo "$state" >"$REAL_NODE_LOCK"
   ensure_node_packages
-  local nbin images
+  local nbin images systemd_image
   nbin=$(cmd_node_build)
   images=$(cmd_images)
+  systemd_image=$(bash "$HERE/systemd-image.sh")
   local t0=$SECONDS
   mkdir -p "$node"/{containerd/root,containerd/state,cni/net.d,cni/ipam,kubelet/pki} "$state/pids"
 
@@ -283,8 +286,11 @@ JSON
 
   start "$state" "$logs" containerd "$(command -v containerd)" --config "$node/containerd.toml"
   wait_for "containerd" 60 "$logs" ctr --address "$sock" version || { cmd_node_down "$name"; return 1; }
-  ctr --address "$sock" -n k8s.io images import "$images" >/dev/null ||
-    { log "importing $images failed; see $logs/containerd.log"; cmd_node_down "$name"; return 1; }
+  local archive
+  for archive in "$images" "$systemd_image"; do
+    ctr --address "$sock" -n k8s.io images import "$archive" >/dev/null ||
+      { log "importing $archive failed; see $logs/containerd.log"; cmd_node_down "$name"; return 1; }
+  done
 
   local kubelet_port healthz_port proxy_healthz proxy_metrics
   read -r kubelet_port healthz_port < <(free_port_pair)

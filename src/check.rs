@@ -485,6 +485,7 @@ mod tests {
             "delete services",
             "create events.events.k8s.io",
             "patch events.events.k8s.io",
+            "list events",
         ];
         want.sort();
         // A change to config/rbac/role.yaml shows here; the check follows it by itself.
@@ -534,7 +535,7 @@ mod tests {
             assert!(here.iter().filter(|a| a.permission.resource == "leases").all(|a| !a.required), "{here:#?}");
         }
         assert!(!all.iter().any(|a| a.namespace.as_deref() == Some("mw-system") && !a.required));
-        assert_eq!(all.len(), 2 * (28 + 3) + 3);
+        assert_eq!(all.len(), 2 * (29 + 3) + 3);
 
         // Cluster-wide: the Role in all namespaces, the Lease still in its own namespace.
         let all = asks(Component::Operator, &[], Some(&lease())).unwrap();
@@ -543,7 +544,7 @@ mod tests {
                 .filter(|a| a.permission.resource == "leases" && a.required)
                 .all(|a| a.namespace.as_deref() == Some("mw-system"))
         );
-        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 28);
+        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 29);
 
         // Without leader election: no Lease asked anywhere.
         let none = asks(Component::Operator, &namespaces, None).unwrap();

@@ -45,6 +45,11 @@ pub enum Command {
         #[arg(long, default_value = operator::deployment::DEFAULT_GPU_RESOURCE, env = "MW_GPU_RESOURCE_NAME",
               value_parser = operator::deployment::check_gpu_resource)]
         gpu_resource_name: String,
+        /// RuntimeClass of system containers (`spec.systemContainer`) that name none: one
+        /// whose runtime handler gives a container a writable cgroup (docs/install.md, "System
+        /// containers"). None when empty: the node's default runtime.
+        #[arg(long, default_value = "", env = "MW_SYSTEM_CONTAINER_RUNTIME_CLASS")]
+        system_container_runtime_class: String,
         #[command(flatten)]
         election: election::ElectionArgs,
     },

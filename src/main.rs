@@ -16,8 +16,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     let result = match cli.command {
-        Command::Run { connection, namespaces, concurrency, metrics_address, gpu_resource_name, election } => {
-            let pod_settings = operator::deployment::PodSettings { gpu_resource: gpu_resource_name };
+        Command::Run {
+            connection,
+            namespaces,
+            concurrency,
+            metrics_address,
+            gpu_resource_name,
+            system_container_runtime_class,
+            election,
+        } => {
+            let pod_settings = operator::deployment::PodSettings {
+                gpu_resource: gpu_resource_name,
+                system_container_runtime_class: Some(system_container_runtime_class).filter(|c| !c.is_empty()),
+            };
             run(connection, namespaces, concurrency, metrics_address, pod_settings, election)
         }
         Command::Crd { out, check } => crd(out, check),

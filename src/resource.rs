@@ -96,7 +96,11 @@ pub fn made_for_manager(mw: &ManagedWorkload) -> bool {
         .field_path(".spec.service"),
     validation = Rule::new(ROLLING_UPDATE_NEEDS_SHARED_VOLUMES)
         .message(ROLLING_UPDATE_NEEDS_SHARED_VOLUMES_MESSAGE)
-        .field_path(".spec.updateStrategy")
+        .field_path(".spec.updateStrategy"),
+    validation = Rule::new(SYSTEM_CONTAINER_VOLUMES)
+        .message("a system container's volumes may not be named system-run, system-run-lock or system-tmp, nor \
+                  mounted at /run, /run/lock or /tmp: those are its memory-backed directories")
+        .field_path(".spec.volumes")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(probe_port_named("readinessProbe")).message("readinessProbe: a named port must be the name of one of spec.ports").field_path(".readinessProbe"))]
@@ -282,7 +286,70 @@ pub struct ManagedWorkloadSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("!has(self.successThreshold) || self.successThreshold == 1").message("successThreshold must be 1 for a startup probe"))]
     pub startup_probe: Option<Box<Probe>>,
+
+    /// Run the image as a system container: its own init (systemd) as process 1 with its
+    /// services, as an LXC container runs on Proxmox (Manager's templates are such images).
+    /// The Pod gets what systemd needs: memory-backed `/run`, `/run/lock` and `/tmp`, a
+    /// console, a user namespace of its own, a stop grace period longer than systemd's, the
+    /// hostname, `Recreate`. The node must support it (docs/install.md, "System containers").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_container: Option<Box<SystemContainer>>,
 }
+
+/// How a system container runs (`spec.systemContainer`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.privileged) && self.privileged && has(self.userNamespace) && self.userNamespace)")
+    .message("a privileged container cannot run in a user namespace: leave userNamespace unset or false")
+    .field_path(".userNamespace"))]
+pub struct SystemContainer {
+    /// Run in a user namespace of its own (`hostUsers: false`), so that root in the container
+    /// is an unprivileged user on the node. On unless set to false, or `privileged`. Needs
+    /// Kubernetes 1.33+, containerd 2.0+, runc 1.2+ and Linux 6.3+ on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_namespace: Option<bool>,
+    /// The Pod's RuntimeClass: a runtime handler that gives the container a writable cgroup
+    /// (containerd 2.1+ with `cgroup_writable = true`). The operator's
+    /// `--system-container-runtime-class` unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub runtime_class_name: Option<String>,
+    /// Run privileged: every device and capability of the node, and its cgroups writable.
+    /// Root in the container is then root on the node: only for nodes that cannot give
+    /// systemd a writable cgroup otherwise (cgroup v1, containerd before 2.1), and only where
+    /// whoever may create the workload may own the node. Off unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privileged: Option<bool>,
+    /// Seconds from the stop signal (the image's, SIGRTMIN+3 for systemd) to the kill: longer
+    /// than systemd's own stop timeout (90 s by default). 120 unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub stop_grace_period_seconds: Option<i64>,
+}
+
+impl SystemContainer {
+    pub fn privileged(&self) -> bool {
+        self.privileged.unwrap_or(false)
+    }
+
+    /// Whether the Pod gets a user namespace of its own.
+    pub fn user_namespace(&self) -> bool {
+        !self.privileged() && self.user_namespace.unwrap_or(true)
+    }
+}
+
+/// The memory-backed directories a system container gets, as (volume name, mount path): its
+/// volumes may use neither.
+pub const SYSTEM_CONTAINER_TMPFS: [(&str, &str); 3] =
+    [("system-run", "/run"), ("system-run-lock", "/run/lock"), ("system-tmp", "/tmp")];
+
+/// CEL: a system container's volumes leave its memory-backed directories alone.
+const SYSTEM_CONTAINER_VOLUMES: &str = "!has(self.spec.systemContainer) || !has(self.spec.volumes) \
+     || self.spec.volumes.all(v, !(v.name in ['system-run', 'system-run-lock', 'system-tmp']) \
+     && !(v.mountPath in ['/run', '/run/lock', '/tmp']))";
 
 /// CEL: an explicit `RollingUpdate` only when every volume can be mounted by two Pods at once.
 const ROLLING_UPDATE_NEEDS_SHARED_VOLUMES: &str = "!has(self.spec.updateStrategy) \

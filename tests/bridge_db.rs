@@ -44,6 +44,7 @@ async fn reads_and_writes(engine: Engine) {
         requests_percent: 100,
         rootfs: &Default::default(),
         service: &Default::default(),
+        system_images: &Default::default(),
     };
     let pg = mapping::desired(&rows[1], &cx).unwrap();
     assert_eq!(

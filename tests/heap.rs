@@ -94,6 +94,7 @@ fn what_the_bridge_keeps_per_row() {
         requests_percent: 100,
         rootfs: &Default::default(),
         service: &Default::default(),
+        system_images: &Default::default(),
     };
     let desired = mapping::desired(&row, &cx).expect("a row that maps");
     // As the API server returns it: identity, and a status of the operator's.

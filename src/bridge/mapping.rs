@@ -86,6 +86,28 @@ impl Default for ServiceSettings {
     }
 }
 
+/// Manager's own templates (its UI's choices, `images/` in its repository): Debian with systemd
+/// as process 1, as LXC containers run on Proxmox.
+pub const MANAGER_TEMPLATES: &str = "ghcr.io/mieweb/opensource-server/";
+
+/// Which images are system containers (`spec.systemContainer`): those whose reference starts
+/// with one of these prefixes (bridge flag `--system-container-images`; the provider's
+/// `MW_SYSTEM_CONTAINER_IMAGES`). Manager's own templates unless told otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SystemImages(pub Vec<String>);
+
+impl Default for SystemImages {
+    fn default() -> Self {
+        SystemImages(vec![MANAGER_TEMPLATES.to_string()])
+    }
+}
+
+impl SystemImages {
+    pub fn matches(&self, image: &str) -> bool {
+        self.0.iter().any(|prefix| !prefix.is_empty() && image.starts_with(prefix.as_str()))
+    }
+}
+
 /// Most ports a workload may declare (the CRD's limit on `spec.ports`).
 const MAX_PORTS: usize = 64;
 
@@ -138,6 +160,8 @@ pub struct Context<'a> {
     pub rootfs: &'a RootfsVolume,
     /// Whether and how the row's services become a Service.
     pub service: &'a ServiceSettings,
+    /// Which templates run as system containers.
+    pub system_images: &'a SystemImages,
 }
 
 /// What one row should look like in the cluster.
@@ -245,6 +269,7 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         volumes,
         ports,
         service,
+        system_container: cx.system_images.matches(template).then(Box::default),
         ..Default::default()
     };
     let mut workload = ManagedWorkload::new(&name, spec);

@@ -95,6 +95,11 @@ pub struct BridgeArgs {
     /// `metallb.io/address-pool=manager`). Repeat for several.
     #[arg(long = "service-annotation", value_parser = parse_annotation)]
     pub service_annotations: Vec<(String, String)>,
+    /// Image prefixes whose containers run as system containers (systemd as process 1:
+    /// `spec.systemContainer`); repeat or comma-separate. Empty: none.
+    #[arg(long = "system-container-images", env = "MW_SYSTEM_CONTAINER_IMAGES", value_delimiter = ',',
+          default_value = mapping::MANAGER_TEMPLATES)]
+    pub system_container_images: Vec<String>,
     /// Where to serve /healthz, /readyz (ready while sync passes succeed) and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
     pub metrics_address: std::net::SocketAddr,
@@ -243,6 +248,9 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
             load_balancer_class: Some(args.service_load_balancer_class.clone()).filter(|c| !c.is_empty()),
             annotations: args.service_annotations.iter().cloned().collect(),
         },
+        system_images: mapping::SystemImages(
+            args.system_container_images.iter().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect(),
+        ),
         address: args.ipv4_address,
         concurrency: usize::from(args.concurrency),
         pass_timeout: args.pass_timeout,

@@ -434,6 +434,7 @@ pub(crate) mod tests {
             requests_percent: 100,
             rootfs: &Default::default(),
             service: &Default::default(),
+            system_images: &Default::default(),
         };
         mapping::desired(&row(), &cx).unwrap()
     }

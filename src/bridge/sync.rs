@@ -66,6 +66,8 @@ pub struct Settings {
     pub rootfs: mapping::RootfsVolume,
     /// Whether and how a row's services become a Service.
     pub service: mapping::ServiceSettings,
+    /// Which templates run as system containers.
+    pub system_images: mapping::SystemImages,
     /// What is written back as `ipv4Address`.
     pub address: plan::AddressSource,
     /// API requests in flight at once during a pass.
@@ -552,6 +554,7 @@ impl Bridge {
                 requests_percent: self.settings.requests_percent,
                 rootfs: &self.settings.rootfs,
                 service: &self.settings.service,
+                system_images: &self.settings.system_images,
             };
             let cluster = &self.cluster;
             // Where it watches the old namespace, the old workload's deletion (the deletion
@@ -1249,6 +1252,7 @@ mod tests {
             requests_percent: 100,
             rootfs: Default::default(),
             service: Default::default(),
+            system_images: Default::default(),
             address: Default::default(),
             concurrency: 16,
             pass_timeout: Duration::from_secs(300),

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
-    LocalObjectReference, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, TCPSocketAction, Toleration, Volume,
-    VolumeMount,
+    Capabilities, ConfigMapKeySelector, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    ExecAction, HTTPGetAction, LocalObjectReference, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, TCPSocketAction,
+    Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -18,7 +18,8 @@ use kube::{Resource, ResourceExt};
 
 use super::ownership::{fingerprint, labels, selector_labels, stamp_applied_hash};
 use crate::resource::{
-    DesiredState, ManagedWorkload, ManagedWorkloadSpec, Protocol, ResourceList, Resources, UpdateStrategy,
+    DesiredState, ManagedWorkload, ManagedWorkloadSpec, Protocol, ResourceList, Resources, SYSTEM_CONTAINER_TMPFS,
+    SystemContainer, UpdateStrategy,
 };
 
 /// Name of the single container in every workload Pod.
@@ -41,13 +42,19 @@ pub const PROGRESS_DEADLINE_SECONDS: i32 = 600;
 pub struct PodSettings {
     /// Extended resource name `spec.resources.gpus` is requested as (`--gpu-resource-name`).
     pub gpu_resource: String,
+    /// RuntimeClass of system containers that name none (`--system-container-runtime-class`).
+    pub system_container_runtime_class: Option<String>,
 }
 
 impl Default for PodSettings {
     fn default() -> Self {
-        PodSettings { gpu_resource: DEFAULT_GPU_RESOURCE.into() }
+        PodSettings { gpu_resource: DEFAULT_GPU_RESOURCE.into(), system_container_runtime_class: None }
     }
 }
+
+/// The stop grace period of a system container that names none: longer than systemd's own
+/// stop timeout (`DefaultTimeoutStopSec`, 90 s), so its services stop in order.
+pub const SYSTEM_CONTAINER_STOP_GRACE_SECONDS: i64 = 120;
 
 /// An extended resource name as Kubernetes accepts one for a container: `domain/name`, the
 /// domain not `kubernetes.io` (reserved for native resources), e.g. `nvidia.com/gpu`,
@@ -134,46 +141,63 @@ pub fn deployment(mw: &ManagedWorkload, settings: &PodSettings) -> Option<Deploy
 ///   while the old one holds it, and a ReadWriteMany one would get two writers on one data
 ///   directory (a Manager container is a pet: its software expects to be alone on its disk);
 /// - GPUs: on a full GPU pool the surge Pod is Unschedulable while the old one holds the GPU,
-///   so every rollout would deadlock and fail at its deadline.
+///   so every rollout would deadlock and fail at its deadline;
+/// - a system container: a whole machine, with its hostname, which is one at a time.
 ///
 /// An explicit `RollingUpdate` stays the user's choice where the CRD allows it (ReadWriteMany
 /// volumes only; with GPUs, for a pool with room to spare).
 pub fn update_strategy(spec: &ManagedWorkloadSpec) -> UpdateStrategy {
     let gpus = spec.resources.as_ref().and_then(|r| r.gpus).unwrap_or(0) > 0;
-    spec.update_strategy.unwrap_or(if gpus || !spec.volumes.is_empty() {
+    spec.update_strategy.unwrap_or(if gpus || !spec.volumes.is_empty() || spec.system_container.is_some() {
         UpdateStrategy::Recreate
     } else {
         UpdateStrategy::RollingUpdate
     })
 }
 
-/// The Pod's volumes: one per `spec.volumes` entry, each its claim, named as in the spec.
+/// The Pod's volumes: one per `spec.volumes` entry, each its claim, named as in the spec; and
+/// a system container's memory-backed directories (systemd mounts nothing itself in a
+/// container, and exits without a writable `/run`).
 fn pod_volumes(mw: &ManagedWorkload) -> Option<Vec<Volume>> {
-    let volumes = &mw.spec.volumes;
-    (!volumes.is_empty()).then(|| {
-        volumes
-            .iter()
-            .map(|v| Volume {
-                name: v.name.clone(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: super::claims::claim_name(&mw.name_any(), &v.name),
-                    read_only: None,
-                }),
-                ..Default::default()
-            })
-            .collect()
-    })
+    let claims = mw.spec.volumes.iter().map(|v| Volume {
+        name: v.name.clone(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: super::claims::claim_name(&mw.name_any(), &v.name),
+            read_only: None,
+        }),
+        ..Default::default()
+    });
+    let memory = system_tmpfs(mw).map(|(name, _)| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource { medium: Some("Memory".into()), size_limit: None }),
+        ..Default::default()
+    });
+    non_empty_vec(claims.chain(memory).collect())
 }
 
 /// The container's mounts of those volumes.
 fn volume_mounts(mw: &ManagedWorkload) -> Option<Vec<VolumeMount>> {
-    let volumes = &mw.spec.volumes;
-    (!volumes.is_empty()).then(|| {
-        volumes
-            .iter()
-            .map(|v| VolumeMount { name: v.name.clone(), mount_path: v.mount_path.clone(), ..Default::default() })
-            .collect()
-    })
+    let mut paths: Vec<(&str, &str)> =
+        mw.spec.volumes.iter().map(|v| (v.name.as_str(), v.mount_path.as_str())).collect();
+    for tmpfs in system_tmpfs(mw) {
+        paths.push(tmpfs);
+    }
+    let mounts = paths.into_iter().map(|(name, path)| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        ..Default::default()
+    });
+    non_empty_vec(mounts.collect())
+}
+
+/// A system container's memory-backed directories, as (volume name, mount path).
+fn system_tmpfs(mw: &ManagedWorkload) -> impl Iterator<Item = (&'static str, &'static str)> + use<> {
+    let system = mw.spec.system_container.is_some();
+    SYSTEM_CONTAINER_TMPFS.into_iter().filter(move |_| system)
+}
+
+fn non_empty_vec<T>(items: Vec<T>) -> Option<Vec<T>> {
+    (!items.is_empty()).then_some(items)
 }
 
 /// 1 while the workload should run, 0 when stopped.
@@ -186,7 +210,11 @@ pub fn desired_replicas(mw: &ManagedWorkload) -> i32 {
 
 fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>, settings: &PodSettings) -> PodTemplateSpec {
     let spec = &mw.spec;
-    let (pod_security, container_security) = security_contexts(spec.security_context.as_deref());
+    let system = spec.system_container.as_deref();
+    let (pod_security, mut container_security) = security_contexts(spec.security_context.as_deref());
+    if system.is_some_and(SystemContainer::privileged) {
+        container_security.get_or_insert_with(Default::default).privileged = Some(true);
+    }
     let container = Container {
         name: CONTAINER_NAME.into(),
         image: Some(spec.image.clone()),
@@ -211,6 +239,11 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>, setting
         readiness_probe: spec.readiness_probe.as_deref().map(probe),
         liveness_probe: spec.liveness_probe.as_deref().map(probe),
         startup_probe: spec.startup_probe.as_deref().map(probe),
+        // systemd writes to a console; without one its output is lost.
+        tty: system.map(|_| true),
+        // Its last lines say why a system container could not boot (a read-only cgroup): the
+        // status reads them from the termination message.
+        termination_message_policy: system.map(|_| "FallbackToLogsOnError".into()),
         ..Default::default()
     };
     PodTemplateSpec {
@@ -222,7 +255,8 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>, setting
         }),
         spec: Some(PodSpec {
             containers: vec![container],
-            hostname: spec.hostname.clone(),
+            // A machine has its name (systemd reads it from the kernel); a Pod's is its own.
+            hostname: spec.hostname.clone().or_else(|| system.map(|_| mw.name_any())),
             automount_service_account_token: Some(spec.automount_service_account_token.unwrap_or(false)),
             enable_service_links: Some(spec.enable_service_links.unwrap_or(false)),
             volumes: pod_volumes(mw),
@@ -234,6 +268,11 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>, setting
             tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.iter().map(toleration).collect()),
             priority_class_name: spec.priority_class_name.clone(),
             security_context: pod_security,
+            host_users: system.filter(|s| s.user_namespace()).map(|_| false),
+            runtime_class_name: system
+                .and_then(|s| s.runtime_class_name.clone().or_else(|| settings.system_container_runtime_class.clone())),
+            termination_grace_period_seconds: system
+                .map(|s| s.stop_grace_period_seconds.unwrap_or(SYSTEM_CONTAINER_STOP_GRACE_SECONDS)),
             ..Default::default()
         }),
     }
@@ -634,7 +673,7 @@ mod tests {
         assert_eq!(res.requests.as_ref().unwrap()["cpu"], quantity("1"));
         assert_eq!(res.limits.unwrap(), BTreeMap::from([("nvidia.com/gpu".to_string(), quantity("2"))]));
 
-        let amd = PodSettings { gpu_resource: "amd.com/gpu".into() };
+        let amd = PodSettings { gpu_resource: "amd.com/gpu".into(), ..Default::default() };
         let res = pod_spec(spec(), &amd).containers[0].resources.clone().unwrap();
         assert_eq!(res.limits.unwrap()["amd.com/gpu"], quantity("2"));
         assert!(!res.requests.unwrap().contains_key("nvidia.com/gpu"));
@@ -857,10 +896,77 @@ mod tests {
         for (field, spec) in changed {
             assert_ne!(hash(spec, &PodSettings::default()), base, "{field} rolls out");
         }
-        let amd = PodSettings { gpu_resource: "amd.com/gpu".into() };
+        let amd = PodSettings { gpu_resource: "amd.com/gpu".into(), ..Default::default() };
         assert_eq!(hash(nginx(), &amd), base, "no GPUs: the setting changes nothing");
         let gpu =
             || ManagedWorkloadSpec { resources: Some(Resources { gpus: Some(1), ..Default::default() }), ..nginx() };
         assert_ne!(hash(gpu(), &amd), hash(gpu(), &PodSettings::default()));
+    }
+
+    /// A system container's Pod (issue 43): what systemd needs to boot, and nothing more.
+    #[test]
+    fn a_system_container_gets_what_systemd_needs() {
+        let system = |sc: SystemContainer| ManagedWorkloadSpec {
+            system_container: Some(Box::new(sc)),
+            volumes: vec![crate::resource::Volume {
+                name: "rootfs".into(),
+                mount_path: "/data".into(),
+                size: "1Gi".into(),
+                storage_class_name: None,
+                access_mode: None,
+                retention_policy: None,
+            }],
+            ..nginx()
+        };
+        let settings = PodSettings { system_container_runtime_class: Some("systemd".into()), ..Default::default() };
+        let pod = pod_spec(system(SystemContainer::default()), &settings);
+        let c = &pod.containers[0];
+        let mounts: Vec<_> =
+            c.volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str())).collect();
+        assert_eq!(
+            mounts,
+            [("rootfs", "/data"), ("system-run", "/run"), ("system-run-lock", "/run/lock"), ("system-tmp", "/tmp")]
+        );
+        let memory: Vec<_> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter(|v| v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref() == Some("Memory")))
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(memory, ["system-run", "system-run-lock", "system-tmp"]);
+        assert_eq!(c.tty, Some(true), "a console");
+        assert_eq!(c.termination_message_policy.as_deref(), Some("FallbackToLogsOnError"));
+        assert_eq!(c.security_context, None, "the default capabilities; never privileged unless asked");
+        assert_eq!(pod.host_users, Some(false), "a user namespace of its own by default");
+        assert_eq!(pod.runtime_class_name.as_deref(), Some("systemd"), "the operator's setting");
+        assert_eq!(pod.termination_grace_period_seconds, Some(SYSTEM_CONTAINER_STOP_GRACE_SECONDS));
+        assert!(SYSTEM_CONTAINER_STOP_GRACE_SECONDS > 90, "longer than systemd's stop timeout");
+        assert_eq!(pod.hostname.as_deref(), Some("web"), "the machine's name");
+        assert_eq!(update_strategy(&system(SystemContainer::default())), UpdateStrategy::Recreate);
+        let no_volumes = ManagedWorkloadSpec { volumes: vec![], ..system(SystemContainer::default()) };
+        assert_eq!(update_strategy(&no_volumes), UpdateStrategy::Recreate, "one machine at a time");
+
+        // Its own RuntimeClass, no user namespace when opted out.
+        let own = SystemContainer {
+            runtime_class_name: Some("kata".into()),
+            user_namespace: Some(false),
+            stop_grace_period_seconds: Some(300),
+            ..Default::default()
+        };
+        let pod = pod_spec(system(own), &settings);
+        assert_eq!((pod.runtime_class_name.as_deref(), pod.host_users), (Some("kata"), None));
+        assert_eq!(pod.termination_grace_period_seconds, Some(300));
+
+        // Privileged only when asked, and then in the node's user namespace.
+        let privileged = SystemContainer { privileged: Some(true), ..Default::default() };
+        let pod = pod_spec(system(privileged), &PodSettings::default());
+        assert_eq!(pod.containers[0].security_context.as_ref().and_then(|s| s.privileged), Some(true));
+        assert_eq!((pod.host_users, pod.runtime_class_name.as_deref()), (None, None));
+
+        // Not a system container: none of it.
+        let plain = pod_spec(nginx(), &settings);
+        assert!(plain.volumes.is_none() && plain.host_users.is_none() && plain.runtime_class_name.is_none());
+        assert!(plain.containers[0].tty.is_none() && plain.termination_grace_period_seconds.is_none());
     }
 }

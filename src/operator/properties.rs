@@ -305,6 +305,7 @@ proptest! {
             blocked,
             claims: vec![],
             refused: &[], service: None,
+ sandbox: None,
         };
         let first = status::derive(&mw, &observed, &now);
 

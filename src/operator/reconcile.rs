@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -228,7 +229,9 @@ async fn report(
         Some(_) => Some(CONFLICT_RECHECK),
         None => None,
     };
-    let derived = derive(ctx, mw, namespace, name, desired, &acted, claims);
+    let pods = workload_pods(ctx, namespace, name, &acted);
+    let sandbox = sandbox_failure(ctx, mw, namespace, &pods).await;
+    let derived = derive(ctx, mw, desired, &acted, claims, &pods, sandbox.as_deref());
     let mut held = None;
     if derived.changed() {
         // Details wait for more changes to fold into one write; the requeue below comes back
@@ -270,7 +273,8 @@ async fn report_ahead(
     acted: Acted,
     claims: &volumes::Claims,
 ) {
-    let derived = derive(ctx, mw, namespace, name, desired, &acted, claims);
+    let pods = workload_pods(ctx, namespace, name, &acted);
+    let derived = derive(ctx, mw, desired, &acted, claims, &pods, None);
     let reported = derived.known.status.as_ref().and_then(|s| s.observed_generation) == mw.metadata.generation;
     if reported || !derived.changed() || derived.urgency() != status::Urgency::Now {
         return;
@@ -300,26 +304,51 @@ impl Derived {
     }
 }
 
-fn derive(
-    ctx: &Context,
-    mw: &ManagedWorkload,
-    namespace: &str,
-    name: &str,
-    desired: &Deployment,
-    acted: &Acted,
-    claims: &volumes::Claims,
-) -> Derived {
-    // Labelled as the workload's, and belonging to its Deployment's ReplicaSets: a Pod anyone
-    // could create with those labels counts for nothing.
+/// The workload's Pods: labelled as the workload's, and belonging to its Deployment's
+/// ReplicaSets (a Pod anyone could create with those labels counts for nothing).
+fn workload_pods(ctx: &Context, namespace: &str, name: &str, acted: &Acted) -> Vec<Pod> {
     let deployment_uid = acted.deployment.as_ref().and_then(|d| d.metadata.uid.as_deref());
     let caches = &ctx.caches;
-    let pods: Vec<Pod> = caches
+    caches
         .pod_index
         .pods(&caches.pods, namespace, name)
         .iter()
         .map(|p| p.to_pod())
         .filter(|p| deployment_uid.is_some_and(|uid| caches.replica_sets.owns(uid, p)))
-        .collect();
+        .collect()
+}
+
+/// Why the kubelet cannot make the sandbox of a system container's Pod, once it has failed for
+/// a while (`status::sandbox_stuck`): the newest `FailedCreatePodSandBox` Event of that Pod.
+/// One list, and only then: the Pod's status says no more than that its sandbox is not made.
+/// A failed read is no reason (the next reconcile looks again).
+async fn sandbox_failure(ctx: &Context, mw: &ManagedWorkload, namespace: &str, pods: &[Pod]) -> Option<String> {
+    mw.spec.system_container.as_ref()?;
+    let now = Time(Timestamp::now());
+    let uid = pods.iter().find(|p| status::sandbox_stuck(p, &now))?.metadata.uid.clone()?;
+    let events: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), namespace);
+    let selector = format!("involvedObject.uid={uid},reason=FailedCreatePodSandBox");
+    match events.list(&ListParams::default().fields(&selector)).await {
+        Ok(list) => {
+            list.items.into_iter().max_by_key(|e| e.last_timestamp.clone().map(|t| t.0)).and_then(|e| e.message)
+        }
+        Err(err) => {
+            debug!(error = %err, "could not read the Pod's sandbox Events");
+            None
+        }
+    }
+}
+
+fn derive(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    desired: &Deployment,
+    acted: &Acted,
+    claims: &volumes::Claims,
+    pods: &[Pod],
+    sandbox: Option<&str>,
+) -> Derived {
+    let caches = &ctx.caches;
     let observed = Observed {
         desired_hash: applied_hash(desired).unwrap_or_default(),
         deployment: acted.deployment.as_ref(),
@@ -328,6 +357,7 @@ fn derive(
         claims: claims.own.iter().collect(),
         refused: &claims.refused,
         service: acted.service.as_ref(),
+        sandbox,
     };
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH));
     let mut known = mw.clone();

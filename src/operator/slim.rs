@@ -466,8 +466,12 @@ pub fn pod(p: &mut Pod) {
     p.metadata.finalizers = None;
     let Some(status) = &mut p.status else { return };
     if let Some(conditions) = &mut status.conditions {
-        // Ready, and PodScheduled while it says the Pod cannot be placed (status.rs reads both).
-        conditions.retain(|c| c.type_ == "Ready" || (c.type_ == "PodScheduled" && c.status == "False"));
+        // Ready; PodScheduled while it says the Pod cannot be placed; and the sandbox while it
+        // is not made (status.rs reads them).
+        conditions.retain(|c| {
+            c.type_ == "Ready"
+                || (c.status == "False" && (c.type_ == "PodScheduled" || c.type_ == super::status::SANDBOX_READY))
+        });
         for c in conditions.iter_mut() {
             c.last_probe_time = None;
         }
@@ -509,11 +513,11 @@ fn container(cs: &mut ContainerStatus) {
     }
 }
 
-/// A termination's message is the container's termination log (up to 4 KiB); only its reason
-/// is reported.
+/// A termination's message is the container's termination log (up to 4 KiB): only a line
+/// the status knows to explain (`status::known_termination`) is kept of it.
 fn terminated(state: &mut ContainerState) {
     if let Some(t) = &mut state.terminated {
-        t.message = None;
+        t.message = t.message.as_deref().and_then(super::status::known_termination).map(String::from);
         t.container_id = None;
     }
 }

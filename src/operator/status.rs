@@ -63,6 +63,10 @@ pub struct Observed<'a> {
     pub refused: &'a [(String, String)],
     /// The workload's own Service, when it asks for one (`spec.service`) and it exists.
     pub service: Option<&'a Service>,
+    /// Why the kubelet cannot make a current Pod's sandbox, in its words (the Pod's latest
+    /// `FailedCreatePodSandBox` Event), once it has failed for `SANDBOX_GRACE`: read for
+    /// system containers only (`sandbox_stuck`).
+    pub sandbox: Option<&'a str>,
 }
 
 impl Observed<'_> {
@@ -227,8 +231,14 @@ pub const DETAIL_DELAY_IN_TRANSITION: Duration = Duration::from_secs(300);
 /// Waits a human may have to end, said at once when the workload enters one in transition
 /// (the other steps it waits on are details): no node can host the Pod (a cluster autoscaler
 /// or an administrator adds one; Manager reports the reason); its volume is still attached to
-/// a lost node.
-pub const STUCK_WAITS: [&str; 2] = [UNSCHEDULABLE, volumes::VOLUME_HELD_ELSEWHERE];
+/// a lost node; a Secret or ConfigMap it reads is not there; the kubelet cannot make its
+/// sandbox.
+pub const STUCK_WAITS: [&str; 4] = [UNSCHEDULABLE, volumes::VOLUME_HELD_ELSEWHERE, CONFIG_WAIT, SANDBOX_WAIT];
+
+/// Reason of a wait for a Secret or ConfigMap (the kubelet's own word for it).
+const CONFIG_WAIT: &str = "CreateContainerConfigError";
+/// Reason of a wait for a sandbox the kubelet cannot make yet.
+const SANDBOX_WAIT: &str = "PodSandboxFailed";
 
 /// Kubernetes' kstatus conditions, whose reason is part of what a client waits on.
 const SUMMARY: [&str; 3] = [READY, RECONCILING, STALLED];
@@ -309,7 +319,53 @@ pub fn revisit_after(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) 
             (left >= 0).then(|| Duration::from_secs(left as u64 + 1))
         })
         .min();
-    stuck.into_iter().chain(recovered).min()
+    // A system container's sandbox not made yet: its reason is looked up once it has taken
+    // `SANDBOX_GRACE`.
+    let sandbox = mw.spec.system_container.as_ref().and_then(|_| {
+        current_pods(observed)
+            .filter_map(sandbox_pending_since)
+            .map(|since| since.saturating_add(SANDBOX_GRACE.as_secs() as i64) - now.0.as_second())
+            .filter(|&left| left >= 0)
+            .map(|left| Duration::from_secs(left as u64 + 1))
+            .min()
+    });
+    stuck.into_iter().chain(recovered).chain(sandbox).min()
+}
+
+/// How long a Pod's sandbox (its namespaces and network, made before any container) may take
+/// before the kubelet's reason is looked up: it takes moments, unless it cannot be made.
+pub const SANDBOX_GRACE: Duration = Duration::from_secs(15);
+
+/// The Pod condition that says whether its sandbox is made.
+pub const SANDBOX_READY: &str = "PodReadyToStartContainers";
+
+/// Since when (seconds) the Pod's sandbox has not been made (`PodReadyToStartContainers`
+/// False), while it has not.
+fn sandbox_pending_since(pod: &Pod) -> Option<i64> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    let pending = conditions.iter().find(|c| c.type_ == SANDBOX_READY && c.status == "False")?;
+    Some(pending.last_transition_time.as_ref()?.0.as_second())
+}
+
+/// The Pod's sandbox has not been made for `SANDBOX_GRACE`: the kubelet's Events say why.
+pub fn sandbox_stuck(pod: &Pod, now: &Time) -> bool {
+    sandbox_pending_since(pod).is_some_and(|since| now.0.as_second() - since >= SANDBOX_GRACE.as_secs() as i64)
+}
+
+/// A sandbox the kubelet cannot make, in its words: a node without user namespaces is a
+/// failure no retry cures, named with what the node lacks; anything else (a network plugin
+/// not ready yet) is a wait, bounded by the rollout's progress deadline.
+fn sandbox_failure(mw: &ManagedWorkload, message: &str) -> Verdict {
+    if message.contains("does not support user namespaces") {
+        let why = format!(
+            "this node's container runtime cannot run the Pod in a user namespace of its own (the kubelet: \
+             {message}). A system container runs in one unless spec.systemContainer.userNamespace is false: it \
+             needs Kubernetes 1.33+, containerd 2.0+, runc 1.2+ and Linux 6.3+ on the node (docs/install.md, \
+             \"System containers\")"
+        );
+        return Verdict::new(Phase::Failed, "UserNamespacesUnsupported", why);
+    }
+    waiting_on(mw, SANDBOX_WAIT, &format!("the kubelet cannot make the Pod's sandbox yet: {message}"))
 }
 
 /// The permanent id Manager stores for the container: `namespace/name`.
@@ -431,6 +487,9 @@ fn verdict(mw: &ManagedWorkload, observed: &Observed<'_>, now: &Time) -> Verdict
             let current: Vec<&Pod> = current_pods(observed).collect();
             if let Some(failure) = current.iter().find_map(|p| pod_failure(mw, p, now)) {
                 return failure;
+            }
+            if let Some(message) = observed.sandbox {
+                return sandbox_failure(mw, message);
             }
             let unbound = volumes::unbound(mw, observed);
             if let Some(failure) = built.and_then(deployment_failure) {
@@ -636,6 +695,9 @@ fn pod_failure(mw: &ManagedWorkload, pod: &Pod, now: &Time) -> Option<Verdict> {
             .and_then(|w| w.reason.as_deref())
             .filter(|r| FAILURE_REASONS.contains(r));
         let name = &cs.name;
+        if let Some(verdict) = node_cannot_boot(cs) {
+            return Some(verdict);
+        }
         match reason {
             Some("ErrImagePull" | "ImagePullBackOff") => Some(Verdict::new(
                 Phase::Failed,
@@ -664,6 +726,34 @@ fn pod_failure(mw: &ManagedWorkload, pod: &Pod, now: &Time) -> Option<Verdict> {
     })
 }
 
+/// What a system container's last words (its termination message: the log's tail, with
+/// `FallbackToLogsOnError`) say about the node, as (the words, reason, message): a failure
+/// no restart cures, named with the node capability it lacks and the way out.
+const NODE_CANNOT_BOOT: [(&str, &str, &str); 1] = [(
+    "control group: Read-only file system",
+    "CgroupReadOnly",
+    "systemd could not create its control group: this node's container runtime gives the container a read-only \
+     cgroup filesystem. A system container needs a node with cgroup v2 (mounted with nsdelegate) and containerd \
+     2.1+ whose runtime handler sets cgroup_writable = true, named by spec.systemContainer.runtimeClassName or \
+     the operator's --system-container-runtime-class (docs/install.md, \"System containers\"); on a cgroup v1 \
+     node, only spec.systemContainer.privileged runs it, and that gives the container the node",
+)];
+
+/// The words of a termination message the status explains (`NODE_CANNOT_BOOT`), if any: all
+/// the caches keep of it.
+pub fn known_termination(message: &str) -> Option<&'static str> {
+    NODE_CANNOT_BOOT.iter().map(|(words, ..)| *words).find(|words| message.contains(words))
+}
+
+/// A container that ended for a reason of the node's (`NODE_CANNOT_BOOT`), now or in its last
+/// run.
+fn node_cannot_boot(cs: &ContainerStatus) -> Option<Verdict> {
+    let ended = [&cs.state, &cs.last_state].into_iter().flatten().filter_map(|s| s.terminated.as_ref());
+    let words = ended.filter_map(|t| t.message.as_deref().and_then(known_termination)).next()?;
+    let (_, reason, why) = NODE_CANNOT_BOOT.iter().find(|(w, ..)| *w == words)?;
+    Some(Verdict::new(Phase::Failed, reason, format!("container {}: {why}", cs.name)))
+}
+
 /// The kubelet cannot make the container because a Secret or ConfigMap it reads, or a key of
 /// one, is not there (yet): a bridged container's env Secret follows its workload by
 /// moments, and anyone's may be created after the workload. Any other configuration error
@@ -680,7 +770,7 @@ fn config_wait(pod: &Pod) -> Option<(&'static str, String)> {
     container_statuses(pod).find_map(|cs| {
         let waiting = cs.state.as_ref()?.waiting.as_ref().filter(|w| waits_for_config(w))?;
         let message = scrub(waiting.message.as_deref().unwrap_or_default(), pod);
-        Some(("CreateContainerConfigError", format!("container {} waits: {message}", cs.name)))
+        Some((CONFIG_WAIT, format!("container {} waits: {message}", cs.name)))
     })
 }
 

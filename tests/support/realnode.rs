@@ -15,6 +15,8 @@ pub const REAL_NODE: &str = "mw-real-node";
 pub const REAL_NODE_KEY: &str = "mw-test/real-node";
 pub const HTTPD_1: &str = "mw-test.invalid/httpd:1";
 pub const HTTPD_2: &str = "mw-test.invalid/httpd:2";
+/// Debian 13 with systemd as process 1 and sshd (hack/systemd-image.sh).
+pub const SYSTEMD: &str = "mw-test.invalid/systemd:1";
 pub const NEEDS: &str =
     "needs the real node: make test runs it (hack/controlplane.sh node-up NAME, MW_TEST_REAL_NODE=1)";
 
@@ -50,9 +52,15 @@ pub async fn real_node_namespace(test: &str) -> TestNamespace {
 
 /// One HTTP/1.0 GET of `/` from this host, bounded; the body, or why not.
 pub async fn http_get(ip: &str, port: u16) -> Result<String, String> {
+    http_get_path(ip, port, "/").await
+}
+
+/// One HTTP/1.0 GET of `path` from this host, bounded; the body, or why not.
+pub async fn http_get_path(ip: &str, port: u16, path: &str) -> Result<String, String> {
     let attempt = async {
         let mut stream = tokio::net::TcpStream::connect((ip, port)).await.map_err(|e| format!("connect: {e}"))?;
-        stream.write_all(b"GET / HTTP/1.0\r\nHost: test\r\n\r\n").await.map_err(|e| format!("write: {e}"))?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: test\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
         let mut response = String::new();
         stream.read_to_string(&mut response).await.map_err(|e| format!("read: {e}"))?;
         Ok::<_, String>(response)

@@ -49,6 +49,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["list"]
 {{- end -}}
 
 {{/* Leader election: the one Lease, in the operator's own namespace only; the same rules as config/rbac/leader-election-role.yaml with the configured Lease name (tests/chart.rs checks). create cannot be restricted by name. */}}

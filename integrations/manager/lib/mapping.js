@@ -85,7 +85,25 @@ function settingsFromEnv(env = process.env) {
       loadBalancerClass: env.MW_SERVICE_LOAD_BALANCER_CLASS || null,
       annotations,
     },
+    systemImages:
+      env.MW_SYSTEM_CONTAINER_IMAGES === undefined
+        ? [MANAGER_TEMPLATES]
+        : env.MW_SYSTEM_CONTAINER_IMAGES.split(',').map((p) => p.trim()).filter(Boolean),
   };
+}
+
+/**
+ * Manager's own templates (its UI's choices, images/ in its repository): Debian with systemd as
+ * process 1, as LXC containers run on Proxmox. The bridge's default too.
+ */
+const MANAGER_TEMPLATES = 'ghcr.io/mieweb/opensource-server/';
+
+/**
+ * Whether `image` runs as a system container (spec.systemContainer): it starts with one of
+ * `prefixes` (MW_SYSTEM_CONTAINER_IMAGES; Manager's templates when unset).
+ */
+function isSystemImage(image, prefixes = [MANAGER_TEMPLATES]) {
+  return prefixes.some((prefix) => prefix && image.startsWith(prefix));
 }
 
 /** `^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`: Manager's hostname rule, also a CR name. */
@@ -366,6 +384,7 @@ function desired(c, settings) {
   if (volumes.length) spec.volumes = volumes;
   if (workloadPorts.length) spec.ports = workloadPorts;
   if (service) spec.service = service;
+  if (isSystemImage(image, settings.systemImages)) spec.systemContainer = {};
   const workload = {
     apiVersion: `${GROUP}/${VERSION}`,
     kind: KIND,
@@ -462,8 +481,10 @@ module.exports = {
   DEFAULT_CPUS,
   DEFAULT_MEMORY_MB,
   DEFAULT_ROOTFS_GB,
+  MANAGER_TEMPLATES,
   MappingError,
   settingsFromEnv,
+  isSystemImage,
   isDnsLabel,
   parseEnv,
   joinEnv,

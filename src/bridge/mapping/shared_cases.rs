@@ -36,6 +36,8 @@ struct CaseContext {
     requests_percent: u32,
     rootfs: CaseRootfs,
     service: CaseService,
+    /// Image prefixes that are system containers; unset: the default (Manager's templates).
+    system_images: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -141,6 +143,7 @@ fn map(case: &Case) -> Desired {
         requests_percent: case.context.requests_percent,
         rootfs: &rootfs,
         service: &service,
+        system_images: &case.context.system_images.clone().map(SystemImages).unwrap_or_default(),
     };
     desired(&row, &cx).unwrap_or_else(|e| panic!("{}: {e}", case.name))
 }

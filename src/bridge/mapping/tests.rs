@@ -64,6 +64,7 @@ fn map(row: &ContainerRow, grants: &Grants) -> Result<Desired, RowError> {
         requests_percent: 100,
         rootfs: &Default::default(),
         service: &Default::default(),
+        system_images: &Default::default(),
     };
     desired(row, &cx)
 }
@@ -170,6 +171,7 @@ fn approved_resources_latest_wins() {
         requests_percent: 25,
         rootfs: &Default::default(),
         service: &Default::default(),
+        system_images: &Default::default(),
     };
     let r = desired(&team_wiki(), &cx).unwrap().workload.spec.resources.unwrap().requests.unwrap();
     assert_eq!((r.cpu.unwrap().0, r.memory.unwrap().0), ("1000m".to_string(), "1024Mi".to_string()));
@@ -308,6 +310,7 @@ fn the_approved_rootfs_becomes_the_workloads_volume() {
         requests_percent: 100,
         rootfs: &settings,
         service: &Default::default(),
+        system_images: &Default::default(),
     };
     let v = desired(&pg_analytics_from_postgres(), &cx).unwrap().workload.spec.volumes[0].clone();
     assert_eq!((v.mount_path.as_str(), v.storage_class_name.as_deref()), ("/srv", Some("fast")));
@@ -381,6 +384,7 @@ fn http_and_transport_services_become_the_ports_and_the_service() {
         requests_percent: 100,
         rootfs: &Default::default(),
         service: &settings,
+        system_images: &Default::default(),
     };
     let lb = desired(&row, &cx).unwrap().workload.spec.service.unwrap();
     assert_eq!(lb.type_, Some(ServiceType::LoadBalancer));

@@ -161,6 +161,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                     claims: vec![],
                     refused: &[],
                     service: None,
+                    sandbox: None,
                 };
                 let slim = Observed {
                     desired_hash: &status::desired_hash(&slim_mw),
@@ -170,6 +171,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                     claims: vec![],
                     refused: &[],
                     service: None,
+                    sandbox: None,
                 };
                 let case = format!("{w}, pod {p}, deployment {with_deployment}");
                 assert_eq!(status::derive(&mw, &full, &now), status::derive(&slim_mw, &slim, &now), "{case}");
@@ -194,6 +196,7 @@ fn trimmed_objects_derive_what_full_ones_do() {
                 claims: vec![],
                 refused: &[],
                 service: None,
+                sandbox: None,
             };
             status::derive(&workload_variants()[0].1, &observed, &now).phase.map(|p| p.as_str())
         })
@@ -402,6 +405,7 @@ fn a_trimmed_claim_tells_the_same() {
             claims: vec![c],
             refused: &[],
             service: None,
+            sandbox: None,
         };
         status::derive(&mw, &observed, &at(10)).volumes
     };

@@ -117,6 +117,7 @@ fn derive_with(mw: &ManagedWorkload, d: Option<&Deployment>, pods: &[Pod]) -> Ma
         claims: vec![],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     derive(mw, &observed, &at(1000))
 }
@@ -275,6 +276,7 @@ fn a_pod_stuck_terminating_on_a_lost_node_does_not_hold_back_its_replacement() {
             claims: vec![],
             refused: &[],
             service: None,
+            sandbox: None,
         };
         (derive(&mw, &o, &at(now)), revisit_after(&mw, &o, &at(now)))
     };
@@ -419,6 +421,7 @@ fn blocked_reports_stalled_with_its_reason() {
         claims: vec![],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
@@ -441,6 +444,7 @@ fn waiting_for_a_predecessors_objects_is_in_progress_not_stalled() {
             claims: vec![],
             refused: &[],
             service: None,
+            sandbox: None,
         };
         let s = derive(&mw, &observed, &at(1000));
         assert_summary(&s, phase, "False", "True", "False");
@@ -487,6 +491,7 @@ fn an_unchanged_world_derives_an_identical_status() {
         claims: vec![],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let second = derive(&again, &observed, &at(5000));
     assert_eq!(first, second, "a later clock alone must not change the status");
@@ -511,6 +516,7 @@ fn transition_time_moves_only_when_a_condition_flips() {
         claims: vec![],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&stopping, &observed, &at(2000));
     assert_eq!(cond(&s, READY).last_transition_time, at(2000));
@@ -631,6 +637,7 @@ fn a_crash_loop_stays_failed_through_its_whole_cycle_with_one_status() {
             claims: vec![],
             refused: &[],
             service: None,
+            sandbox: None,
         };
         let s = derive(&mw, &observed, &at(1000));
         assert_eq!(s, first, "{step} #{restarts}: the status must not change within the cycle");
@@ -683,6 +690,7 @@ fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle
             claims: vec![],
             refused: &[],
             service: None,
+            sandbox: None,
         };
         let s = derive(&mw, &observed, &at(1000));
         assert_eq!(s, first, "{step} #{restarts}: the Deployment's flip must not change the status");
@@ -698,6 +706,7 @@ fn a_crash_loop_holds_counts_and_available_while_the_deployment_flips_each_cycle
         claims: vec![],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Running, "True", "False", "False");
@@ -718,6 +727,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
         claims: vec![],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let window = CRASH_LOOP_RECOVERY.as_secs() as i64;
     let s = derive(&mw, &observed, &at(1000 + window - 1));
@@ -737,6 +747,7 @@ fn a_restarted_container_recovers_after_running_for_the_window() {
         claims: vec![],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     assert_eq!(revisit_after(&mw, &observed, &at(5000)), None);
 }
@@ -783,6 +794,9 @@ fn a_container_waiting_for_its_secret_is_creating_until_the_progress_deadline() 
         assert_summary(&s, Phase::Creating, "False", "True", "False");
         assert_eq!(cond(&s, RECONCILING).reason, "CreateContainerConfigError");
         assert!(cond(&s, RECONCILING).message.contains(message), "{}", cond(&s, RECONCILING).message);
+        // Said at once, not held back with the transition's details: someone has to make it.
+        let creating = derive_with(&mw, Some(&d), &[pod(&d, true, false, "")]);
+        assert_eq!(urgency(Some(&creating), &s), Urgency::Now);
         let mut stuck = d.clone();
         stuck.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
             "Progressing",
@@ -937,6 +951,7 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
         claims: vec![&pending],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Creating, "False", "True", "False");
@@ -960,6 +975,7 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
         claims: vec![&pending],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
@@ -981,6 +997,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         claims: vec![&lost],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Failed, "False", "False", "True");
@@ -995,6 +1012,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         claims: vec![&bound],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running));
@@ -1012,6 +1030,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         claims: vec![&grown],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running), "an expansion in progress fails nothing");
@@ -1027,6 +1046,7 @@ fn a_lost_claim_fails_at_once_and_a_bound_one_reports_its_capacity() {
         claims: vec![&bound],
         refused: &refused,
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Running, "True", "False", "False");
@@ -1134,7 +1154,7 @@ fn scheduler_messages_lose_the_preemption_postscript_and_stay_short() {
 fn gpu_workloads_are_judged_against_the_resource_name_they_were_built_with() {
     let mut mw = workload(DesiredState::Running, 1);
     mw.spec.resources = Some(crate::resource::Resources { gpus: Some(1), ..Default::default() });
-    let amd = PodSettings { gpu_resource: "amd.com/gpu".into() };
+    let amd = PodSettings { gpu_resource: "amd.com/gpu".into(), ..Default::default() };
     let mut d = desired::deployment(&mw, &amd).unwrap();
     d.metadata.generation = Some(1);
     d.status = deployment(&mw, 1, 1, [1, 1, 1, 1]).status;
@@ -1147,6 +1167,7 @@ fn gpu_workloads_are_judged_against_the_resource_name_they_were_built_with() {
         claims: vec![],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_eq!(s.phase, Some(Phase::Running));
@@ -1177,6 +1198,7 @@ fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_
         claims: vec![&bound],
         refused: &[],
         service: None,
+        sandbox: None,
     };
     let s = derive(&mw, &observed, &at(1000));
     assert_summary(&s, Phase::Creating, "False", "True", "False");
@@ -1199,6 +1221,7 @@ fn a_volume_still_attached_to_a_lost_node_is_that_wait_naming_the_claim_and_the_
             claims: vec![&bound],
             refused: &[],
             service: None,
+            sandbox: None,
         };
         assert_ne!(cond(&derive(mw, &observed, &at(1000)), RECONCILING).reason, "VolumeHeldElsewhere");
     }
@@ -1254,6 +1277,7 @@ fn derive_exposed(mw: &ManagedWorkload, d: &Deployment, pods: &[Pod], svc: Optio
         claims: vec![],
         refused: &[],
         service: svc,
+        sandbox: None,
     };
     derive(mw, &observed, &at(1000))
 }
@@ -1391,6 +1415,7 @@ fn a_new_workload_costs_two_status_writes_whatever_it_waits_on() {
             claims: vec![c],
             refused: &[],
             service: Some(svc),
+            sandbox: None,
         };
         derive(known, &observed, &at(1000))
     };
@@ -1455,6 +1480,7 @@ fn the_deployment_being_created_reads_as_the_one_created() {
                 claims: claim.iter().collect(),
                 refused: &[],
                 service: service.as_ref(),
+                sandbox: None,
             };
             derive(&mw, &observed, &at(1000))
         };
@@ -1518,6 +1544,7 @@ fn the_schedulers_wait_for_a_claim_to_bind_is_no_capacity_wait() {
             claims: vec![c],
             refused: &[],
             service: None,
+            sandbox: None,
         };
         derive(&mw, &observed, &at(1000))
     };
@@ -1526,4 +1553,88 @@ fn the_schedulers_wait_for_a_claim_to_bind_is_no_capacity_wait() {
     let s = with_claim(&bound);
     assert_summary(&s, Phase::Creating, "False", "True", "False");
     assert_eq!(cond(&s, RECONCILING).reason, "Creating");
+}
+
+/// A system container on a node whose runtime mounts the cgroup filesystem read-only: systemd
+/// says so in its last words and exits. Failed at its first exit, named for the node's
+/// missing capability and the way out, through the whole crash loop that follows; never a
+/// bare CrashLoopBackOff.
+#[test]
+fn a_system_container_on_a_node_that_cannot_boot_it_says_why() {
+    let mw = workload(DesiredState::Running, 1);
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let last_words = "systemd 257 running in system mode\nFailed to create /init.scope control group: Read-only \
+                      file system\nFailed to allocate manager object: Read-only file system\nExiting PID 1...";
+    let kept = known_termination(last_words).expect("known");
+    let exited = |p: Pod| {
+        let mut p = p;
+        for cs in p.status.as_mut().unwrap().container_statuses.iter_mut().flatten() {
+            for state in [&mut cs.state, &mut cs.last_state].into_iter().flatten() {
+                if let Some(t) = state.terminated.as_mut() {
+                    t.message = Some(kept.into());
+                }
+            }
+        }
+        p
+    };
+    let mut first_exit = crash_cycle(&d, "terminated", 0, 0);
+    first_exit.status.as_mut().unwrap().container_statuses.as_mut().unwrap()[0].last_state = None;
+    let first = derive_with(&mw, Some(&d), &[exited(first_exit)]);
+    assert_summary(&first, Phase::Failed, "False", "False", "True");
+    assert_eq!(cond(&first, STALLED).reason, "CgroupReadOnly");
+    let message = &cond(&first, STALLED).message;
+    assert!(message.contains("cgroup v2") && message.contains("cgroup_writable = true"), "{message}");
+    assert!(message.contains("privileged"), "{message}");
+    for (step, restarts) in [("waiting", 1), ("running", 2), ("terminated", 2), ("waiting", 5)] {
+        let s = derive_with(&mw, Some(&d), &[exited(crash_cycle(&d, step, restarts, 990))]);
+        assert_eq!(cond(&s, STALLED).reason, "CgroupReadOnly", "{step} #{restarts}");
+    }
+    // An ordinary crash's log says nothing the status knows: a crash loop, as before.
+    assert_eq!(known_termination("panic: oops\nexit status 2"), None);
+}
+
+/// A system container's Pod whose sandbox the kubelet cannot make: on a node without user
+/// namespaces, Failed, naming what the node lacks (the Pod's own status says only
+/// ContainerCreating); any other reason is a wait that says why. The reason is looked up only
+/// once the sandbox has failed for `SANDBOX_GRACE`, and the workload is revisited then.
+#[test]
+fn a_sandbox_the_kubelet_cannot_make_says_why() {
+    let mut mw = workload(DesiredState::Running, 1);
+    mw.spec.system_container = Some(Box::default());
+    let d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
+    let mut p = waiting(pod(&d, true, false, ""), "ContainerCreating", "");
+    p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+        type_: SANDBOX_READY.into(),
+        status: "False".into(),
+        last_transition_time: Some(at(990)),
+        ..Default::default()
+    }]);
+    assert!(!sandbox_stuck(&p, &at(1000)), "10 s in: not yet");
+    assert!(sandbox_stuck(&p, &at(1005)));
+    let hash = desired_hash(&mw);
+    let observed = |sandbox| Observed {
+        desired_hash: &hash,
+        deployment: Some(&d),
+        pods: vec![&p],
+        blocked: None,
+        claims: vec![],
+        refused: &[],
+        service: None,
+        sandbox,
+    };
+    assert_eq!(revisit_after(&mw, &observed(None), &at(1000)), Some(Duration::from_secs(6)), "back at the grace's end");
+    let userns =
+        "Failed to create pod sandbox: can't set `spec.hostUsers: false`, runtime does not support user namespaces";
+    let s = derive(&mw, &observed(Some(userns)), &at(1005));
+    assert_summary(&s, Phase::Failed, "False", "False", "True");
+    assert_eq!(cond(&s, STALLED).reason, "UserNamespacesUnsupported");
+    let message = &cond(&s, STALLED).message;
+    assert!(message.contains("containerd 2.0+") && message.contains("userNamespace is false"), "{message}");
+    let cni = "Failed to create pod sandbox: plugin type=\"bridge\" failed: network not ready";
+    let s = derive(&mw, &observed(Some(cni)), &at(1005));
+    assert_summary(&s, Phase::Creating, "False", "True", "False");
+    assert_eq!(cond(&s, RECONCILING).reason, "PodSandboxFailed");
+    // The caches keep the sandbox's condition while it is not made, and only then.
+    let cached = crate::operator::slim::CachedPod::from(p.clone()).to_pod();
+    assert!(sandbox_stuck(&cached, &at(1005)), "{:?}", cached.status.and_then(|s| s.conditions));
 }
