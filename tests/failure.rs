@@ -45,9 +45,36 @@ async fn crash_loop_back_off() {
     fails_with("kwok.example/crash-loop-backoff", "CrashLoopBackOff").await;
 }
 
+/// A ConfigMap (or Secret) the container reads that is not there yet is a wait, not a
+/// failure: someone may still create it. Creating, saying what it waits for; Failed once the
+/// rollout's progress deadline has passed.
 #[tokio::test]
-async fn create_container_config_error() {
-    fails_with("kwok.example/create-container-config-error", "CreateContainerConfigError").await;
+async fn create_container_config_error_waits_until_the_progress_deadline() {
+    use support::wait_until;
+    let ns = TestNamespace::new("fail-config-wait").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let image = "kwok.example/create-container-config-error";
+    apply(&workloads, "web", json!({"image": image, "progressDeadlineSeconds": 3600})).await.unwrap();
+    let mw = wait_until(&workloads, "web", "Reconciling for its ConfigMap", support::workload::TIMEOUT, |mw| {
+        mw.is_some_and(|mw| {
+            let waits =
+                mw.status.iter().flat_map(|s| &s.conditions).any(|c| {
+                    c.type_ == "Reconciling" && c.status == "True" && c.reason == "CreateContainerConfigError"
+                });
+            waits && mw.status.as_ref().and_then(|s| s.observed_generation) == mw.metadata.generation
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(mw.status.as_ref().unwrap().phase, Some(Phase::Creating));
+    assert_eq!(condition(&mw, "Stalled").status, "False");
+    assert!(condition(&mw, "Reconciling").message.contains("configmap \"missing-config\" not found"));
+
+    // Past the rollout's progress deadline it is a failure.
+    apply(&workloads, "web", json!({"image": image, "progressDeadlineSeconds": 5})).await.unwrap();
+    let mw = wait_condition(&workloads, "web", "Stalled", "True").await;
+    assert_eq!(mw.status.as_ref().unwrap().phase, Some(Phase::Failed));
+    assert_eq!(condition(&mw, "Stalled").reason, "ProgressDeadlineExceeded");
 }
 
 #[tokio::test]

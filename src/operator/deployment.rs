@@ -941,7 +941,7 @@ mod tests {
         assert_eq!(pod.host_users, Some(false), "a user namespace of its own by default");
         assert_eq!(pod.runtime_class_name.as_deref(), Some("systemd"), "the operator's setting");
         assert_eq!(pod.termination_grace_period_seconds, Some(SYSTEM_CONTAINER_STOP_GRACE_SECONDS));
-        assert!(SYSTEM_CONTAINER_STOP_GRACE_SECONDS > 90, "longer than systemd's stop timeout");
+        const { assert!(SYSTEM_CONTAINER_STOP_GRACE_SECONDS > 90, "longer than systemd's stop timeout") };
         assert_eq!(pod.hostname.as_deref(), Some("web"), "the machine's name");
         assert_eq!(update_strategy(&system(SystemContainer::default())), UpdateStrategy::Recreate);
         let no_volumes = ManagedWorkloadSpec { volumes: vec![], ..system(SystemContainer::default()) };
