@@ -348,8 +348,9 @@ async fn postgres_under_the_documented_grant() {
 /// changes, no deletion when it goes, nothing written back.
 /// Issue 41, item 1: a bridge Secret left under a new container's name (an earlier
 /// container's, its CR gone and garbage collection behind, or one whose CR was never made)
-/// holds someone else's env. It is rewritten with the new row's env before the new CR exists,
-/// so no Pod of the new workload can start with the old values, and owned by the new CR.
+/// holds someone else's env. It is deleted and written anew with the new row's env before the
+/// new CR exists, so no Pod of the new workload can start with the old values (not even keys
+/// another writer put there), and owned by the new CR.
 #[tokio::test]
 async fn a_new_container_never_starts_with_an_earlier_ones_env() {
     let ns = TestNamespace::new("bridge-earlier-env").await;

@@ -159,29 +159,29 @@ impl Cluster {
         Ok(applied)
     }
 
-    /// A new row's three writes: its env Secret, before anything can use it (created, or the
-    /// bridge's Secret of that name left by an earlier container, `earlier`, rewritten by its
-    /// UID); its ManagedWorkload, create-only; then the Secret again, by its UID, owned by the
-    /// CR from then on. A Secret of that name that is someone else's refuses the first write,
-    /// so no CR is ever made to use it; a CR of that name made meanwhile refuses the second,
-    /// and the Secret just written goes again.
+    /// A new row's writes: its env Secret, before anything can use it; its ManagedWorkload,
+    /// create-only; then the Secret again, by its UID, owned by the CR from then on. The
+    /// bridge's Secret of that name left by an earlier container (`earlier`, its UID) goes
+    /// first, by its UID: rewriting it would keep whatever keys another writer owns in it.
+    /// Every write but the deletion is create-only or bound to a UID: a Secret of that name
+    /// that is someone else's refuses the Secret's create, so no CR is ever made to use it; a
+    /// CR of that name made meanwhile refuses the CR's, and the Secret just written goes again.
     pub async fn create_with_secret(
         &self,
         mw: &ManagedWorkload,
         mut secret: Secret,
         earlier: Option<&str>,
     ) -> Result<(), (CreateStep, kube::Error)> {
-        let first = match earlier {
-            Some(uid) => Write::Update { uid: Some(uid) },
-            None => Write::Create,
-        };
-        let written = self.apply_secret(&secret, first).await.map_err(|e| (CreateStep::Secret, e))?;
+        let (namespace, name) = names(&secret.metadata);
+        if let Some(uid) = earlier {
+            self.delete_secret(namespace, name, uid).await.map_err(|e| (CreateStep::Earlier, e))?;
+        }
+        let written = self.apply_secret(&secret, Write::Create).await.map_err(|e| (CreateStep::Secret, e))?;
         let uid = written.metadata.uid.unwrap_or_default();
         let created = match self.apply_workload(mw, Write::Create).await {
             Ok(created) => created,
             Err(taken) => {
                 if found_another(&taken) {
-                    let (namespace, name) = names(&secret.metadata);
                     self.delete_secret(namespace, name, &uid).await.map_err(|e| (CreateStep::Undo, e))?;
                 }
                 return Err((CreateStep::Workload, taken));
@@ -268,6 +268,8 @@ fn trimmed<K, C>(event: watcher::Event<K>, trim: impl Fn(K) -> C) -> watcher::Ev
 /// Which write of `Cluster::create_with_secret` failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CreateStep {
+    /// Deleting the bridge's Secret of that name left by an earlier container.
+    Earlier,
     /// Writing the env Secret (nothing else was written).
     Secret,
     /// Creating the ManagedWorkload (the Secret just written is deleted when a CR of that

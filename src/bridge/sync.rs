@@ -1013,12 +1013,14 @@ async fn try_sync_one(
             // The Secret first, so no Pod of the new workload ever starts with values that are
             // not its own: where the bridge's Secret of that name serves no CR yet (an earlier
             // container's, its CR deleted and garbage collection behind; or one whose CR was
-            // never made), it is rewritten, by its UID, before the CR exists. Then the CR,
-            // create-only, then the Secret's owner. Should a later write not happen, the next
-            // pass finds the CR without a Secret that serves it (`Plan::Update`).
+            // never made), it is deleted, by its UID, before anything is written. Then the
+            // Secret, the CR (both create-only), then the Secret's owner. Should a later write
+            // not happen, the next pass finds the CR without a Secret that serves it
+            // (`Plan::Update`).
             let secret = mapping::secret(d, fm, None);
             cluster.create_with_secret(&d.workload, secret, secret_uid.as_deref()).await.map_err(
                 |(step, e)| match step {
+                    CreateStep::Earlier => api(&format!("deleting the earlier Secret {ns}/{}", d.secret_name))(e),
                     CreateStep::Secret => write(format!("writing Secret {ns}/{}", d.secret_name), secret_taken())(e),
                     CreateStep::Workload => write(format!("creating ManagedWorkload {ns}/{name}"), name_taken())(e),
                     CreateStep::Undo => {
