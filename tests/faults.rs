@@ -20,9 +20,7 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::{Value, json};
-use support::audit::{
-    Write, deployment_writes_per_name, deployment_writes_since, timed_accepted_writes_by, timed_writes_by, user_agents,
-};
+use support::audit::{Write, deployment_writes_per_name, deployment_writes_since, timed_writes_by, user_agents};
 use support::controlplane::Stopped;
 use support::operator::{Operator, http_get, sample, service_account_kubeconfig, write_kubeconfig};
 use support::workload::{TIMEOUT, apply, condition, condition_current, phase_of, wait_condition, wait_ready};
@@ -234,9 +232,21 @@ async fn a_black_holed_leader_stops_writing_before_the_standby_takes_over() {
     all_converged(&ns, &names, "nginx:1.27", Duration::from_secs(120)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
-    let late = written_after_takeover(timed_accepted_writes_by(&user_a, &ns.name), &user_b, &ns.name);
+    // Every write the old leader sent, refused ones too: one that reached the API server after
+    // the standby's first write (queued behind the black hole, say) is a fencing failure even
+    // where the API server happened to refuse it.
+    let late = written_after_takeover(timed_writes_by(&user_a, &ns.name), &user_b, &ns.name);
     assert!(late.is_empty(), "the black-holed leader wrote after the standby's first write: {late:?}");
+    // And it knew: its term ended, by its own clock, before the standby's first write.
+    let ended = a
+        .output()
+        .lines()
+        .find(|l| l.contains("leadership ended"))
+        .and_then(|l| l.split_whitespace().next()?.parse::<Timestamp>().ok())
+        .expect("the old leader logged the end of its term");
     let writes_b = timed_writes_by(&user_b, &ns.name);
+    let first_b = writes_b.first().map(|(at, _)| *at).expect("the new leader wrote");
+    assert!(ended < first_b, "the old leader's term ended at {ended}, after the standby's first write at {first_b}");
     let by_b = writes_b.iter().filter(|(_, w)| w.resource == "deployments").count();
     assert!(by_b >= names.len(), "the new leader applied every change after the heal ({by_b} Deployment writes)");
     drop(a);

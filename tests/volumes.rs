@@ -185,7 +185,8 @@ async fn a_foreign_claim_blocks_the_workload_untouched() {
     let stalled = support::workload::condition(&failed, "Stalled");
     assert_eq!(stalled.reason, "ClaimConflict");
     assert!(stalled.message.contains("web-data"), "{}", stalled.message);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Past two of the blocked workload's rechecks: a recheck that wrote would show.
+    tokio::time::sleep(mw_operator::operator::reconcile::CONFLICT_RECHECK * 2 + Duration::from_secs(1)).await;
     let after = claims.get("web-data").await.unwrap();
     assert_eq!(after.metadata.resource_version, foreign.metadata.resource_version, "untouched");
     assert!(deployments.get_opt("web").await.unwrap().is_none(), "never started against someone else's claim");
@@ -427,7 +428,8 @@ async fn a_retained_disk_goes_back_only_to_its_owner() {
         "{}",
         stalled.message
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Past two of the blocked workload's rechecks: a recheck that wrote would show.
+    tokio::time::sleep(mw_operator::operator::reconcile::CONFLICT_RECHECK * 2 + Duration::from_secs(1)).await;
     assert!(deployments.get_opt("app").await.unwrap().is_none(), "no Pod of bob's workload mounts alice's disk");
     let untouched = claims.get("app-data").await.unwrap();
     assert_eq!(untouched.metadata.resource_version, alices.metadata.resource_version, "untouched");
@@ -474,6 +476,18 @@ async fn a_refused_expansion_never_wedges_the_workload() {
     .await;
     let rolled = wait_ready(&workloads, "web", Phase::Running).await;
     assert_eq!(rolled.status.as_ref().unwrap().observed_generation, rolled.metadata.generation);
+    // The rollout's reconciles did not send the refused expansion again: it waits out its
+    // backoff (10 s after the first refusal) whatever else happens meanwhile.
+    let user = std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into());
+    let refused: Vec<_> = audit::timed_refused_writes_by(&user, &ns.name)
+        .into_iter()
+        .filter(|(_, w)| w.resource == "persistentvolumeclaims")
+        .map(|(at, _)| at)
+        .collect();
+    let first = *refused.first().expect("the refused expansion in the audit log");
+    let backoff = k8s_openapi::jiff::SignedDuration::from_secs(10);
+    let within = refused.iter().filter(|at| **at < first + backoff).count();
+    assert_eq!(within, 1, "the refused expansion was sent again within its backoff: {refused:?}");
 
     // Put back: accepted, the refusal cleared, the same claim.
     apply(&workloads, "web", spec("nginx:2", "Running", data(&storage.class, "1Gi", "Retain"))).await.unwrap();

@@ -86,6 +86,15 @@ pub fn timed_accepted_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, 
     timed_writes_by(user, namespace).into_iter().zip(accepted).filter(|(_, ok)| *ok).map(|(w, _)| w).collect()
 }
 
+/// Like `timed_writes_by`, only the writes the API server refused (4xx, 5xx).
+pub fn timed_refused_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
+    let refused: Vec<bool> = write_entries(user, namespace)
+        .iter()
+        .map(|e| e["responseStatus"]["code"].as_u64().is_some_and(|c| c >= 400))
+        .collect();
+    timed_writes_by(user, namespace).into_iter().zip(refused).filter(|(_, r)| *r).map(|(w, _)| w).collect()
+}
+
 /// The User-Agent headers `user`'s writes in `namespace` carried.
 pub fn user_agents(user: &str, namespace: &str) -> std::collections::BTreeSet<String> {
     write_entries(user, namespace).iter().map(|e| e["userAgent"].as_str().unwrap_or_default().to_string()).collect()
