@@ -476,6 +476,14 @@ impl std::fmt::Display for Refused {
     }
 }
 
+/// The fence refused this write before it left: this replica did not lead, or its renew
+/// deadline had passed, when the write was asked for (`Leadership::write`). A write abandoned
+/// unanswered was sent.
+pub fn refused_before_sending(err: &kube::Error) -> bool {
+    let kube::Error::Service(source) = err else { return false };
+    source.downcast_ref::<NotLeading>().is_some_and(|refused| refused.why != Refused::Unanswered)
+}
+
 /// A write this replica refused to make because it may no longer write as leader.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("{why} (Lease {lease}); another replica may lead")]
@@ -938,7 +946,9 @@ mod tests {
 
         // A standby reads, and writes nothing.
         api.get("x").await.expect("reads go through");
-        let refused = write("x").await.unwrap_err().to_string();
+        let refused = write("x").await.unwrap_err();
+        assert!(refused_before_sending(&refused), "{refused:?}");
+        let refused = refused.to_string();
         assert!(refused.contains("does not lead") && refused.contains("ns/lease"), "{refused}");
         // Leading: writes go through (the positive control: this server does record them).
         leadership.begin(Instant::now() + Duration::from_secs(30));
@@ -949,7 +959,9 @@ mod tests {
         assert!(refused.contains("renew deadline passed"), "{refused}");
         // Unanswered at the deadline: abandoned (the request had left before it).
         leadership.begin(Instant::now() + Duration::from_millis(300));
-        let refused = write("slow").await.unwrap_err().to_string();
+        let refused = write("slow").await.unwrap_err();
+        assert!(!refused_before_sending(&refused), "abandoned, but it had left: {refused:?}");
+        let refused = refused.to_string();
         assert!(refused.contains("abandoned"), "{refused}");
         leadership.end();
         assert!(write("x").await.is_err());

@@ -199,7 +199,17 @@ impl Metrics {
         self.watch_restarts.get_or_create(&resource_labels(resource)).inc();
     }
 
-    pub fn wrote(&self, resource: &'static str, verb: &'static str) {
+    /// A write made, `answer` the API server's answer to it: counted unless the leader
+    /// election's fence refused it before it left (`election::refused_before_sending`), so
+    /// the counter says what was sent.
+    pub fn sent<T>(&self, resource: &'static str, verb: &'static str, answer: &Result<T, kube::Error>) {
+        if answer.as_ref().is_err_and(crate::election::refused_before_sending) {
+            return;
+        }
+        self.wrote(resource, verb);
+    }
+
+    fn wrote(&self, resource: &'static str, verb: &'static str) {
         debug_assert!(
             WRITES.contains(&(resource, verb)),
             "write {resource:?} {verb:?} is missing from metrics::WRITES"
@@ -305,7 +315,15 @@ mod tests {
         m.reconcile_failed("write_status");
         m.set_leader(DEFAULT_LEASE, true);
         m.watch_restarted("pods");
-        m.wrote("deployments", "apply");
+        m.sent("deployments", "apply", &Ok::<(), kube::Error>(()));
+        // What the fence refused before it left was not sent; what it abandoned unanswered was.
+        let refused = |why| {
+            let refusal = crate::election::NotLeading { lease: "ns/lease".into(), why };
+            Err::<(), _>(kube::Error::Service(Box::new(refusal)))
+        };
+        m.sent("deployments", "apply", &refused(crate::election::Refused::NotLeading));
+        m.sent("deployments", "apply", &refused(crate::election::Refused::DeadlinePassed));
+        m.sent("services", "patch", &refused(crate::election::Refused::Unanswered));
         m.set_workloads(&[("Running", 3), ("None", 1)].into_iter().collect());
         let text = exposition(&registry);
         for line in [
@@ -319,6 +337,7 @@ mod tests {
             r#"mw_operator_reconcile_errors_total{kind="write_status"} 1"#,
             r#"mw_operator_watch_restarts_total{resource="pods"} 1"#,
             r#"mw_operator_api_writes_total{resource="deployments",verb="apply"} 1"#,
+            r#"mw_operator_api_writes_total{resource="services",verb="patch"} 1"#,
             r#"mw_operator_workloads{phase="Running"} 3"#,
             r#"mw_operator_workloads{phase="None"} 1"#,
             r#"mw_operator_workloads{phase="Failed"} 0"#,

@@ -1030,7 +1030,7 @@ fn exported() -> Exported {
     operator.reconcile_failed("write_status");
     operator.set_leader(mw_operator::metrics::DEFAULT_LEASE, true);
     operator.watch_restarted("pods");
-    operator.wrote("deployments", "apply");
+    operator.sent("deployments", "apply", &Ok::<(), kube::Error>(()));
     operator.event_dropped();
     operator.set_workloads(&Default::default());
     let bridge = mw_operator::bridge::metrics::Metrics::register(&mut bridge_registry);

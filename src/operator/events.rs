@@ -71,8 +71,9 @@ pub fn start(client: Client, reporter: Reporter, metrics: Arc<Metrics>) -> (Even
     let taken = pending.clone();
     let task = tokio::spawn(async move {
         while let Some((object, event)) = queued.recv().await {
-            counted.wrote("events", "create");
-            if let Err(err) = publisher.publish(&event, &object).await {
+            let answer = publisher.publish(&event, &object).await;
+            counted.sent("events", "create", &answer);
+            if let Err(err) = answer {
                 warn!(error = %err, reason = %event.reason, object = ?object.name, "could not record event");
             }
             taken.fetch_sub(1, Ordering::Relaxed);

@@ -95,13 +95,14 @@ async fn remove_own(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: 
     if !is_controlled_by(&*cached, mw) || cached.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    ctx.metrics.wrote("services", "delete");
     let params = DeleteParams {
         preconditions: Some(Preconditions { uid: cached.metadata.uid.clone(), resource_version: None }),
         ..Default::default()
     };
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-    match api.delete(name, &params).await {
+    let answer = api.delete(name, &params).await;
+    ctx.metrics.sent("services", "delete", &answer);
+    match answer {
         Ok(_) => {
             info!(service = %name, "deleted Service: spec.service was removed");
             Ok(())

@@ -38,7 +38,7 @@ const BACKOFF: Backoff = Backoff { base: Duration::from_secs(2), max: Duration::
 /// Recheck of a workload blocked by a Deployment it does not control. That Deployment is
 /// outside the operator's label-selected watch, so nothing announces its deletion; a GET
 /// every few seconds lets the workload recover within seconds of the cause going away.
-const CONFLICT_RECHECK: Duration = Duration::from_secs(5);
+pub const CONFLICT_RECHECK: Duration = Duration::from_secs(5);
 /// Recheck of a workload whose cached copy is older than the workload of its name (deleted and
 /// re-created, or changed): the watch delivers what it lacks within moments.
 const SUPERSEDED_RECHECK: Duration = Duration::from_secs(1);
@@ -376,12 +376,10 @@ async fn write(
     name: &str,
     derived: &Derived,
 ) -> Result<Written, Error> {
-    ctx.metrics.wrote("managedworkloads/status", "patch");
-    let written = status_write::write(&ctx.client, mw, &derived.status).await.map_err(|source| Error::WriteStatus {
-        namespace: namespace.into(),
-        name: name.into(),
-        source,
-    })?;
+    let answer = status_write::write(&ctx.client, mw, &derived.status).await;
+    ctx.metrics.sent("managedworkloads/status", "patch", &answer);
+    let written =
+        answer.map_err(|source| Error::WriteStatus { namespace: namespace.into(), name: name.into(), source })?;
     match &written {
         Written::Version(version) => {
             debug!(phase = ?derived.status.phase, "status written");

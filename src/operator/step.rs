@@ -196,8 +196,9 @@ pub async fn apply<K: Owned>(
     desired: &K,
     write: Write<'_>,
 ) -> Result<K, kube::Error> {
-    metrics.wrote(K::URL_PATH_SEGMENT, "apply");
-    api.patch(name, &write.params(FIELD_MANAGER), &Patch::Apply(write.prepare(desired))).await
+    let answer = api.patch(name, &write.params(FIELD_MANAGER), &Patch::Apply(write.prepare(desired))).await;
+    metrics.sent(K::URL_PATH_SEGMENT, "apply", &answer);
+    answer
 }
 
 impl Owned for Deployment {
@@ -242,11 +243,12 @@ impl Owned for Service {
     ) -> Result<Service, kube::Error> {
         if mode == (Mode::Update { drift: true }) {
             let ports = desired.spec.as_ref().map(|s| s.ports.clone());
-            ctx.metrics.wrote("services", "patch");
             let params = crate::client::patch_params(FIELD_MANAGER);
             // Bound to the UID as the apply is (`Write::Update`).
             let patch = serde_json::json!({ "metadata": { "uid": uid }, "spec": { "ports": ports } });
-            api.patch(name, &params, &Patch::Merge(patch)).await?;
+            let answer = api.patch(name, &params, &Patch::Merge(patch)).await;
+            ctx.metrics.sent("services", "patch", &answer);
+            answer?;
         }
         apply(&ctx.metrics, api, name, desired, mode.write(uid)).await
     }
