@@ -590,6 +590,7 @@ fn the_bridge_renders_with_its_own_account_and_only_namespaced_permissions() {
             "--rootfs-mount-path=/data",
             "--rootfs-storage-class=",
             "--rootfs-on-delete=retain",
+            "--system-container-images=ghcr.io/mieweb/opensource-server/",
             "--ipv4-address=service",
             "--service-type=ClusterIP",
             "--service-load-balancer-class=",
