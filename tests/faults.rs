@@ -774,8 +774,8 @@ async fn eventually_leader(replicas: &[Operator]) -> usize {
 /// seen and reconciled at once, not at the next periodic resync, and gets exactly one
 /// Deployment write. It does not reproduce the race `make soak` found at 5,000 workloads (a
 /// reconcile reading a predecessor from a cache still re-listing): at 20 workloads the re-list
-/// is over before the first successor is reconciled, so this test passes with or without that
-/// fix; `make soak` is where that race shows.
+/// is usually over before the first successor is reconciled, so this test seldom meets that
+/// race and is no proof of its fix; `make soak` is where the race shows.
 #[tokio::test]
 #[ignore = "hack/test.sh runs these alone, after the main suite: they stop control-plane components"]
 async fn workloads_recreated_as_the_api_server_returns_are_reconciled() {
