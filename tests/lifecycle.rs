@@ -152,8 +152,9 @@ async fn live_pods_named(pods: &Api<Pod>, instance: &str) -> Vec<Pod> {
     list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
 }
 
-/// The operator's watches list the way the API server can: streamed on 1.34 and later (the
-/// WatchList feature, on by default), paged on 1.31, the oldest supported (where it is off).
+/// The operator's watches list the way the API server can: streamed where the WatchList
+/// feature is on by default (1.32, and 1.34 on), paged where it is off (1.31, the oldest
+/// supported, and 1.33).
 /// The lifecycle above runs on both (`make test`, `make test-compat`).
 #[tokio::test]
 async fn lists_are_streamed_where_the_api_server_streams_them() {
@@ -161,11 +162,10 @@ async fn lists_are_streamed_where_the_api_server_streams_them() {
     let ns = TestNamespace::new("lists").await;
     let version = ns.client.apiserver_version().await.unwrap();
     let minor: u32 = version.minor.trim_end_matches('+').parse().unwrap();
+    // WatchList is on by default in 1.32, off again in 1.33, and on from 1.34.
     let expected = match minor {
-        ..=31 => ListWatch,
-        34.. => StreamingList,
-        // 1.32 streams, 1.33 does not (the feature was turned off again for a release).
-        _ => return,
+        32 | 34.. => StreamingList,
+        _ => ListWatch,
     };
     assert_eq!(mw_operator::reflect::initial_lists(&ns.api::<ManagedWorkload>()).await, expected);
 }

@@ -63,6 +63,10 @@ prop_compose! {
         automount in proptest::option::of(any::<bool>()),
         links in proptest::option::of(any::<bool>()),
         pod_annotations in proptest::collection::btree_map(".{0,12}", ".{0,6}", 0..3),
+        volumes in proptest::collection::vec(volume(), 0..3),
+        service in proptest::option::of(service()),
+        probes in (probe(), probe(), probe()),
+        system in proptest::option::of(system_container()),
     ) -> ManagedWorkloadSpec {
         ManagedWorkloadSpec {
             image, command, args, env, resources, state, hostname,
@@ -75,20 +79,99 @@ prop_compose! {
             node_selector,
             security_context: non_root
                 .map(|n| Box::new(crate::resource::SecurityContext { run_as_non_root: Some(n), ..Default::default() })),
-            readiness_probe: readiness_port.map(|port| {
-                Box::new(crate::resource::Probe {
-                    tcp_socket: Some(crate::resource::TcpSocketAction { port: crate::resource::PortRef::Number(port) }),
-                    ..Default::default()
+            readiness_probe: readiness_port
+                .map(|port| {
+                    Box::new(crate::resource::Probe {
+                        tcp_socket: Some(crate::resource::TcpSocketAction { port: crate::resource::PortRef::Number(port) }),
+                        ..Default::default()
+                    })
                 })
-            }),
+                .or(probes.0),
+            liveness_probe: probes.1,
+            startup_probe: probes.2,
+            volumes,
+            service,
+            system_container: system.map(Box::new),
             ..Default::default()
         }
     }
 }
 
+/// A volume; names and mount paths may repeat (the CRD refuses that, the builders must not
+/// panic on it).
+fn volume() -> BoxedStrategy<crate::resource::Volume> {
+    (
+        prop_oneof![Just("data".to_string()), Just("rootfs".to_string()), "[a-z]{1,6}"],
+        prop_oneof![Just("/data".to_string()), Just("/run".to_string()), "/[a-z]{1,6}"],
+        prop_oneof![Just("1Gi".to_string()), Just("50Gi".to_string()), ".{0,6}"],
+        proptest::option::of("[a-z]{1,6}"),
+        proptest::option::of(prop_oneof![
+            Just(crate::resource::AccessMode::ReadWriteOnce),
+            Just(crate::resource::AccessMode::ReadWriteMany),
+            Just(crate::resource::AccessMode::ReadWriteOncePod),
+        ]),
+        proptest::option::of(prop_oneof![
+            Just(crate::resource::RetentionPolicy::Retain),
+            Just(crate::resource::RetentionPolicy::Delete)
+        ]),
+    )
+        .prop_map(|(name, mount_path, size, storage_class_name, access_mode, retention_policy)| {
+            crate::resource::Volume { name, mount_path, size, storage_class_name, access_mode, retention_policy }
+        })
+        .boxed()
+}
+
+fn service() -> BoxedStrategy<crate::resource::ServiceSpec> {
+    proptest::option::of(prop_oneof![
+        Just(crate::resource::ServiceType::ClusterIP),
+        Just(crate::resource::ServiceType::NodePort),
+        Just(crate::resource::ServiceType::LoadBalancer),
+    ])
+    .prop_map(|type_| crate::resource::ServiceSpec { type_, ..Default::default() })
+    .boxed()
+}
+
+/// A probe of any kind: HTTP (by number or by name), TCP, or a command.
+fn probe() -> BoxedStrategy<Option<Box<crate::resource::Probe>>> {
+    use crate::resource::{ExecAction, HttpGetAction, PortRef, Probe, TcpSocketAction};
+    let port = prop_oneof![(1i32..65536).prop_map(PortRef::Number), "[a-z]{1,4}".prop_map(PortRef::Name)];
+    let kind = prop_oneof![
+        (port.clone(), proptest::option::of("/[a-z]{0,6}")).prop_map(|(port, path)| Probe {
+            http_get: Some(HttpGetAction { path, port, scheme: None }),
+            ..Default::default()
+        }),
+        port.prop_map(|port| Probe { tcp_socket: Some(TcpSocketAction { port }), ..Default::default() }),
+        proptest::collection::vec(".{0,6}", 1..3)
+            .prop_map(|command| Probe { exec: Some(ExecAction { command }), ..Default::default() }),
+    ];
+    proptest::option::of((kind, proptest::option::of(1i32..60)).prop_map(|(mut probe, period)| {
+        probe.period_seconds = period;
+        Box::new(probe)
+    }))
+    .boxed()
+}
+
+fn system_container() -> BoxedStrategy<crate::resource::SystemContainer> {
+    (
+        proptest::option::of(any::<bool>()),
+        proptest::option::of("[a-z]{1,6}"),
+        proptest::option::of(any::<bool>()),
+        proptest::option::of(1i64..600),
+    )
+        .prop_map(|(user_namespace, runtime_class_name, privileged, stop_grace_period_seconds)| {
+            crate::resource::SystemContainer {
+                user_namespace,
+                runtime_class_name,
+                privileged,
+                stop_grace_period_seconds,
+            }
+        })
+        .boxed()
+}
+
 prop_compose! {
     fn workload()(
-        spec in spec(),
+        spec in spec().boxed(),
         name in "[a-z][a-z0-9-]{0,20}",
         generation in 1i64..5,
         labels in proptest::collection::btree_map(".{0,12}", ".{0,6}", 0..3),
@@ -289,6 +372,30 @@ proptest! {
         prop_assert!(desired::current_template_hash(&d).is_some() && super::ownership::applied_hash(&d).is_some());
         let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
         prop_assert_eq!(owner.controller, Some(true));
+        // Every mount names a volume of the Pod; a system container has its memory-backed
+        // directories, privileged only when asked and never in a user namespace then.
+        let volumes: Vec<&str> = pod.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+        for mount in pod.containers[0].volume_mounts.iter().flatten() {
+            prop_assert!(volumes.contains(&mount.name.as_str()), "{} mounts no volume of the Pod", mount.name);
+        }
+        let privileged = pod.containers[0].security_context.as_ref().and_then(|s| s.privileged) == Some(true);
+        match mw.spec.system_container.as_deref() {
+            Some(system) => {
+                for (name, _) in crate::resource::SYSTEM_CONTAINER_TMPFS {
+                    prop_assert!(volumes.contains(&name), "{} missing", name);
+                }
+                prop_assert_eq!(privileged, system.privileged());
+                prop_assert!(!(privileged && pod.host_users == Some(false)), "privileged in a user namespace");
+                prop_assert_eq!(desired::update_strategy(&mw.spec), mw.spec.update_strategy.unwrap_or(UpdateStrategy::Recreate));
+            }
+            None => prop_assert!(!privileged && pod.host_users.is_none() && pod.runtime_class_name.is_none()),
+        }
+        // The Service, when asked for, and the claims build for any spec too.
+        if mw.spec.service.is_some() {
+            let service = super::service::service(&mw).expect("a stored CR that asks for one has its Service");
+            let json = serde_json::to_value(&service).unwrap();
+            prop_assert_eq!(serde_json::from_value::<k8s_openapi::api::core::v1::Service>(json).ok(), Some(service));
+        }
         let json = serde_json::to_value(&d).unwrap();
         let back: Deployment = serde_json::from_value(json).unwrap();
         prop_assert_eq!(back, d, "survives a JSON round trip");
