@@ -86,9 +86,6 @@ pub enum Error {
     )]
     Access { scope: String, message: String },
 
-    #[error("leader election on Lease {0}: {1}")]
-    Lease(String, String),
-
     #[error("the ManagedWorkload CRD is not installed or not served ({0}); install it with `kubectl apply -f crds/`")]
     CrdMissing(#[source] kube::Error),
 }
@@ -117,7 +114,7 @@ impl Error {
     /// Every `kind()` a reconcile can fail with, as `mw_operator_reconcile_errors_total`'s
     /// `kind` label (exported from the start). The other kinds are start-up errors, which end
     /// the process instead of being counted.
-    pub const RECONCILE_KINDS: [&'static str; 10] = [
+    pub const RECONCILE_KINDS: [&'static str; 9] = [
         "missing_namespace",
         "get_deployment",
         "apply_deployment",
@@ -127,7 +124,6 @@ impl Error {
         "apply_service",
         "delete_service",
         "write_status",
-        "cache_closed",
     ];
 
     /// A short, stable label for metrics and logs.
@@ -147,7 +143,6 @@ impl Error {
             Error::Client(_) => "client",
             Error::CrdMissing(_) => "crd_missing",
             Error::Access { .. } => "access",
-            Error::Lease(..) => "lease",
         }
     }
 
@@ -167,12 +162,9 @@ impl Error {
             | Error::ApplyService { source, .. }
             | Error::DeleteService { source, .. }
             | Error::WriteStatus { source, .. } => permanent_api_error(source),
-            Error::CacheClosed
-            | Error::Config(_)
-            | Error::Client(_)
-            | Error::Access { .. }
-            | Error::Lease(..)
-            | Error::CrdMissing(_) => false,
+            Error::CacheClosed | Error::Config(_) | Error::Client(_) | Error::Access { .. } | Error::CrdMissing(_) => {
+                false
+            }
         }
     }
 }
@@ -217,7 +209,6 @@ mod tests {
             Error::ApplyService { namespace: ns(), name: name(), source: api(500) },
             Error::DeleteService { namespace: ns(), name: name(), source: api(500) },
             Error::WriteStatus { namespace: ns(), name: name(), source: api(500) },
-            Error::CacheClosed,
         ];
         let mut kinds: Vec<&str> = reconcile.iter().map(Error::kind).collect();
         let mut listed = Error::RECONCILE_KINDS.to_vec();
@@ -228,7 +219,7 @@ mod tests {
             Error::Config(name()),
             Error::Client(api(500)),
             Error::Access { scope: ns(), message: name() },
-            Error::Lease(name(), name()),
+            Error::CacheClosed,
             Error::CrdMissing(api(404)),
         ];
         for err in start_up {

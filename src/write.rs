@@ -4,8 +4,9 @@
 
 use std::borrow::Cow;
 
-use kube::Resource;
-use kube::api::PatchParams;
+use kube::api::{DeleteParams, PatchParams, Preconditions};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
 
 /// Which stored object an apply may change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +60,26 @@ pub fn found_another(err: &kube::Error) -> bool {
     let kube::Error::Api(status) = err else { return false };
     let on_uid = || status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"));
     status.code == 409 || (status.code == 422 && on_uid())
+}
+
+/// Delete `name` if it is still the object of UID `uid`, never one made under that name since.
+/// Whether it deleted: an object already gone (404), or replaced (409 on the UID
+/// precondition), is nothing to delete and no error. Dependents go in the background (garbage
+/// collection).
+pub async fn delete_by_uid<K>(api: &Api<K>, name: &str, uid: &str) -> Result<bool, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+        propagation_policy: Some(kube::api::PropagationPolicy::Background),
+        ..Default::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
+        Err(err) => Err(err),
+    }
 }
 
 #[cfg(test)]

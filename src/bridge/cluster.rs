@@ -9,7 +9,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, PartialObjectMeta, Patch, Preconditions, PropagationPolicy};
+use kube::api::{ListParams, PartialObjectMeta, Patch};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::InitialListStrategy;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -23,7 +23,7 @@ use super::mapping::{SYNCED_BY_LABEL, owner_reference};
 use super::metrics::Metrics;
 use crate::reflect::{ReflectInPlace, initial_lists, watch_config};
 use crate::resource::ManagedWorkload;
-use crate::write::{Write, found_another};
+use crate::write::{Write, delete_by_uid, found_another};
 
 pub struct Cluster {
     client: Client,
@@ -235,22 +235,19 @@ impl Cluster {
     /// re-created under the same name since). Its Deployment, Pods and Secret follow through
     /// garbage collection.
     pub async fn delete_workload(&self, namespace: &str, name: &str, uid: &str) -> Result<(), kube::Error> {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
-            propagation_policy: Some(PropagationPolicy::Background),
-            ..Default::default()
-        };
         let api = Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace);
-        ignore_gone(api.delete(name, &params).await.map(|_| self.metrics.wrote("workload_delete")))
+        if delete_by_uid(&api, name, uid).await? {
+            self.metrics.wrote("workload_delete");
+        }
+        Ok(())
     }
 
     pub async fn delete_secret(&self, namespace: &str, name: &str, uid: &str) -> Result<(), kube::Error> {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
-            ..Default::default()
-        };
         let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
-        ignore_gone(api.delete(name, &params).await.map(|_| self.metrics.wrote("secret_delete")))
+        if delete_by_uid(&api, name, uid).await? {
+            self.metrics.wrote("secret_delete");
+        }
+        Ok(())
     }
 }
 
@@ -288,14 +285,6 @@ pub fn parse_http_date(text: &str) -> Option<Timestamp> {
 
 fn names(meta: &kube::api::ObjectMeta) -> (&str, &str) {
     (meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
-}
-
-/// Already gone (404) or already replaced (409 on the UID precondition): nothing to delete.
-fn ignore_gone(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
-    match result {
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        other => other,
-    }
 }
 
 /// Fail at start-up, naming the namespace and resource, when RBAC does not let the bridge

@@ -12,7 +12,6 @@ use std::borrow::Cow;
 use std::convert::Infallible;
 
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::info;
@@ -95,20 +94,17 @@ async fn remove_own(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: 
     if !is_controlled_by(&*cached, mw) || cached.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let params = DeleteParams {
-        preconditions: Some(Preconditions { uid: cached.metadata.uid.clone(), resource_version: None }),
-        ..Default::default()
-    };
+    let Some(uid) = cached.metadata.uid.as_deref() else { return Ok(()) };
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-    let answer = api.delete(name, &params).await;
+    let answer = crate::write::delete_by_uid(&api, name, uid).await;
     ctx.metrics.sent("services", "delete", &answer);
     match answer {
-        Ok(_) => {
-            info!(service = %name, "deleted Service: spec.service was removed");
+        Ok(deleted) => {
+            if deleted {
+                info!(service = %name, "deleted Service: spec.service was removed");
+            }
             Ok(())
         }
-        // Gone already, or replaced by another object of that name (the UID precondition).
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
         Err(source) => Err(Error::DeleteService { namespace: namespace.into(), name: name.into(), source }),
     }
 }
