@@ -33,6 +33,17 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// costs at most this long (a dead one is found sooner: `PING_AFTER`).
 pub const WATCH_TIMEOUT: Duration = Duration::from_secs(295);
 
+/// An `Api` for `K` in `namespace`, or in all namespaces.
+pub fn api_in<K>(client: &Client, namespace: Option<&str>) -> kube::Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    }
+}
+
 /// The parameters of `manager`'s server-side applies, asking for no field validation: every
 /// body the operator and the bridge send is serialized from the types the CRD and the
 /// built-in kinds are generated from, so it has no unknown or duplicate field to report, and

@@ -296,6 +296,9 @@ pub struct ManagedWorkloadSpec {
     pub system_container: Option<Box<SystemContainer>>,
 }
 
+/// A ManagedWorkload as watched: parsed, or the reason it could not be.
+pub type Workload = kube::core::DeserializeGuard<ManagedWorkload>;
+
 /// How a system container runs (`spec.systemContainer`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]

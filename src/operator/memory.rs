@@ -12,7 +12,7 @@ use kube::runtime::watcher;
 
 use super::by_uid::Uid;
 use super::status;
-use super::watches::Workload;
+use crate::resource::Workload;
 use crate::resource::{ManagedWorkload, ManagedWorkloadStatus};
 
 /// What the operator remembers per ManagedWorkload UID between reconciles.

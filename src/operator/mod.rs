@@ -49,11 +49,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use kube::Client;
 use kube::api::ListParams;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info};
 
@@ -61,11 +61,12 @@ use crate::election::{Election, Leadership};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
+use crate::resource::Workload;
 use crate::telemetry::Health;
 use context::Context;
 use ownership::FIELD_MANAGER;
 use reconcile::{error_policy, reconcile};
-use watches::{Caches, Workload, subscribe};
+use watches::{Caches, subscribe};
 
 /// What to watch and how hard to work.
 #[derive(Clone, Debug)]
@@ -103,7 +104,8 @@ pub async fn run(
     metrics.set_max_concurrent(i64::from(settings.concurrency) * scopes.len() as i64);
     let shutdown = crate::shutdown::signal();
     // One API server answers for every scope.
-    let lists = crate::reflect::initial_lists(&api::<ManagedWorkload>(&client, scopes[0].as_deref())).await;
+    let lists =
+        crate::reflect::initial_lists(&crate::client::api_in::<ManagedWorkload>(&client, scopes[0].as_deref())).await;
     let caches: Vec<Arc<Caches>> = scopes
         .into_iter()
         .map(|ns| Arc::new(Caches::start(&clients.watches, ns, lists.clone(), metrics.clone())))
@@ -157,20 +159,10 @@ pub async fn run(
     Ok(())
 }
 
-pub(crate) fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
-
 /// Fail fast, with a hint, when the CRD is missing or RBAC does not let the operator list
 /// ManagedWorkloads where it is told to watch, instead of retrying watches forever.
 async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Error> {
-    let probe = api::<ManagedWorkload>(client, namespace);
+    let probe = crate::client::api_in::<ManagedWorkload>(client, namespace);
     match probe.list_metadata(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Err(Error::CrdMissing(kube::Error::Api(status))),

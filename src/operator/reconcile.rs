@@ -26,9 +26,10 @@ use super::slim::CachedDeployment;
 use super::status::{self, Blocked, Observed};
 use super::status_write::{self, Written};
 use super::step::{self, Verdict};
-use super::watches::{Freshness, Workload};
+use super::watches::Freshness;
 use super::{deployment, expose, volumes};
 use crate::error::Error;
+use crate::resource::Workload;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 use crate::retry::Backoff;
 

@@ -15,7 +15,7 @@ use futures::Stream;
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::watches::Workload;
+use crate::resource::Workload;
 
 /// How often each workload is reconciled with nothing having changed.
 pub const PERIOD: Duration = Duration::from_secs(600);

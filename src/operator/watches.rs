@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use kube::core::{DeserializeGuard, PartialObjectMeta};
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::InitialListStrategy;
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
@@ -15,19 +15,16 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::{broadcast, mpsc};
 use tracing::warn;
 
-use super::api;
 use super::by_uid::ByUid;
 use super::memory::PerObject;
 use super::ownership::MANAGED_LABEL;
 use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
 use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
+use crate::client::api_in as api;
 use crate::metrics::Metrics;
 use crate::reflect::{ReflectInPlace, watch_config};
-use crate::resource::{ManagedWorkload, OWNER_ANNOTATION};
-
-/// A ManagedWorkload as watched: parsed, or the reason it could not be.
-pub type Workload = DeserializeGuard<ManagedWorkload>;
+use crate::resource::{ManagedWorkload, OWNER_ANNOTATION, Workload};
 
 /// The watches of one scope (a namespace, or all), their caches, and the fan-out of "this
 /// workload may need a reconcile" to whichever controller runs now. They run from start to
@@ -407,7 +404,7 @@ mod tests {
         mw.metadata.uid = Some(uid.into());
         mw.metadata.generation = Some(generation);
         mw.metadata.labels = Some([("team".to_string(), team.to_string())].into());
-        DeserializeGuard(Ok(mw))
+        kube::core::DeserializeGuard(Ok(mw))
     }
 
     #[test]
