@@ -238,11 +238,12 @@ async fn a_black_holed_leader_stops_writing_before_the_standby_takes_over() {
     let late = written_after_takeover(timed_writes_by(&user_a, &ns.name), &user_b, &ns.name);
     assert!(late.is_empty(), "the black-holed leader wrote after the standby's first write: {late:?}");
     // And it knew: its term ended, by its own clock, before the standby's first write.
+    // (The operators under test log JSON lines.)
     let ended = a
         .output()
         .lines()
         .find(|l| l.contains("leadership ended"))
-        .and_then(|l| l.split_whitespace().next()?.parse::<Timestamp>().ok())
+        .and_then(|l| serde_json::from_str::<Value>(l).ok()?["timestamp"].as_str()?.parse::<Timestamp>().ok())
         .expect("the old leader logged the end of its term");
     let writes_b = timed_writes_by(&user_b, &ns.name);
     let first_b = writes_b.first().map(|(at, _)| *at).expect("the new leader wrote");
