@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Manager itself on the operator: copies Manager's tree (MANAGER_SRC, v2026.7.4), applies
 # integrations/manager/patches/manager-v2026.7.4.patch, installs it and the provider package,
-# starts Manager's server.js and job-runner.js on a throwaway PostgreSQL, and runs
-# integrations/manager/e2e/manager.e2e.js, which drives Manager's REST API as a user would.
+# builds its web client, starts Manager's server.js and job-runner.js on a throwaway PostgreSQL,
+# and runs integrations/manager/e2e/manager.e2e.js, which drives Manager's REST API as a user
+# would, then, on a fresh database, integrations/manager/e2e/ui.e2e.js, which drives Manager's
+# web UI in a headless Chromium (Debian's /usr/bin/chromium, through playwright-core).
 #
 #   MW_TEST_KUBECONFIG=<admin kubeconfig> hack/manager-e2e.sh
 #
@@ -11,6 +13,8 @@
 #   MANAGER_SRC        Manager's tree (default: ../shared/manager/opensource-server beside the repo)
 #   MW_MANAGER_E2E_PG  the PostgreSQL's name for hack/postgres.sh (default: manager-e2e)
 #   MW_MANAGER_E2E_KEEP=1  keep the work directory and its logs
+#   MW_MANAGER_E2E_SUITES  which suites: "rest ui" (the default), "rest" or "ui"
+#   MW_CHROMIUM        the browser for the UI suite (default: /usr/bin/chromium; hack/ensure-tools.sh)
 # Exit status: 0 passed, 1 failed, 3 not run (no Manager tree at MANAGER_SRC: CI reports that
 # as "not run", never as passed).
 set -euo pipefail
@@ -24,6 +28,14 @@ if [ ! -f "$MANAGER_SRC/create-a-container/server.js" ]; then
 fi
 : "${MW_TEST_KUBECONFIG:?MW_TEST_KUBECONFIG: the admin kubeconfig of a control plane with the operator running}"
 PG=${MW_MANAGER_E2E_PG:-manager-e2e}
+SUITES=${MW_MANAGER_E2E_SUITES:-rest ui}
+CHROMIUM=${MW_CHROMIUM:-/usr/bin/chromium}
+case " $SUITES " in
+  *" ui "*)
+    [ -x "$CHROMIUM" ] || { echo "manager-e2e: no browser at MW_CHROMIUM=$CHROMIUM (hack/ensure-tools.sh installs Debian's chromium)" >&2; exit 1; }
+    [ -d "$REPO/integrations/manager/node_modules/playwright-core" ] ||
+      { echo "manager-e2e: run \`npm ci\` in integrations/manager (playwright-core)" >&2; exit 1; } ;;
+esac
 PATCH="$REPO/integrations/manager/patches/manager-v2026.7.4.patch"
 
 log() { printf '[manager-e2e] %s\n' "$*" >&2; }
@@ -35,7 +47,7 @@ cleanup() {
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   bash "$HERE/postgres.sh" down "$PG" >/dev/null 2>&1 || true
   if [ "$rc" != 0 ] || [ -n "${MW_MANAGER_E2E_KEEP:-}" ]; then
-    log "Manager's logs: $WORK/server.log, $WORK/job-runner.log"
+    log "Manager's logs: $WORK/*/server.log, $WORK/*/job-runner.log; the UI's screenshots: $WORK/ui/*.png"
   else
     rm -rf "$WORK"
   fi
@@ -55,31 +67,23 @@ log "npm ci (Manager), and the provider package as Manager's administrator insta
 PACKAGE=$(cd "$WORK" && npm pack --silent "$REPO/integrations/manager")
 (cd "$APP" && npm install --no-save --omit=dev --no-audit --no-fund --loglevel=error "$WORK/$PACKAGE" >>"$WORK/npm.log" 2>&1) ||
   { cat "$WORK/npm.log" >&2; exit 1; }
+case " $SUITES " in
+  *" ui "*)
+    # The web client app.js serves from client/dist, with the patch's UI: built as Manager's
+    # release builds it (its own lockfile, from the npm registry only).
+    log "the web client: npm ci, npm run build"
+    (cd "$APP/client" && npm ci --no-audit --no-fund --loglevel=error && npm run build) >"$WORK/client-build.log" 2>&1 ||
+      { cat "$WORK/client-build.log" >&2; exit 1; } ;;
+esac
 
 log "PostgreSQL '$PG'"
 bash "$HERE/postgres.sh" down "$PG" >/dev/null 2>&1 || true
 bash "$HERE/postgres.sh" up "$PG"
-bash "$HERE/postgres.sh" psql "$PG" -v ON_ERROR_STOP=1 -c 'CREATE DATABASE cluster_manager' >/dev/null
 PG_URL=$(bash "$HERE/postgres.sh" url "$PG")
 PG_PORT=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.urlparse(sys.argv[1]).port)' "$PG_URL")
 # The suite makes this StorageClass (claims bind to hostPath volumes on kwok); Manager's jobs
 # read its name from the environment, as the provider's settings come in production.
 STORAGE_CLASS="manager-e2e-$$-sc"
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-cat >"$APP/.env" <<EOF
-DATABASE_DIALECT=postgres
-POSTGRES_HOST=127.0.0.1
-POSTGRES_PORT=$PG_PORT
-POSTGRES_USER=mw
-POSTGRES_PASSWORD=$(cat "$(bash "$HERE/postgres.sh" password-file "$PG")")
-POSTGRES_DATABASE=cluster_manager
-JOB_RUNNER_POLL_MS=500
-MW_ROOTFS_STORAGE_CLASS=$STORAGE_CLASS
-# Manager's default container (4 cores, 4 GiB) requests a tenth of that: the real node has
-# 2 cores (its test asks for the default), as an administrator over-commits a small cluster.
-MW_REQUESTS_PERCENT=10
-EOF
-
 # server.js listens on port 3000, fixed; a preload moves it to a free port so that two runs
 # (or a Manager already on 3000) never meet.
 cat >"$WORK/port.js" <<'EOF'
@@ -89,21 +93,61 @@ http.Server.prototype.listen = function (port, ...rest) {
   return listen.call(this, port === 3000 ? Number(process.env.MANAGER_PORT) : port, ...rest);
 };
 EOF
-log "server.js on :$PORT, job-runner.js"
-(cd "$APP" && MANAGER_PORT=$PORT exec node -r "$WORK/port.js" server.js >"$WORK/server.log" 2>&1) &
-PIDS+=($!)
-# Up once it answers at all (it migrates first).
-up=
-for _ in $(seq 1 240); do
-  if curl -s -o /dev/null "http://127.0.0.1:$PORT/"; then up=1; break; fi
-  kill -0 "${PIDS[0]}" 2>/dev/null || { cat "$WORK/server.log" >&2; exit 1; }
-  sleep 0.5
-done
-[ -n "$up" ] || { log "server.js did not answer within 2 minutes"; cat "$WORK/server.log" >&2; exit 1; }
-# The job runner after the server: the server applies the migrations.
-(cd "$APP" && exec node job-runner.js >"$WORK/job-runner.log" 2>&1) &
-PIDS+=($!)
+# Manager on a database of its own (each suite starts with no users: its first one to register
+# is the administrator), its logs in $WORK/NAME.
+start_manager() {
+  local name=$1
+  DB="cluster_manager_$name"
+  LOGS="$WORK/$name"
+  mkdir -p "$LOGS"
+  bash "$HERE/postgres.sh" psql "$PG" -v ON_ERROR_STOP=1 -c "CREATE DATABASE $DB" >/dev/null
+  PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  cat >"$APP/.env" <<EOF
+DATABASE_DIALECT=postgres
+POSTGRES_HOST=127.0.0.1
+POSTGRES_PORT=$PG_PORT
+POSTGRES_USER=mw
+POSTGRES_PASSWORD=$(cat "$(bash "$HERE/postgres.sh" password-file "$PG")")
+POSTGRES_DATABASE=$DB
+JOB_RUNNER_POLL_MS=500
+MW_ROOTFS_STORAGE_CLASS=$STORAGE_CLASS
+# Manager's default container (4 cores, 4 GiB) requests a tenth of that: the real node has
+# 2 cores (its test asks for the default), as an administrator over-commits a small cluster.
+MW_REQUESTS_PERCENT=10
+EOF
 
-log "the suite (node --test)"
-MANAGER_URL="http://127.0.0.1:$PORT" MANAGER_LOGS="$WORK" MW_E2E_STORAGE_CLASS="$STORAGE_CLASS" \
-  node --test --test-reporter=spec "$REPO/integrations/manager/e2e/manager.e2e.js"
+  log "server.js on :$PORT, job-runner.js"
+  (cd "$APP" && MANAGER_PORT=$PORT exec node -r "$WORK/port.js" server.js >"$LOGS/server.log" 2>&1) &
+  PIDS+=($!)
+  # Up once it answers at all (it migrates first).
+  up=
+  for _ in $(seq 1 240); do
+    if curl -s -o /dev/null "http://127.0.0.1:$PORT/"; then up=1; break; fi
+    kill -0 "${PIDS[0]}" 2>/dev/null || { cat "$LOGS/server.log" >&2; exit 1; }
+    sleep 0.5
+  done
+  [ -n "$up" ] || { log "server.js did not answer within 2 minutes"; cat "$LOGS/server.log" >&2; exit 1; }
+  # The job runner after the server: the server applies the migrations.
+  (cd "$APP" && exec node job-runner.js >"$LOGS/job-runner.log" 2>&1) &
+  PIDS+=($!)
+}
+stop_manager() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  PIDS=()
+}
+
+failed=0
+for suite in $SUITES; do
+  case "$suite" in
+    rest) file=manager.e2e.js ;;
+    ui) file=ui.e2e.js ;;
+    *) log "unknown suite '$suite' (MW_MANAGER_E2E_SUITES: rest, ui)"; exit 1 ;;
+  esac
+  start_manager "$suite"
+  log "the $suite suite (node --test e2e/$file)"
+  MANAGER_URL="http://127.0.0.1:$PORT" MANAGER_LOGS="$LOGS" MW_E2E_STORAGE_CLASS="$STORAGE_CLASS" MW_CHROMIUM="$CHROMIUM" \
+    node --test --test-reporter=spec "$REPO/integrations/manager/e2e/$file" || failed=1
+  stop_manager
+done
+exit "$failed"

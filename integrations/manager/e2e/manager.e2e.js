@@ -93,10 +93,11 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
   });
   after(() => cluster.tearDown());
 
-  test('a kubernetes node: accepted, its connection never returned', async () => {
+  test('a kubernetes node: accepted, its kubeconfig path never returned', async () => {
     const refused = await manager.call('POST', `/sites/${site.id}/nodes`, { name: 'k8s', nodeType: 'kubernetes' });
     assert.equal(refused.status, 400);
     assert.equal(refused.body.error.code, 'invalid_kube_namespace');
+    assert.deepEqual(Object.keys(refused.body.error.fields), ['kubeNamespace'], 'the refusal names its field');
     const node = await manager.ok('POST', `/sites/${site.id}/nodes`, {
       name: 'k8s',
       nodeType: 'kubernetes',
@@ -105,7 +106,8 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
     });
     assert.equal(node.nodeType, 'kubernetes');
     assert.equal(node.hasKubeconfig, true);
-    for (const field of ['kubeconfigPath', 'kubeContext', 'kubeNamespace']) assert.ok(!(field in node), `${field} is not returned`);
+    assert.ok(!('kubeconfigPath' in node), 'kubeconfigPath is not returned');
+    assert.equal(node.kubeNamespace, cluster.namespace);
     const listed = await manager.ok('GET', `/sites/${site.id}/nodes`);
     assert.ok(!JSON.stringify(listed).includes(cluster.kubeconfigFile));
     cluster.nodeId = node.id;
