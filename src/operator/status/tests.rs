@@ -68,6 +68,18 @@ fn dep_condition(type_: &str, status: &str, reason: &str, message: &str) -> Depl
     }
 }
 
+/// `d` with its rollout past its progress deadline, as the Deployment controller says it.
+fn timed_out(d: &Deployment) -> Deployment {
+    let mut late = d.clone();
+    late.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
+        "Progressing",
+        "False",
+        "ProgressDeadlineExceeded",
+        "ReplicaSet \"web-abc\" has timed out progressing.",
+    )]);
+    late
+}
+
 /// A Pod of `d`'s current template (or another one when `current` is false).
 fn pod(d: &Deployment, current: bool, ready: bool, ip: &str) -> Pod {
     let hash = if current { desired::current_template_hash(d).unwrap().to_string() } else { "0000000000000000".into() };
@@ -227,13 +239,7 @@ fn a_deployment_of_an_older_spec_reports_the_transition_the_change_starts() {
 
     // A fix of a failing spec: the old Pod's failure and the old Deployment's exceeded
     // deadline are not the new spec's.
-    let mut failing = d.clone();
-    failing.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
-        "Progressing",
-        "False",
-        "ProgressDeadlineExceeded",
-        "ReplicaSet \"web-abc\" has timed out progressing.",
-    )]);
+    let failing = timed_out(&d);
     let pulling = waiting(pod(&d, true, false, ""), "ImagePullBackOff", "no such image");
     assert_eq!(derive_with(&old, Some(&failing), std::slice::from_ref(&pulling)).phase, Some(Phase::Failed));
     let s = derive_with(&image, Some(&failing), &[pulling]);
@@ -375,13 +381,7 @@ fn a_pending_pod_that_is_merely_creating_is_not_a_failure() {
 #[test]
 fn failed_when_the_progress_deadline_is_exceeded() {
     let mw = workload(DesiredState::Running, 1);
-    let mut d = deployment(&mw, 1, 1, [1, 1, 0, 0]);
-    d.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
-        "Progressing",
-        "False",
-        "ProgressDeadlineExceeded",
-        "ReplicaSet \"web-abc\" has timed out progressing.",
-    )]);
+    let d = timed_out(&deployment(&mw, 1, 1, [1, 1, 0, 0]));
     let s = derive_with(&mw, Some(&d), &[pod(&d, true, false, "10.0.0.5")]);
     assert_summary(&s, Phase::Failed, "False", "False", "True");
     assert_eq!(cond(&s, STALLED).reason, "ProgressDeadlineExceeded");
@@ -797,13 +797,7 @@ fn a_container_waiting_for_its_secret_is_creating_until_the_progress_deadline() 
         // Said at once, not held back with the transition's details: someone has to make it.
         let creating = derive_with(&mw, Some(&d), &[pod(&d, true, false, "")]);
         assert_eq!(urgency(Some(&creating), &s), Urgency::Now);
-        let mut stuck = d.clone();
-        stuck.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
-            "Progressing",
-            "False",
-            "ProgressDeadlineExceeded",
-            "ReplicaSet \"web-abc\" has timed out progressing.",
-        )]);
+        let stuck = timed_out(&d);
         let s = derive_with(&mw, Some(&stuck), &[p]);
         assert_summary(&s, Phase::Failed, "False", "False", "True");
     }
@@ -960,13 +954,7 @@ fn an_unbound_claim_keeps_the_workload_creating_then_fails_it_at_the_deadline_na
     let v = &s.volumes[0];
     assert_eq!((v.name.as_str(), v.claim.as_str(), v.phase.as_deref()), ("data", "web-data", Some("Pending")));
 
-    let mut late = d.clone();
-    late.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
-        "Progressing",
-        "False",
-        "ProgressDeadlineExceeded",
-        "ReplicaSet \"web-abc\" has timed out progressing.",
-    )]);
+    let late = timed_out(&d);
     let observed = Observed {
         desired_hash: &desired_hash(&mw),
         deployment: Some(&late),
@@ -1111,13 +1099,7 @@ fn an_unschedulable_update_stays_updating_and_the_deadline_still_fails_it() {
     assert_eq!(s.pod_ip.as_deref(), Some("10.0.0.1"), "the old Pod still serves");
 
     // The progress deadline bounds the wait.
-    let mut late = d.clone();
-    late.status.as_mut().unwrap().conditions = Some(vec![dep_condition(
-        "Progressing",
-        "False",
-        "ProgressDeadlineExceeded",
-        "ReplicaSet \"web-abc\" has timed out progressing.",
-    )]);
+    let late = timed_out(&d);
     let s = derive_with(&mw, Some(&late), &[old, unscheduled(&late, NO_GPU)]);
     assert_summary(&s, Phase::Failed, "False", "False", "True");
     assert_eq!(cond(&s, STALLED).reason, "ProgressDeadlineExceeded");
