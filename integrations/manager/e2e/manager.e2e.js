@@ -159,6 +159,38 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
     assert.deepEqual(list.map((c) => [c.hostname, c.status]), [['web', 'running']]);
   });
 
+  test('the node API: a nodeType change under containers refused on its field; the hand-back of docs/manager.md accepted', async () => {
+    const nodes = `/sites/${site.id}/nodes`;
+    const refused = await manager.call('PUT', `${nodes}/${cluster.nodeId}`, { name: 'k8s', nodeType: 'dummy' });
+    assert.equal(refused.status, 400, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.code, 'node_type_in_use');
+    assert.deepEqual(Object.keys(refused.body.error.fields), ['nodeType']);
+    assert.match(refused.body.error.fields.nodeType, /1 container\(s\) still run on node k8s/);
+    let node = (await manager.ok('GET', nodes)).find((n) => n.id === cluster.nodeId);
+    assert.equal(node.nodeType, 'kubernetes');
+    assert.equal(node.kubeNamespace, cluster.namespace, 'the connection fields are kept');
+    assert.equal(node.hasKubeconfig, true);
+
+    // A node without containers: handed back (kubeNamespace: null), then its type changed.
+    const spare = await manager.ok('POST', nodes, {
+      name: 'k8s-spare',
+      nodeType: 'kubernetes',
+      kubeconfigPath: cluster.kubeconfigFile,
+      kubeNamespace: cluster.namespace,
+    });
+    const blank = await manager.call('PUT', `${nodes}/${spare.id}`, { name: 'k8s-spare', nodeType: 'kubernetes', kubeNamespace: '' });
+    assert.equal(blank.status, 400, 'an empty namespace is still a mistake on the form');
+    assert.deepEqual(Object.keys(blank.body.error.fields), ['kubeNamespace']);
+    node = await manager.ok('PUT', `${nodes}/${spare.id}`, { name: 'k8s-spare', nodeType: 'kubernetes', kubeNamespace: null });
+    assert.equal(node.kubeNamespace, null, 'handed back: no namespace');
+    assert.equal(node.hasKubeconfig, true, 'the other fields stay');
+    node = await manager.ok('PUT', `${nodes}/${spare.id}`, { name: 'k8s-spare', nodeType: 'dummy' });
+    assert.equal(node.nodeType, 'dummy');
+    assert.equal(node.hasKubeconfig, false, 'leaving kubernetes clears the connection fields');
+    const gone = await manager.call('DELETE', `${nodes}/${spare.id}`);
+    assert.equal(gone.status, 204);
+  });
+
   test('env change and resources: a rollout each, the same disk', async () => {
     const claim = await waitUntil('the rootfs claim to be Bound', () => cluster.claim('web-rootfs'), (c) => c?.status?.phase === 'Bound');
     const before = await cluster.workload('web');
@@ -200,6 +232,34 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
     const now = await manager.ok('GET', `/sites/${site.id}/containers/${web.id}`);
     assert.equal(now.status, 'running');
     assert.equal(now.ipv4Address, mw.status.address, 'the Service’s address, unchanged by rollouts');
+  });
+
+  test('a service added after create, then deleted: each a reconfigure job, one rollout, no restart', async () => {
+    const route = `/sites/${site.id}/containers/${web.id}`;
+    // What the edit form sends: the container's env and entrypoint as they are, and the change.
+    const same = { environmentVars: [{ key: 'GREETING', value: 'bonjour' }], entrypoint: `nginx -g 'daemon off;'` };
+    let before = await cluster.workload('web');
+    let put = await manager.ok('PUT', route, { ...same, services: { 0: { type: 'tcp', internalPort: 8080 } } });
+    assert.ok(put.jobId, 'a reconfigure job for the new port');
+    let job = await manager.succeeds(put.jobId);
+    assert.doesNotMatch(job.output, /No change: restarting/);
+    let mw = await cluster.workload('web');
+    assert.equal(mw.metadata.generation, before.metadata.generation + 1, 'one change, one rollout');
+    assert.deepEqual(mw.spec.ports.map((p) => p.name), ['tcp-22', 'tcp-8080']);
+    assert.equal(mw.status.phase, 'Running');
+    let now = await manager.ok('GET', route);
+    assert.equal(now.ipv4Address, mw.status.address);
+
+    const added = now.services.find((s) => s.internalPort === 8080);
+    assert.ok(added, JSON.stringify(now.services));
+    before = mw;
+    put = await manager.ok('PUT', route, { ...same, services: { 0: { id: added.id, deleted: true } } });
+    assert.ok(put.jobId, 'a reconfigure job for the deleted port');
+    job = await manager.succeeds(put.jobId);
+    lastJob = put.jobId;
+    mw = await cluster.workload('web');
+    assert.equal(mw.metadata.generation, before.metadata.generation + 1);
+    assert.deepEqual(mw.spec.ports.map((p) => p.name), ['tcp-22']);
   });
 
   test('stop and start: Manager’s restart', async () => {

@@ -185,7 +185,10 @@ class KubernetesApi {
     }
   }
 
-  /** Create or replace the env Secret (only ever ours), owned by the workload once it exists. */
+  /**
+   * Create or replace the env Secret (only ever ours), owned by the workload once it exists.
+   * @returns the Secret it replaced, null when it made a new one
+   */
   async #writeSecret(secret, owner) {
     const body = structuredClone(secret);
     if (owner) {
@@ -198,12 +201,13 @@ class KubernetesApi {
     try {
       if (!existing) {
         await this.core.createNamespacedSecret({ namespace: this.namespace, body });
-        return;
+        return null;
       }
       this.#mustBeOurs(existing, `Secret ${this.namespace}/${name}`);
       body.metadata.resourceVersion = existing.metadata.resourceVersion;
       if (!owner && existing.metadata.ownerReferences) body.metadata.ownerReferences = existing.metadata.ownerReferences;
       await this.core.replaceNamespacedSecret({ name, namespace: this.namespace, body });
+      return existing;
     } catch (err) {
       throw this.#explain(err, `writing Secret ${this.namespace}/${name}`);
     }
@@ -215,14 +219,6 @@ class KubernetesApi {
     const env = {};
     for (const [k, v] of Object.entries(secret?.data || {})) env[k] = Buffer.from(v, 'base64').toString();
     return env;
-  }
-
-  async #replace(mw) {
-    try {
-      return await this.custom.replaceNamespacedCustomObject({ ...this.#ref(`${mw.metadata.namespace}/${mw.metadata.name}`), body: mw });
-    } catch (err) {
-      throw this.#explain(err, `updating ${mw.metadata.namespace}/${mw.metadata.name}`);
-    }
   }
 
   // --- Manager's NodeApi surface -----------------------------------------------------------
@@ -280,11 +276,20 @@ class KubernetesApi {
         );
       }
     }
-    // The Secret first, so the Pod never starts without its env.
-    await this.#writeSecret(secret, existing);
+    // The Secret first, so the Pod never starts without its env; a replace that fails (after
+    // its retries on 409) gives the Secret its old data back (as updateLxcConfig).
+    const previous = await this.#writeSecret(secret, existing);
     let made;
     if (existing) {
-      made = await this.#replace({ ...workload, metadata: { ...existing.metadata, ...workload.metadata, resourceVersion: existing.metadata.resourceVersion } });
+      try {
+        made = await this.#replaceRetrying(providerId, existing, (current) => ({
+          ...workload,
+          metadata: { ...current.metadata, ...workload.metadata, resourceVersion: current.metadata.resourceVersion },
+        }));
+      } catch (err) {
+        await this.#restoreSecret(secret, previous, existing, err);
+        throw err;
+      }
     } else {
       try {
         made = await this.custom.createNamespacedCustomObject({
@@ -309,7 +314,9 @@ class KubernetesApi {
    * NUL-joined; `entrypoint` one string; `delete` lists what to unset (env, entrypoint);
    * `cores`, `memory` (MB) and `rootfs` ("storage:GB", grow only) resize. `tags` is the owner.
    * `swap` is not applied (Kubernetes has no per-container swap limit): the job's output says
-   * so, and it changes nothing. `hookscript`, `features` and the like are ignored.
+   * so, and it changes nothing. `services` ([{type, internalPort, protocol}], Manager's Services
+   * rows as they are now) sets the ports and Service as createLxc does. `hookscript`,
+   * `features` and the like are ignored.
    * @returns {Promise<string>} a task id for the resulting generation
    */
   async updateLxcConfig(nodeName, providerId, config = {}) {
@@ -319,11 +326,41 @@ class KubernetesApi {
       this.log(`Kubernetes: swap ${config.swap} MB is not applied to ${providerId}: Kubernetes has no per-container swap limit`);
     }
     const deleted = new Set(String(config.delete || '').split(',').map((s) => s.trim()).filter(Boolean));
+    const touchesEnv = config.env !== undefined || deleted.has('env');
+    const env = touchesEnv ? (deleted.has('env') ? {} : m.parseEnv(config.env)) : null;
+    const secret = touchesEnv
+      ? m.secret({ namespace: this.namespace, nodeId: this.node.id, containerId: mw.metadata.labels[m.CONTAINER_ID_LABEL], hostname: name }, env)
+      : null;
+    // Everything is checked (this.#apply throws a MappingError) before anything is written.
+    this.#apply(mw, config, deleted, env, secret);
+    // The order: the Secret, then the workload's replace, retried on 409 (the operator's status
+    // write moved the resourceVersion) by re-reading it and applying the change again; if the
+    // replace still fails, the Secret gets its old data back. The Secret must come first: the
+    // new pod template (its env-sha256 annotation, its secretKeyRefs) must never start a Pod
+    // before the Secret holds that env (a new key would not exist, the digest would lie). So
+    // after this call the Secret's data and the spec's digest agree, whether it succeeded or
+    // failed; only a Pod restarted in the moment between the two writes sees the new env early.
+    const previous = secret ? await this.#writeSecret(secret, mw) : undefined;
+    let updated;
+    try {
+      updated = await this.#replaceRetrying(providerId, mw, (current) => this.#apply(current, config, deleted, env, secret));
+    } catch (err) {
+      if (secret) await this.#restoreSecret(secret, previous, mw, err);
+      throw err;
+    }
+    const changed = updated.metadata.generation !== mw.metadata.generation;
+    this.log(`Kubernetes: ${providerId} ${changed ? `changed (generation ${updated.metadata.generation})` : 'unchanged'}`);
+    return m.taskId('update', this.namespace, name, updated.metadata.generation);
+  }
+
+  /** The workload `mw` with Manager's config applied: what updateLxcConfig replaces it with. */
+  #apply(mw, config, deleted, env, secret) {
+    const name = mw.metadata.name;
+    const providerId = `${mw.metadata.namespace}/${name}`;
     let spec = { ...mw.spec };
     if (config.rootfs !== undefined) {
-      // Checked before anything is written. A claim never shrinks (the operator keeps it as it
-      // is): Manager is told so rather than shown a smaller disk than the container has, as
-      // Proxmox refuses a smaller rootfs too.
+      // A claim never shrinks (the operator keeps it as it is): Manager is told so rather than
+      // shown a smaller disk than the container has, as Proxmox refuses a smaller rootfs too.
       const current = (spec.volumes || []).find((v) => v.name === m.ROOTFS_VOLUME);
       const currentGb = current ? Number((/^(\d+)Gi$/.exec(current.size) || [])[1]) : NaN;
       const gb = rootfsGb(config.rootfs);
@@ -331,16 +368,7 @@ class KubernetesApi {
         throw new m.MappingError(`rootfs ${gb} GB refused: a disk never shrinks, and ${name}-${m.ROOTFS_VOLUME} is ${currentGb} GB`);
       }
     }
-    const touchesEnv = config.env !== undefined || deleted.has('env');
-    if (touchesEnv) {
-      const env = deleted.has('env') ? {} : m.parseEnv(config.env);
-      const secret = m.secret(
-        { namespace: this.namespace, nodeId: this.node.id, containerId: mw.metadata.labels[m.CONTAINER_ID_LABEL], hostname: name },
-        env,
-      );
-      await this.#writeSecret(secret, mw);
-      spec = m.envFields(spec, env, secret.metadata.name);
-    }
+    if (env) spec = m.envFields(spec, env, secret.metadata.name);
     if (deleted.has('entrypoint')) delete spec.command;
     else if (config.entrypoint !== undefined) {
       const words = String(config.entrypoint).trim() ? m.shellSplit(String(config.entrypoint).trim()) : [];
@@ -363,18 +391,49 @@ class KubernetesApi {
       }
       spec.volumes = volumes;
     }
+    // Manager's Services rows as they are now (a PUT added or deleted some): the ports and the
+    // Service, as the create made them; in the same write, so one rollout.
+    if (config.services !== undefined) spec = m.portFields(spec, config.services, this.settings);
     const metadata = { ...mw.metadata };
     if (config.tags !== undefined) metadata.annotations = { ...(metadata.annotations || {}), [m.OWNER_ANNOTATION]: String(config.tags) };
-    const updated = await this.#replace({ ...mw, metadata, spec, status: undefined });
-    const changed = updated.metadata.generation !== mw.metadata.generation;
-    this.log(`Kubernetes: ${providerId} ${changed ? `changed (generation ${updated.metadata.generation})` : 'unchanged'}`);
-    return m.taskId('update', this.namespace, name, updated.metadata.generation);
+    return { ...mw, metadata, spec, status: undefined };
+  }
+
+  /**
+   * Replace the workload with `build(current)`; on 409 Conflict (its resourceVersion moved:
+   * the operator writes status) read it again and build again, a few times.
+   */
+  async #replaceRetrying(providerId, mw, build, attempts = 5) {
+    let current = mw;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.custom.replaceNamespacedCustomObject({ ...this.#ref(providerId), body: build(current) });
+      } catch (err) {
+        if (err.code !== 409 || attempt >= attempts) throw this.#explain(err, `updating ${providerId}`);
+        current = await this.#ours(providerId);
+      }
+    }
+  }
+
+  /** After a failed replace: the Secret back to what the workload's spec still refers to. */
+  async #restoreSecret(secret, previous, owner, cause) {
+    const body = structuredClone(secret);
+    body.data = previous?.data || {};
+    try {
+      await this.#writeSecret(body, owner);
+    } catch (err) {
+      throw new KubernetesError(
+        `${cause.message}; and restoring Secret ${this.namespace}/${secret.metadata.name} failed too (${err.message}): ` +
+          'its env is newer than the workload\'s, a retry of the job writes both again',
+        { code: cause.code },
+      );
+    }
   }
 
   /**
    * The workload's configuration in the shapes Manager parses: `hostname` (the delete check),
    * `cores`, `memory` (MB), `rootfs` ("claim,size=NG", parseRootfsSizeGb), `env` (NUL-joined,
-   * parseLxcEnvString) and `entrypoint`.
+   * parseLxcEnvString), `entrypoint` and `ports` (names, comma-separated).
    */
   async lxcConfig(nodeName, providerId) {
     const mw = await this.#get(providerId);
@@ -392,6 +451,8 @@ class KubernetesApi {
       ...(size ? { rootfs: `${mw.metadata.name}-${m.ROOTFS_VOLUME},size=${size[1]}G` } : {}),
       ...(Object.keys(env).length ? { env: m.joinEnv(env) } : {}),
       ...(mw.spec.command?.length ? { entrypoint: m.shellJoin(mw.spec.command) } : {}),
+      // The ports' names (http-80,tcp-22): a services change is a change, not a restart.
+      ...(mw.spec.ports?.length ? { ports: mw.spec.ports.map((p) => p.name).join(',') } : {}),
       tags: mw.metadata.annotations?.[m.OWNER_ANNOTATION],
       nvidia: !!mw.spec.resources?.gpus,
     };

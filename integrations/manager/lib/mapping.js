@@ -362,16 +362,7 @@ function desired(c, settings) {
   const rootfs = positive('rootfs', c.rootfs ?? DEFAULT_ROOTFS_GB);
   const secretName = `${c.hostname}${SECRET_SUFFIX}`;
   const workloadPorts = ports(c.services);
-  const service =
-    settings.service.type && workloadPorts.length > 0
-      ? {
-          type: settings.service.type,
-          ...(settings.service.type === 'LoadBalancer' && settings.service.loadBalancerClass
-            ? { loadBalancerClass: settings.service.loadBalancerClass }
-            : {}),
-          ...(Object.keys(settings.service.annotations).length ? { annotations: { ...settings.service.annotations } } : {}),
-        }
-      : null;
+  const service = serviceOf(workloadPorts, settings);
   const spec = {
     image,
     ...(command.length ? { command } : {}),
@@ -397,6 +388,32 @@ function desired(c, settings) {
     spec,
   };
   return { workload, secret: secret(c, env), env };
+}
+
+/** `spec.service` for these ports: none without ports or with MW_SERVICE_TYPE=none. */
+function serviceOf(workloadPorts, settings) {
+  if (!settings.service.type || workloadPorts.length === 0) return null;
+  return {
+    type: settings.service.type,
+    ...(settings.service.type === 'LoadBalancer' && settings.service.loadBalancerClass
+      ? { loadBalancerClass: settings.service.loadBalancerClass }
+      : {}),
+    ...(Object.keys(settings.service.annotations).length ? { annotations: { ...settings.service.annotations } } : {}),
+  };
+}
+
+/**
+ * The spec with the ports and Service of Manager's current Services rows, exactly as
+ * `desired` makes them (a container whose services changed after create).
+ */
+function portFields(spec, services, settings) {
+  const workloadPorts = ports(services);
+  const service = serviceOf(workloadPorts, settings);
+  // Keys keep their place: the same services give the same spec (no new generation).
+  const next = { ...spec, ports: workloadPorts, service };
+  if (!workloadPorts.length) delete next.ports;
+  if (!service) delete next.service;
+  return next;
 }
 
 /** The env Secret of a container: values only ever here, never in the CR. */
@@ -496,6 +513,7 @@ module.exports = {
   desired,
   secret,
   envFields,
+  portFields,
   labels,
   managerStatus,
   parseProviderId,

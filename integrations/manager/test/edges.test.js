@@ -27,7 +27,9 @@ function workload(status = {}) {
 
 /** A fake API server holding `mw`; every request it got is in `requests`. */
 function apiServer() {
-  const state = { mw: null, requests: [] };
+  // conflicts: PUTs of the workload answered 409 (a status write moved its resourceVersion);
+  // failures: PUTs of the workload answered 422 after those.
+  const state = { mw: null, secret: null, conflicts: 0, failures: 0, requests: [] };
   const server = http.createServer((req, res) => {
     let body = '';
     req.on('data', (c) => (body += c));
@@ -38,14 +40,41 @@ function apiServer() {
         res.end(JSON.stringify(obj));
       };
       const notFound = () => send(404, { kind: 'Status', code: 404, message: 'not found' });
+      if (req.url.startsWith('/api/v1/namespaces/workloads/secrets')) {
+        if (req.method === 'POST') {
+          state.secret = { ...JSON.parse(body), metadata: { ...JSON.parse(body).metadata, resourceVersion: '1' } };
+          return send(201, state.secret);
+        }
+        if (!state.secret) return notFound();
+        if (req.method === 'GET') return send(200, state.secret);
+        if (req.method === 'PUT') {
+          const next = JSON.parse(body);
+          next.metadata.resourceVersion = String(Number(state.secret.metadata.resourceVersion) + 1);
+          state.secret = next;
+          return send(200, next);
+        }
+      }
       if (req.url.startsWith('/apis/opensource-server.mieweb.org/v1alpha1/namespaces/workloads/managedworkloads/web')) {
         if (!state.mw) return notFound();
         if (req.method === 'GET') return send(200, state.mw);
+        if (req.method === 'PUT' && state.conflicts > 0) {
+          state.conflicts--;
+          state.mw.metadata.resourceVersion = String(Number(state.mw.metadata.resourceVersion) + 1);
+          return send(409, { kind: 'Status', code: 409, reason: 'Conflict', message: 'the object has been modified; please apply your changes to the latest version and try again' });
+        }
+        if (req.method === 'PUT' && JSON.parse(body).metadata.resourceVersion !== state.mw.metadata.resourceVersion) {
+          return send(409, { kind: 'Status', code: 409, reason: 'Conflict', message: 'stale resourceVersion' });
+        }
+        if (req.method === 'PUT' && state.failures > 0) {
+          state.failures--;
+          return send(422, { kind: 'Status', code: 422, reason: 'Invalid', message: 'spec: Invalid value' });
+        }
         if (req.method === 'PUT') {
           // As the API server: a new generation only for a changed spec.
           const same = JSON.stringify(body && JSON.parse(body).spec) === JSON.stringify(state.mw.spec);
           const next = JSON.parse(body);
           next.metadata.generation = state.mw.metadata.generation + (same ? 0 : 1);
+          next.metadata.resourceVersion = String(Number(state.mw.metadata.resourceVersion) + 1);
           next.status = state.mw.status;
           state.mw = next;
           return send(200, next);
@@ -102,6 +131,82 @@ describe('the provider against a fake API server', () => {
     assert.deepEqual(state.mw.spec, spec);
     assert.match(lines.join('\n'), /swap 512 MB is not applied to workloads\/web: Kubernetes has no per-container swap limit/);
     assert.match(lines.join('\n'), /workloads\/web unchanged/);
+  });
+
+  /** The workload `web` with env `env` and its Secret, as a create made them. */
+  function withEnv(env) {
+    const made = m.desired(
+      { namespace: 'workloads', nodeId: 7, containerId: 3, hostname: 'web', image: 'nginx', env, services: [{ type: 'http', internalPort: 80 }] },
+      m.settingsFromEnv({}),
+    );
+    state.mw = { ...made.workload, metadata: { ...made.workload.metadata, generation: 2, resourceVersion: '10', uid: 'u-1' } };
+    state.mw.status = { observedGeneration: 2, phase: 'Running' };
+    state.secret = { ...made.secret, metadata: { ...made.secret.metadata, resourceVersion: '5' } };
+    state.conflicts = 0;
+    state.failures = 0;
+  }
+  const secretEnv = () => Object.fromEntries(Object.entries(state.secret.data).map(([k, v]) => [k, Buffer.from(v, 'base64').toString()]));
+  const specDigest = () => state.mw.spec.podAnnotations[m.ENV_DIGEST_ANNOTATION];
+  const mwPuts = () => state.requests.filter((r) => r.method === 'PUT' && r.url.includes('/managedworkloads/'));
+
+  test("services changed after create: the workload's ports and Service, in one write (one generation)", async () => {
+    withEnv({ A: '1' });
+    state.requests.length = 0;
+    const services = [
+      { type: 'http', internalPort: 80 },
+      { type: 'transport', internalPort: 22, protocol: 'tcp' },
+      { type: 'transport', internalPort: 53, protocol: 'udp' },
+      { type: 'dns', internalPort: 53 },
+    ];
+    const task = await api.updateLxcConfig('k8s', 'workloads/web', { env: 'A=1', services });
+    assert.equal(task, 'k8s:update:workloads/web:3');
+    assert.equal(mwPuts().length, 1, 'one write');
+    assert.deepEqual(state.mw.spec.ports, m.ports(services));
+    assert.deepEqual(state.mw.spec.service, { type: 'ClusterIP' });
+    assert.equal((await api.lxcConfig('k8s', 'workloads/web')).ports, 'tcp-22,udp-53,http-80', 'lxcConfig shows the change');
+    // The same services again: nothing changes; the spec is exactly what a create makes.
+    await api.updateLxcConfig('k8s', 'workloads/web', { services });
+    assert.equal(state.mw.metadata.generation, 3);
+    const { workload: created } = m.desired(
+      { namespace: 'workloads', nodeId: 7, containerId: 3, hostname: 'web', image: 'nginx', env: { A: '1' }, services },
+      m.settingsFromEnv({}),
+    );
+    assert.deepEqual(state.mw.spec, created.spec);
+    // All deleted: no ports, no Service.
+    await api.updateLxcConfig('k8s', 'workloads/web', { services: [] });
+    assert.equal(state.mw.metadata.generation, 4);
+    assert.ok(!('ports' in state.mw.spec) && !('service' in state.mw.spec), JSON.stringify(state.mw.spec));
+  });
+
+  test('an env change on a workload whose resourceVersion moved (409): re-read and replaced, Secret and digest agree', async () => {
+    withEnv({ A: '1' });
+    state.conflicts = 2;
+    state.requests.length = 0;
+    await api.updateLxcConfig('k8s', 'workloads/web', { env: 'A=2\0B=3' });
+    assert.deepEqual(secretEnv(), { A: '2', B: '3' });
+    assert.equal(specDigest(), m.envDigest({ A: '2', B: '3' }));
+    assert.equal(state.mw.metadata.generation, 3);
+    assert.equal(mwPuts().length, 3, 'two conflicts, then the write');
+  });
+
+  test('a replace that fails: no half change, the Secret keeps the env the spec\'s digest names', async () => {
+    withEnv({ A: '1' });
+    state.failures = 1;
+    await assert.rejects(api.updateLxcConfig('k8s', 'workloads/web', { env: 'A=2', cores: 2 }), /updating workloads\/web: Kubernetes API 422/);
+    assert.deepEqual(secretEnv(), { A: '1' }, 'the old env');
+    assert.equal(specDigest(), m.envDigest(secretEnv()));
+    assert.equal(state.mw.metadata.generation, 2);
+    // Conflicts past the retries fail the same way, consistently.
+    state.conflicts = 99;
+    await assert.rejects(api.updateLxcConfig('k8s', 'workloads/web', { env: 'A=3' }), /Kubernetes API 409/);
+    assert.deepEqual(secretEnv(), { A: '1' });
+    assert.equal(specDigest(), m.envDigest(secretEnv()));
+    // The same through a retried create job (createLxc on its existing workload).
+    withEnv({ A: '1' });
+    state.failures = 1;
+    await assert.rejects(api.createLxc('k8s', { containerId: 3, hostname: 'web', image: 'nginx', env: 'A=9' }), /Kubernetes API 422/);
+    assert.deepEqual(secretEnv(), { A: '1' });
+    assert.equal(specDigest(), m.envDigest(secretEnv()));
   });
 
   test('delete with force and purge (what Manager always passes): the workload only, the disk as MW_ROOTFS_ON_DELETE says', async () => {
@@ -188,6 +293,11 @@ describe('the Manager patch', () => {
     assert.deepEqual(r.calls, [['update', { env: 'A=1', swap: 512 }]], 'swap goes to the provider, which says it is not applied');
     assert.match(r.out, /No change to apply: the container keeps running/);
     r = await run({ cpus: '2' });
+    assert.deepEqual(r.calls.map((c) => c[0]), ['update']);
+  });
+
+  test('a job for a services change alone (--services) never restarts the container', async () => {
+    const r = await run({ services: 'changed' });
     assert.deepEqual(r.calls.map((c) => c[0]), ['update']);
   });
 
