@@ -49,7 +49,7 @@ where
 /// built-in kinds are generated from, so it has no unknown or duplicate field to report, and
 /// the API server's default (`Warn`) decodes each body a second time, strictly, only to look
 /// for them (a second YAML decode of each apply: 3% of the API server's CPU in a first sync of
-/// 10,000 rows, docs/performance.md). What `Warn` would find comes back as a warning header,
+/// 10,000 rows, profiled on 2026-12-04). What `Warn` would find comes back as a warning header,
 /// which kube does not surface anyway.
 pub fn apply_params(manager: &str) -> PatchParams {
     PatchParams::apply(manager).validation_ignore()
@@ -131,7 +131,8 @@ pub fn client(config: Config) -> Result<Client, kube::Error> {
 /// own, and a burst of reconciles (32 at once, each with an apply and a status write in
 /// flight) opened 60 and more, each holding its TLS and read buffers until it had been idle
 /// for `REQUEST_TIMEOUT`: 2 to 3 MiB of the operator's heap for half a minute after every
-/// burst (docs/performance.md). A plain-HTTP server is spoken to in HTTP/1.1.
+/// burst (measured with `make bench` before the change). A plain-HTTP server is spoken to in
+/// HTTP/1.1.
 pub fn client_on<E>(config: Config, executor: E) -> Result<Client, kube::Error>
 where
     E: hyper::rt::Executor<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> + Send + Sync + Clone + 'static,

@@ -442,7 +442,7 @@ fn secrets_of(token: &str, key_pem: &str, cert_pem: &str, data: &[&str]) -> Vec<
 /// leaves the operator with one connection per client to the API server: its watches, its
 /// reads and writes, and the leader's fenced writes, each multiplexed over HTTP/2. Over
 /// HTTP/1.1 every request in flight held a TLS connection of its own, kept for half a minute
-/// after the burst (docs/performance.md).
+/// after the burst.
 #[tokio::test]
 #[ignore = "hack/test.sh runs these alone, after the main suite: they start operators of their own"]
 async fn a_burst_of_workloads_shares_one_connection_per_client() {
