@@ -146,15 +146,16 @@ pub struct CachedSecret {
     /// Name, namespace, UID, resourceVersion and creationTimestamp only.
     metadata: ObjectMeta,
     pub made_by: MadeBy,
-    /// The UID of its owner (its CR, once written with it): which workload it serves.
-    pub owner: Option<String>,
+    /// The UIDs of its owners (its CR, once written with it; an earlier CR's until garbage
+    /// collection drops that reference): which workload it serves.
+    pub owners: Box<[String]>,
     /// `ENV_DIGEST_ANNOTATION`: the digest of the env it holds, as the bridge wrote it.
     pub env_digest: Option<String>,
 }
 
 impl CachedSecret {
     pub fn owned(&self) -> bool {
-        self.owner.is_some()
+        !self.owners.is_empty()
     }
 
     /// It is the env of the CR of UID `workload`, and holds `env_digest`: what a Pod of that
@@ -162,7 +163,8 @@ impl CachedSecret {
     /// CR deleted, garbage collection not there yet), one that lost its owner, or one whose
     /// rewrite did not happen, is not.
     pub fn serves(&self, workload: Option<&str>, env_digest: &str) -> bool {
-        workload.is_some() && self.owner.as_deref() == workload && self.env_digest.as_deref() == Some(env_digest)
+        workload.is_some_and(|uid| self.owners.iter().any(|o| o == uid))
+            && self.env_digest.as_deref() == Some(env_digest)
     }
 }
 
@@ -171,7 +173,7 @@ impl From<PartialObjectMeta<Secret>> for CachedSecret {
         let meta = secret.metadata;
         CachedSecret {
             made_by: MadeBy::of(meta.labels.as_ref().unwrap_or(&BTreeMap::new())),
-            owner: meta.owner_references.as_ref().and_then(|o| o.first()).map(|o| o.uid.clone()),
+            owners: meta.owner_references.iter().flatten().map(|o| o.uid.clone()).collect(),
             env_digest: meta.annotations.as_ref().and_then(|a| a.get(ENV_DIGEST_ANNOTATION)).cloned(),
             metadata: ObjectMeta {
                 name: meta.name,
@@ -280,7 +282,10 @@ mod tests {
         assert!(!cached.serves(Some("cr-2"), "d1"), "an earlier container's of the same name");
         assert!(!cached.serves(Some("cr-1"), "d2"), "its rewrite with the new env did not happen");
         assert!(!cached.serves(None, "d1"), "no CR yet");
-        let unowned = CachedSecret { owner: None, ..cached };
+        let unowned = CachedSecret { owners: Box::default(), ..cached.clone() };
         assert!(!unowned.serves(Some("cr-1"), "d1"), "no owner: nobody's yet");
+        // An earlier CR's reference still there beside the new one's, whichever comes first.
+        let both = CachedSecret { owners: ["cr-0".to_string(), "cr-1".to_string()].into(), ..cached };
+        assert!(both.serves(Some("cr-1"), "d1"));
     }
 }
