@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, PartialObjectMeta, Patch};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -190,30 +189,6 @@ impl Cluster {
         secret.metadata.owner_references = owner_reference(&created).map(|owner| vec![owner]);
         self.apply_secret(&secret, Write::Update { uid: Some(&uid) }).await.map_err(|e| (CreateStep::Owner, e))?;
         Ok(())
-    }
-
-    /// Give the Secret `uid` names its owner, in a patch of its owner references alone (it
-    /// carries no data): if it is no longer that Secret (deleted, or deleted and made
-    /// again), nothing is written.
-    pub async fn set_secret_owner(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        owner: &OwnerReference,
-    ) -> Result<(), kube::Error> {
-        let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
-        // The UID in a patch is a precondition: the API server refuses to change it.
-        let patch = serde_json::json!({"metadata": {"uid": uid, "ownerReferences": [owner]}});
-        let params = crate::client::patch_params(&self.field_manager);
-        match api.patch(name, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => {
-                self.metrics.wrote("secret_owner");
-                Ok(())
-            }
-            Err(err) if found_another(&err) || matches!(&err, kube::Error::Api(s) if s.code == 404) => Ok(()),
-            Err(err) => Err(err),
-        }
     }
 
     /// The API server's clock now, from the `Date` header of its answer to `GET /version`

@@ -176,11 +176,16 @@ pub struct Desired {
     pub workload: ManagedWorkload,
     /// The effective env; only ever written into the Secret.
     pub env: BTreeMap<String, String>,
-    /// `env_digest(env)`: on the Pod template and on the Secret, so a Secret that does not
-    /// hold this env is told apart without reading its values.
-    pub env_digest: String,
     /// Fingerprint of everything above; carried by the applied CR.
     pub hash: String,
+}
+
+impl Desired {
+    /// `env_digest(env)`, as the Pod template carries it: on the Secret too, so a Secret that
+    /// does not hold this env is told apart without reading its values.
+    pub fn env_digest(&self) -> &str {
+        self.workload.spec.pod_annotations.get(ENV_DIGEST_ANNOTATION).map_or("", String::as_str)
+    }
 }
 
 /// Map one row. Errors name the column at fault.
@@ -197,7 +202,6 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         Some(entrypoint) => shell_words::split(entrypoint).map_err(|e| RowError::BadEntrypoint(e.to_string()))?,
     };
     let env = env::effective(cx.defaults, row.nvidia_requested != 0, row.environment_vars.as_deref())?;
-    let digest = env_digest(&env);
     let secret_name = format!("{name}{SECRET_SUFFIX}");
 
     let approved = cx.grants.for_row(row);
@@ -265,7 +269,7 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         env: env_refs,
         resources: Some(resources),
         hostname: Some(name.clone()),
-        pod_annotations: BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), digest.clone())]),
+        pod_annotations: BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), env_digest(&env))]),
         volumes,
         ports,
         service,
@@ -293,7 +297,6 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         secret_name,
         workload,
         env,
-        env_digest: digest,
         hash,
     })
 }
@@ -323,7 +326,7 @@ pub fn secret(desired: &Desired, field_manager: &str, owner: Option<OwnerReferen
             name: Some(desired.secret_name.clone()),
             namespace: Some(desired.namespace.clone()),
             labels: Some(labels(desired.key, field_manager)),
-            annotations: Some(BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), desired.env_digest.clone())])),
+            annotations: Some(BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), desired.env_digest().to_string())])),
             owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         },

@@ -11,8 +11,7 @@ use super::error::RowError;
 type Labels = Vec<(&'static str, String)>;
 
 /// The `kind` label of `mw_bridge_writes_total`: four API writes and the database's.
-pub const WRITE_KINDS: [&str; 6] =
-    ["workload_apply", "secret_apply", "secret_owner", "workload_delete", "secret_delete", "row_update"];
+pub const WRITE_KINDS: [&str; 5] = ["workload_apply", "secret_apply", "workload_delete", "secret_delete", "row_update"];
 
 /// The `result` label of `mw_bridge_sync_passes_total`.
 pub const RESULTS: [&str; 2] = ["ok", "error"];

@@ -2,17 +2,15 @@
 //! so every ownership rule of docs/bridge.md ("Ownership") is unit-tested without a cluster or a database.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
 use super::cached::{CachedSecret, CachedWorkload, SpecFingerprint};
 use super::error::RowError;
-use super::mapping::{Desired, SECRET_SUFFIX, owner_reference};
+use super::mapping::{Desired, SECRET_SUFFIX};
 use super::rows::{RowKey, RowState};
 use crate::resource::{Phase, ServiceType};
 
@@ -69,7 +67,7 @@ pub fn made_for<'a>(mw: &'a CachedWorkload, field_manager: &str) -> Option<(RowK
 pub enum Plan {
     /// The CR and its Secret are what the row says: no write.
     UpToDate,
-    /// No CR of that name: create it, then its Secret, owned by it.
+    /// No CR of that name: its Secret, then the CR, then the Secret's owner.
     Create,
     /// Our CR, out of date, or its Secret does not serve it (gone, an earlier container's,
     /// without its owner, or not holding the row's env): write the Secret, then the CR.
@@ -112,7 +110,7 @@ pub fn plan(
             None => Plan::Update,
         };
     }
-    let secret_serves = secret.is_some_and(|s| s.serves(cr.uid.as_deref(), &desired.env_digest));
+    let secret_serves = secret.is_some_and(|s| s.serves(cr.uid.as_deref(), desired.env_digest()));
     if cr.hash.as_deref() == Some(desired.hash.as_str()) && secret_serves && cr.spec_matches(desired) {
         Plan::UpToDate
     } else {
@@ -338,26 +336,6 @@ pub fn orphan_secrets<'a>(
         .collect()
 }
 
-/// The env Secrets of this bridge still without their owner, each with the owner to give it:
-/// the CR of the matching name, when it is this bridge's and not being deleted. A new row's
-/// Secret gets its owner in the write after its CR's create; one without (that write not
-/// made, or its owner reference removed by hand) gets it in a write of its own. A Secret
-/// whose CR never came is `orphan_secrets`'.
-pub fn unowned_secrets<'a>(
-    secrets: impl IntoIterator<Item = &'a CachedSecret, IntoIter: 'a>,
-    workload: impl Fn(&str, &str) -> Option<Arc<CachedWorkload>> + 'a,
-    field_manager: &'a str,
-) -> impl Iterator<Item = (&'a CachedSecret, OwnerReference)> + 'a {
-    secrets.into_iter().filter(move |secret| !secret.owned() && secret.made_by.bridge(field_manager)).filter_map(
-        move |secret| {
-            let (namespace, name) = (secret.meta().namespace.as_deref()?, secret.meta().name.as_deref()?);
-            let cr = workload(namespace, name.strip_suffix(SECRET_SUFFIX)?)?;
-            let live = cr.made_by.bridge(field_manager) && cr.meta().deletion_timestamp.is_none();
-            Some((secret, live.then(|| owner_reference(&*cr)).flatten()?))
-        },
-    )
-}
-
 /// Where a row's CR belongs now: the row's `createdAt`, namespace and hostname.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowTarget {
@@ -468,23 +446,28 @@ pub(crate) mod tests {
         let secret = mapping::secret(d, "mw-bridge", None);
         let mut metadata = secret.metadata;
         metadata.annotations = Some(BTreeMap::from([(ENV_DIGEST_ANNOTATION.to_string(), digest.to_string())]));
-        metadata.owner_references = owner.map(|uid| vec![OwnerReference { uid: uid.into(), ..Default::default() }]);
+        metadata.owner_references = owner.map(|uid| {
+            vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                uid: uid.into(),
+                ..Default::default()
+            }]
+        });
         cached_secret(metadata)
     }
 
     #[test]
     fn create_update_or_nothing() {
         let d = desired();
-        let env = env_secret(&d, Some("uid-1"), &d.env_digest);
+        let env = env_secret(&d, Some("uid-1"), d.env_digest());
         assert_eq!(plan(&d, None, None, |_| false), Plan::Create);
         assert_eq!(plan(&d, Some(&existing(&d)), Some(&env), |_| false), Plan::UpToDate);
         assert_eq!(plan(&d, Some(&existing(&d)), None, |_| false), Plan::Update, "a lost Secret is rewritten");
         let stale = Existing { hash: Some("old".into()), ..existing(&d) };
         assert_eq!(plan(&d, Some(&stale), Some(&env), |_| false), Plan::Update);
         // A Secret that does not serve this CR is rewritten before anything else.
-        let earlier = env_secret(&d, Some("uid-0"), &d.env_digest);
+        let earlier = env_secret(&d, Some("uid-0"), d.env_digest());
         assert_eq!(plan(&d, Some(&existing(&d)), Some(&earlier), |_| false), Plan::Update, "an earlier container's");
-        let unowned = env_secret(&d, None, &d.env_digest);
+        let unowned = env_secret(&d, None, d.env_digest());
         assert_eq!(plan(&d, Some(&existing(&d)), Some(&unowned), |_| false), Plan::Update, "without its owner");
         let old_env = env_secret(&d, Some("uid-1"), "another digest");
         assert_eq!(plan(&d, Some(&existing(&d)), Some(&old_env), |_| false), Plan::Update, "its rewrite lost");
@@ -511,7 +494,7 @@ pub(crate) mod tests {
     #[test]
     fn never_touches_what_is_not_ours() {
         let d = desired();
-        let env = env_secret(&d, Some("uid-1"), &d.env_digest);
+        let env = env_secret(&d, Some("uid-1"), d.env_digest());
         let foreign = Existing { ours: false, ..existing(&d) };
         assert_eq!(plan(&d, Some(&foreign), Some(&env), |_| false).reason(), Some("name_taken"));
         let mine = cached(&d.workload);
@@ -535,7 +518,7 @@ pub(crate) mod tests {
     #[test]
     fn reused_ids_and_moved_hostnames() {
         let d = desired();
-        let env = env_secret(&d, Some("uid-1"), &d.env_digest);
+        let env = env_secret(&d, Some("uid-1"), d.env_digest());
         let reused = Existing { created_at: Some("2025-01-01 00:00:00.000 +00:00".into()), ..existing(&d) };
         assert_eq!(plan(&d, Some(&reused), Some(&env), |_| false), Plan::Replace { uid: "uid-1".into() });
         let other = RowKey { node_id: 1, id: 99 };
@@ -816,50 +799,6 @@ pub(crate) mod tests {
             orphan_secrets(&many, (1..n).map(|i| ("a".to_string(), format!("w{i}"))), "mw-bridge", server_now);
         assert_eq!(orphans.iter().map(|s| s.name_any()).collect::<Vec<_>>(), ["w0-manager-env"]);
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
-    }
-
-    #[test]
-    fn a_secret_without_its_owner_gets_its_live_cr_of_the_same_name() {
-        let d = desired();
-        let secret = |name: &str, owned: bool, fm: &str| {
-            cached_secret(ObjectMeta {
-                namespace: Some("ns".into()),
-                name: Some(format!("{name}{SECRET_SUFFIX}")),
-                labels: Some([(SYNCED_BY_LABEL.to_string(), fm.to_string())].into()),
-                owner_references: owned.then(|| vec![Default::default()]),
-                ..Default::default()
-            })
-        };
-        let mut live = d.workload.clone();
-        live.metadata.uid = Some("uid-1".into());
-        let expected = mapping::owner_reference(&live);
-        let mut deleting = live.clone();
-        deleting.metadata.name = Some("going".into());
-        deleting.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
-        let mut foreign = live.clone();
-        foreign.metadata.name = Some("foreign".into());
-        foreign.labels_mut().insert(SYNCED_BY_LABEL.into(), "another-bridge".into());
-        let workloads: Vec<Arc<CachedWorkload>> =
-            [live, deleting, foreign].iter().map(|mw| Arc::new(cached(mw))).collect();
-        let workload = |ns: &str, name: &str| {
-            workloads.iter().find(|w| w.namespace().as_deref() == Some(ns) && w.name_any() == name).cloned()
-        };
-        let secrets = [
-            secret("app", false, "mw-bridge"),     // adopted
-            secret("app", true, "mw-bridge"),      // owned already
-            secret("app", false, "another"),       // another bridge's
-            secret("missing", false, "mw-bridge"), // no CR: orphan_secrets'
-            secret("going", false, "mw-bridge"),   // its CR is being deleted
-            secret("foreign", false, "mw-bridge"), // the CR of that name is not ours
-        ];
-        let adopted: Vec<_> = unowned_secrets(&secrets, workload, "mw-bridge").collect();
-        assert_eq!(adopted.len(), 1);
-        assert!(std::ptr::eq(adopted[0].0, &secrets[0]));
-        let owner = &adopted[0].1;
-        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("ManagedWorkload", "app", "uid-1"));
-        assert_eq!((owner.controller, owner.block_owner_deletion), (None, None), "not a controller reference");
-        assert_eq!(Some(owner), expected.as_ref(), "as an update writes it");
     }
 
     #[test]

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{Resource, ResourceExt};
 use tokio::sync::Notify;
@@ -131,8 +130,6 @@ pub struct Bridge {
     deletions: Option<Sighting>,
     /// The token of the held set last reported, so a held set is logged once, not every read.
     held: Option<String>,
-    /// The UIDs of Secrets given their owner that the cache still shows without one.
-    adopted: HashSet<String>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
 }
@@ -161,9 +158,6 @@ fn named(orphans: &[Orphan]) -> String {
 /// A mapped row to sync: what it should be, what the CR cache holds of it, and whether its
 /// Secret is cached.
 type Job = (Desired, Option<Existing>, Option<Arc<CachedSecret>>);
-
-/// An env Secret to give its owner: its namespace, name and UID, and the owner.
-type Adoption = (String, String, String, OwnerReference);
 
 /// How one row's sync ended.
 enum Outcome {
@@ -199,7 +193,6 @@ impl Bridge {
             next_full: Instant::now(),
             deletions: None,
             held: None,
-            adopted: HashSet::new(),
             metrics,
             health,
         }
@@ -292,7 +285,6 @@ impl Bridge {
         self.fingerprint = Some(fingerprint);
         let allowed: HashSet<String> = deleting.iter().map(|o| o.uid.clone()).collect();
         self.sync_pending(&allowed).await?;
-        self.adopt_secrets().await?;
         if full {
             self.collect_orphans(deleting).await?;
             self.next_full = self.next_full_after(Instant::now());
@@ -761,89 +753,6 @@ impl Bridge {
         Ok(())
     }
 
-    /// Give each env Secret of this bridge still without its owner its CR (`plan::unowned_secrets`),
-    /// a bounded number of writes at once. Every Secret is written with its owner; this
-    /// completes those that lost it (by hand, or left by an earlier build of the bridge). A
-    /// Secret given its owner is not written again while the cache, behind the write, still
-    /// shows it without.
-    async fn adopt_secrets(&mut self) -> Result<(), BridgeError> {
-        let fm = self.settings.field_manager.clone();
-        {
-            let secrets = self.cluster.secrets();
-            let still_unowned: HashSet<&str> =
-                secrets.iter().filter(|s| !s.owned()).filter_map(|s| s.meta().uid.as_deref()).collect();
-            self.adopted.retain(|uid| still_unowned.contains(uid.as_str()));
-            // The usual pass: every Secret has its owner.
-            if still_unowned.is_empty() {
-                return Ok(());
-            }
-        }
-        // A chunk at a time, each read afresh from the cache: a first sync of thousands of
-        // rows never holds every owner at once, nor keeps every Secret's old cache entry alive
-        // while the watch replaces them with the owned ones. The next chunk is read while the
-        // writes of the one before are in flight (those are skipped: the cache is behind them).
-        let cluster = self.cluster.clone();
-        let adopt = |(ns, name, uid, owner): Adoption| {
-            let cluster = cluster.clone();
-            async move {
-                let result = cluster.set_secret_owner(&ns, &name, &uid, &owner).await;
-                (uid, result.map_err(|e| classify(e, format!("setting the owner of Secret {ns}/{name}"))))
-            }
-        };
-        // UIDs handed out this pass; their cache entries may not show the owner yet.
-        let mut handed_out: HashSet<String> = HashSet::new();
-        let mut read_all = false;
-        let next_chunk = |bridge: &mut Self| {
-            if read_all {
-                return None;
-            }
-            let chunk = bridge.unowned_secrets(&fm, &handed_out);
-            read_all = chunk.len() < SYNC_CHUNK;
-            if !chunk.is_empty() {
-                debug!(secrets = chunk.len(), "giving env Secrets their ManagedWorkload as owner");
-            }
-            handed_out.extend(chunk.iter().map(|(_, _, uid, _)| uid.clone()));
-            Some(chunk)
-        };
-        let mut failed = None;
-        let done = |bridge: &mut Self, (uid, result): (String, Result<(), Failure>)| match result {
-            Ok(()) => {
-                bridge.adopted.insert(uid);
-                true
-            }
-            // Refused for this Secret alone (400, 422): said once and not asked again, so one
-            // Secret never fails every pass.
-            Err(Failure::Row(err) | Failure::Appeared(err)) => {
-                warn!(error = %err, "the API server refused to give an env Secret its owner; not asked again until its row changes (which rewrites the Secret with its owner) or the bridge restarts");
-                bridge.adopted.insert(uid);
-                true
-            }
-            // The rest waits for the next pass, as every pending row does; nothing new starts.
-            Err(Failure::Api(operation, source)) => {
-                failed.get_or_insert(BridgeError::Kube { operation, source });
-                false
-            }
-        };
-        let concurrency = self.settings.concurrency;
-        pipeline(self, concurrency, next_chunk, adopt, done).await;
-        failed.map_or(Ok(()), Err)
-    }
-
-    /// Up to `SYNC_CHUNK` of this bridge's env Secrets the cache shows without their owner,
-    /// each with its CR as owner; not those given one already, nor those `handed_out`.
-    fn unowned_secrets(&self, fm: &str, handed_out: &HashSet<String>) -> Vec<Adoption> {
-        let secrets = self.cluster.secrets();
-        let cluster = &self.cluster;
-        plan::unowned_secrets(secrets.iter().map(|s| &**s), |ns, name| cluster.workload(ns, name), fm)
-            .filter_map(|(secret, owner)| {
-                let meta = secret.meta();
-                let uid = meta.uid.clone().filter(|uid| !self.adopted.contains(uid) && !handed_out.contains(uid))?;
-                Some((meta.namespace.clone()?, meta.name.clone()?, uid, owner))
-            })
-            .take(SYNC_CHUNK)
-            .collect()
-    }
-
     /// Write each CR's provider id and Pod IP to its row where they differ.
     async fn write_back(&mut self) -> Result<(), BridgeError> {
         let fm = self.settings.field_manager.clone();
@@ -1061,10 +970,9 @@ async fn try_sync_one(
     }
 }
 
-/// The row's Secret name holds someone else's Secret. A CR of this bridge's for that name
-/// would start its Pod with their values (a CR made just before their Secret appeared, whose
-/// undoing failed; or their Secret made after the bridge's was deleted): it is deleted, by
-/// its UID, and made again once the name is free. Its disk stays, as on any deletion of a
+/// The row's Secret name holds someone else's Secret, made after the bridge's was deleted. A
+/// CR of this bridge's for that name would start its next Pod with their values: it is
+/// deleted, by its UID, and made again once the name is free. Its disk stays, as on any deletion of a
 /// bridged workload (the bridge's volumes are retained), and comes back with it.
 async fn stop_using_anothers_secret(
     cluster: &Cluster,
