@@ -3,7 +3,7 @@
 # toolchain, Go for the control plane, openssl/curl/python3 for its start-up, and for the
 # database-bridge tests a PostgreSQL server (hack/postgres.sh) and the sqlite3 CLI, and Node.js
 # >= 20 with npm for Manager's provider (integrations/manager; hack/test.sh installs its
-# packages with `npm ci`) and Manager itself (hack/manager-e2e.sh, with Debian's chromium for its UI test). Installs what is missing; does nothing when all is there.
+# packages with `npm ci`) and Manager itself (hack/manager-e2e.sh, with Debian's chromium for its UI test and openssh-client for its agent test). Installs what is missing; does nothing when all is there.
 set -euo pipefail
 log() { printf '[tools] %s\n' "$*" >&2; }
 
@@ -28,6 +28,8 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql
 # The headless browser of Manager's UI test (hack/manager-e2e.sh drives it with playwright-core,
 # which downloads no browser).
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+# The agent test's SSH client (ssh, ssh-keygen).
+command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 if ((${#missing[@]})); then
   log "installing ${missing[*]} from Debian's packages"
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

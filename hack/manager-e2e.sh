@@ -4,7 +4,9 @@
 # builds its web client, starts Manager's server.js and job-runner.js on a throwaway PostgreSQL,
 # and runs integrations/manager/e2e/manager.e2e.js, which drives Manager's REST API as a user
 # would, then, on a fresh database, integrations/manager/e2e/ui.e2e.js, which drives Manager's
-# web UI in a headless Chromium (Debian's /usr/bin/chromium, through playwright-core).
+# web UI in a headless Chromium (Debian's /usr/bin/chromium, through playwright-core), and, on
+# another, integrations/manager/e2e/agent.e2e.js, which reaches containers on the real node
+# through Manager's agent (its image: hack/systemd-image.sh agent).
 #
 #   MW_TEST_KUBECONFIG=<admin kubeconfig> hack/manager-e2e.sh
 #
@@ -13,7 +15,9 @@
 #   MANAGER_SRC        Manager's tree (default: ../shared/manager/opensource-server beside the repo)
 #   MW_MANAGER_E2E_PG  the PostgreSQL's name for hack/postgres.sh (default: manager-e2e)
 #   MW_MANAGER_E2E_KEEP=1  keep the work directory and its logs
-#   MW_MANAGER_E2E_SUITES  which suites: "rest ui" (the default), "rest" or "ui"
+#   MW_MANAGER_E2E_SUITES  which suites: "rest ui agent" (the default), or any of them
+#   MW_TEST_REAL_NODE=1 and MW_TEST_CLUSTER (default: test): the control plane's real node, for
+#                      the real-node cases and the agent suite (which skips itself without one)
 #   MW_CHROMIUM        the browser for the UI suite (default: /usr/bin/chromium; hack/ensure-tools.sh)
 # Exit status: 0 passed, 1 failed, 3 not run (no Manager tree at MANAGER_SRC: CI reports that
 # as "not run", never as passed).
@@ -28,7 +32,8 @@ if [ ! -f "$MANAGER_SRC/create-a-container/server.js" ]; then
 fi
 : "${MW_TEST_KUBECONFIG:?MW_TEST_KUBECONFIG: the admin kubeconfig of a control plane with the operator running}"
 PG=${MW_MANAGER_E2E_PG:-manager-e2e}
-SUITES=${MW_MANAGER_E2E_SUITES:-rest ui}
+SUITES=${MW_MANAGER_E2E_SUITES:-rest ui agent}
+CLUSTER=${MW_TEST_CLUSTER:-test}
 CHROMIUM=${MW_CHROMIUM:-/usr/bin/chromium}
 case " $SUITES " in
   *" ui "*)
@@ -37,6 +42,8 @@ case " $SUITES " in
       { echo "manager-e2e: run \`npm ci\` in integrations/manager (playwright-core)" >&2; exit 1; } ;;
 esac
 PATCH="$REPO/integrations/manager/patches/manager-v2026.7.4.patch"
+AGENT_SUITE=
+case " $SUITES " in *" agent "*) [ "${MW_TEST_REAL_NODE:-}" = 1 ] && AGENT_SUITE=1 ;; esac
 
 log() { printf '[manager-e2e] %s\n' "$*" >&2; }
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mw-manager-e2e.XXXXXX")
@@ -55,6 +62,12 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+if [ -n "$AGENT_SUITE" ]; then
+  # Manager's agent image builds (a minute, cached) while the other suites run.
+  MANAGER_SRC="$MANAGER_SRC" bash "$HERE/systemd-image.sh" agent >"$WORK/agent-image.path" 2>"$WORK/agent-image.log" &
+  AGENT_IMAGE_PID=$!
+fi
 
 log "Manager from $MANAGER_SRC, patched"
 cp -r "$MANAGER_SRC" "$WORK/manager"
@@ -84,13 +97,14 @@ PG_PORT=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.urlparse(sys.
 # The suite makes this StorageClass (claims bind to hostPath volumes on kwok); Manager's jobs
 # read its name from the environment, as the provider's settings come in production.
 STORAGE_CLASS="manager-e2e-$$-sc"
-# server.js listens on port 3000, fixed; a preload moves it to a free port so that two runs
-# (or a Manager already on 3000) never meet.
+# server.js listens on every address at port 3000; a preload moves it to loopback and a free
+# port, so that two runs (or a Manager already on 3000) never meet.
 cat >"$WORK/port.js" <<'EOF'
 const http = require('http');
 const listen = http.Server.prototype.listen;
 http.Server.prototype.listen = function (port, ...rest) {
-  return listen.call(this, port === 3000 ? Number(process.env.MANAGER_PORT) : port, ...rest);
+  if (port !== 3000) return listen.call(this, port, ...rest);
+  return listen.call(this, Number(process.env.MANAGER_PORT), '127.0.0.1', ...rest);
 };
 EOF
 # Manager on a database of its own (each suite starts with no users: its first one to register
@@ -142,11 +156,21 @@ for suite in $SUITES; do
   case "$suite" in
     rest) file=manager.e2e.js ;;
     ui) file=ui.e2e.js ;;
-    *) log "unknown suite '$suite' (MW_MANAGER_E2E_SUITES: rest, ui)"; exit 1 ;;
+    agent) file=agent.e2e.js ;;
+    *) log "unknown suite '$suite' (MW_MANAGER_E2E_SUITES: rest, ui, agent)"; exit 1 ;;
   esac
   start_manager "$suite"
+  AGENT_MANAGER_URL=
+  if [ "$suite" = agent ] && [ -n "$AGENT_SUITE" ]; then
+    wait "$AGENT_IMAGE_PID" || { cat "$WORK/agent-image.log" >&2; exit 1; }
+    log "Manager's agent image into the real node"
+    bash "$HERE/controlplane.sh" node-import "$CLUSTER" "$(cat "$WORK/agent-image.path")"
+    # The agent's Pod reaches this loopback-only Manager at the node's bridge address.
+    AGENT_MANAGER_URL="http://$(bash "$HERE/controlplane.sh" node-expose "$CLUSTER" "$PORT")"
+  fi
   log "the $suite suite (node --test e2e/$file)"
   MANAGER_URL="http://127.0.0.1:$PORT" MANAGER_LOGS="$LOGS" MW_E2E_STORAGE_CLASS="$STORAGE_CLASS" MW_CHROMIUM="$CHROMIUM" \
+    MW_AGENT_MANAGER_URL="$AGENT_MANAGER_URL" \
     node --test --test-reporter=spec "$REPO/integrations/manager/e2e/$file" || failed=1
   stop_manager
 done

@@ -47,7 +47,7 @@ testenv_control_plane_up
 step "real node (kubelet, kube-proxy, containerd, runc, CNI; first run builds the kubelet)"
 # Beside the kwok node, tainted so that only the real-node suite's Pods land on it.
 bash "$CP" node-up "$CLUSTER"
-export MW_TEST_REAL_NODE=1
+export MW_TEST_REAL_NODE=1 MW_TEST_CLUSTER=$CLUSTER
 
 step "PostgreSQL for the bridge tests"
 bash "$HERE/postgres.sh" down "$CLUSTER"

@@ -10,61 +10,12 @@ const path = require('node:path');
 
 const m = require('../lib/mapping');
 const { Cluster, waitUntil } = require('../testing/cluster');
+const { Manager } = require('../testing/manager');
 
 const { MANAGER_URL, MANAGER_LOGS, MW_TEST_KUBECONFIG, MW_E2E_STORAGE_CLASS } = process.env;
 if (!MANAGER_URL || !MW_TEST_KUBECONFIG || !MANAGER_LOGS || !MW_E2E_STORAGE_CLASS) {
   console.error('run by hack/manager-e2e.sh (MANAGER_URL, MANAGER_LOGS, MW_TEST_KUBECONFIG, MW_E2E_STORAGE_CLASS)');
   process.exit(2);
-}
-
-/** Manager's REST API with the session of the user who logged in. */
-class Manager {
-  constructor(url) {
-    this.url = url;
-    this.cookie = null;
-  }
-
-  async call(method, route, body) {
-    const res = await fetch(`${this.url}/api/v1${route}`, {
-      method,
-      headers: { 'content-type': 'application/json', ...(this.cookie ? { cookie: this.cookie } : {}) },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const setCookie = res.headers.get('set-cookie');
-    if (setCookie) this.cookie = setCookie.split(';')[0];
-    const text = await res.text();
-    let json;
-    try {
-      json = JSON.parse(text);
-    } catch {
-      json = { raw: text };
-    }
-    return { status: res.status, body: json };
-  }
-
-  async ok(method, route, body) {
-    const r = await this.call(method, route, body);
-    assert.ok(r.status >= 200 && r.status < 300, `${method} ${route}: ${r.status} ${JSON.stringify(r.body)}`);
-    return r.body.data;
-  }
-
-  /** Wait for a job to finish; its status and its whole output. */
-  async job(id, timeoutMs = 120_000) {
-    const job = await waitUntil(
-      `job ${id} to finish`,
-      () => this.call('GET', `/jobs/${id}`).then((r) => r.body.data),
-      (j) => j && !['pending', 'running'].includes(j.status),
-      timeoutMs,
-    );
-    const rows = await this.ok('GET', `/jobs/${id}/status`);
-    return { status: job.status, command: job.command, output: rows.map((r) => r.output).join('') };
-  }
-
-  async succeeds(id) {
-    const job = await this.job(id);
-    assert.equal(job.status, 'success', `${job.command}:\n${job.output}`);
-    return job;
-  }
 }
 
 describe('Manager, patched, runs its containers on Kubernetes', () => {
@@ -78,9 +29,7 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
     await cluster.setUp(3);
     const kubeconfig = path.join(MANAGER_LOGS, 'manager.kubeconfig');
     fs.writeFileSync(kubeconfig, await cluster.managerKubeconfig(), { mode: 0o600 });
-    // The first user to register is Manager's administrator.
-    await manager.ok('POST', '/auth/register', { uid: 'admin', givenName: 'Ada', sn: 'Admin', mail: 'admin@example.org', userPassword: 'correct-horse-battery' });
-    await manager.ok('POST', '/auth/login', { username: 'admin', password: 'correct-horse-battery' });
+    await manager.registerAdmin();
     site = await manager.ok('POST', '/sites', {
       name: 'e2e',
       internalDomain: 'e2e.internal',
