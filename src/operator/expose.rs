@@ -18,17 +18,12 @@ use tracing::info;
 
 use super::context::Context;
 use super::ownership::is_controlled_by;
-use super::plan::{self, Mode};
+use super::plan;
 use super::service;
-use super::slim::CachedService;
 use super::status::Blocked;
-use super::step::{self, Verdict};
+use super::step::{self, Judged};
 use crate::error::Error;
 use crate::resource::ManagedWorkload;
-
-/// Reasons reported for a Service problem (Stalled, phase Failed).
-pub const CONFLICT: &str = "ServiceConflict";
-pub const REJECTED: &str = "ServiceRejected";
 
 /// What the Service step leaves for the status.
 #[derive(Debug, Default)]
@@ -38,8 +33,6 @@ pub struct Exposed {
     pub service: Option<Box<Service>>,
     /// A Service problem only a human (or time) can fix.
     pub blocked: Option<Blocked>,
-    /// Drift was reverted: worth an Event of its own.
-    pub drift_corrected: bool,
 }
 
 /// The outcome of the step: go on to the Deployment, or look again soon. (The Service is
@@ -59,29 +52,10 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
         Ok((Cow::Borrowed(&desired), plan::decide(mw, &desired, live)))
     })
     .await?;
-    let as_is = |live: Option<CachedService>| live.map(|s| Box::new(s.to_service()));
-    let exposed = match verdict {
-        Verdict::Left(never, _) => match never {},
-        Verdict::Conflict(_) => Exposed { blocked: Some(conflict(&name)), ..Default::default() },
-        Verdict::Departing => Exposed { blocked: Some(Blocked::departing("Service", &name)), ..Default::default() },
-        Verdict::UpToDate(live) => Exposed { service: as_is(live), ..Default::default() },
-        Verdict::Applied(applied, mode) => {
-            info!(service = %name, verb = if mode.force() { "updated" } else { "created" }, "applied Service");
-            Exposed {
-                service: Some(Box::new(applied)),
-                blocked: None,
-                drift_corrected: mode == (Mode::Update { drift: true }),
-            }
-        }
-        Verdict::Rejected { live, message, .. } => Exposed {
-            service: as_is(live),
-            blocked: Some(Blocked {
-                reason: REJECTED,
-                message: format!("the API server refused Service {name}: {message}"),
-            }),
-            drift_corrected: false,
-        },
-        Verdict::Requeue(after) => return Ok(Step::Requeue(after)),
+    let exposed = match verdict.judge(ctx, mw, &name) {
+        Judged::Left(never, _) => match never {},
+        Judged::Done { live, blocked, .. } => Exposed { service: live.map(|s| Box::new(s.to_service())), blocked },
+        Judged::Requeue(after) => return Ok(Step::Requeue(after)),
     };
     Ok(Step::Done(exposed))
 }
@@ -109,12 +83,3 @@ async fn remove_own(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: 
     }
 }
 
-fn conflict(name: &str) -> Blocked {
-    Blocked {
-        reason: CONFLICT,
-        message: format!(
-            "a Service named {name} already exists and is not controlled by this ManagedWorkload; it is left \
-             untouched: delete or rename it, or rename the ManagedWorkload (or remove spec.service)"
-        ),
-    }
-}

@@ -336,7 +336,7 @@ prop_compose! {
                 p
             })
             .collect();
-        let blocked = blocked.map(|(reason, message)| status::Blocked { reason, message });
+        let blocked = blocked.map(|(reason, message)| status::Blocked::conflict(reason, message));
         (mw, deployment, pods, blocked, at(now))
     }
 }

@@ -21,11 +21,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::Context;
 use super::ownership::{applied_hash, is_controlled_by};
-use super::plan::{self, Mode};
+use super::plan;
 use super::slim::CachedDeployment;
-use super::status::{self, Blocked, Observed};
+use super::status::{self, Blocked, Cause, Observed};
 use super::status_write::{self, Written};
-use super::step::{self, Verdict};
+use super::step::{self, Judged};
 use super::watches::Freshness;
 use super::{deployment, expose, volumes};
 use crate::error::Error;
@@ -49,9 +49,6 @@ const DEPARTING_RECHECK: Duration = Duration::from_secs(2);
 /// Retry of a Deployment the API server rejected. A spec change retries at once (it is a new
 /// generation); this catches causes outside the spec (a quota, an admission policy, a webhook).
 const REJECTED_RECHECK: Duration = Duration::from_secs(10);
-
-/// Reason reported when the API server refuses the Deployment built from the spec.
-const REJECTED: &str = "DeploymentRejected";
 
 pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = guard.name_any();
@@ -122,10 +119,6 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         expose::Step::Done(exposed) => exposed,
         expose::Step::Requeue(after) => return Ok(Action::requeue(after)),
     };
-    if exposed.drift_corrected {
-        let note = format!("Service {} was changed outside the operator; restored", super::service::service_name(name));
-        publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
-    }
     let service = exposed.service.map(|s| *s);
     // A claim problem holds the workload where it is: it is neither started nor rolled out
     // (its Pod would mount someone else's claim, or one on its way out); a stop is carried out.
@@ -154,25 +147,10 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     )
     .await?;
     // The Deployment as it now is, and why it is not what it should be.
-    let (deployment, blocked) = match verdict {
-        Verdict::Left(Held, live) => (live.filter(|d| is_controlled_by(d, mw)), None),
-        Verdict::Conflict(_) => (None, Some(conflict(name))),
-        Verdict::Departing => (None, Some(Blocked::departing("Deployment", name))),
-        Verdict::UpToDate(live) => (live, None),
-        Verdict::Applied(applied, mode) => {
-            let applied = CachedDeployment::from(applied);
-            ctx.caches.objects.applied(mw, applied.clone());
-            info!(verb = if mode.force() { "updated" } else { "created" }, "applied Deployment");
-            // Spec changes are announced by the phase change they cause; an edit made to the
-            // Deployment behind the operator's back deserves its own event.
-            if mode == (Mode::Update { drift: true }) {
-                let note = format!("Deployment {name} was changed outside the operator; restored");
-                publish(ctx, mw, EventType::Normal, "DriftCorrected", &note);
-            }
-            (Some(applied), None)
-        }
-        Verdict::Rejected { live, message, .. } => (live, Some(Blocked { reason: REJECTED, message })),
-        Verdict::Requeue(after) => return Ok(Action::requeue(after)),
+    let (deployment, blocked) = match verdict.judge(ctx, mw, name) {
+        Judged::Left(Held, live) => (live.filter(|d| is_controlled_by(d, mw)), None),
+        Judged::Done { live, blocked, .. } => (live, blocked),
+        Judged::Requeue(after) => return Ok(Action::requeue(after)),
     };
     let deployment = deployment.map(|d| d.to_deployment());
     let acted = Acted { deployment, service, blocked: blocked.or(hold).or(exposed.blocked) };
@@ -225,9 +203,11 @@ async fn report(
     claims: &volumes::Claims,
 ) -> Result<Action, Error> {
     let recheck = match &acted.blocked {
-        Some(b) if b.is_wait() => Some(DEPARTING_RECHECK),
-        Some(b) if [REJECTED, volumes::REJECTED, expose::REJECTED].contains(&b.reason) => Some(REJECTED_RECHECK),
-        Some(_) => Some(CONFLICT_RECHECK),
+        Some(b) => Some(match b.cause {
+            Cause::Departing => DEPARTING_RECHECK,
+            Cause::Rejected => REJECTED_RECHECK,
+            Cause::Conflict => CONFLICT_RECHECK,
+        }),
         None => None,
     };
     let pods = workload_pods(ctx, namespace, name, &acted);
@@ -390,16 +370,6 @@ async fn write(
         Written::Superseded => debug!("status not written: the workload of this name is another one by now"),
     }
     Ok(written)
-}
-
-fn conflict(name: &str) -> Blocked {
-    Blocked {
-        reason: "DeploymentConflict",
-        message: format!(
-            "a Deployment named {name} already exists and is not controlled by this ManagedWorkload; \
-             delete or rename it, or rename the ManagedWorkload"
-        ),
-    }
 }
 
 fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {

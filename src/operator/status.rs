@@ -86,12 +86,36 @@ impl Observed<'_> {
 pub struct Blocked {
     pub reason: &'static str,
     pub message: String,
+    pub cause: Cause,
+}
+
+/// What ends a block, and so when the workload is looked at again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// An object the workload may not touch (someone else's, or one being deleted by hand):
+    /// a human ends it.
+    Conflict,
+    /// The API server refused the object; a cause outside the spec (a quota, an admission
+    /// policy) may go away by itself.
+    Rejected,
+    /// An object of the workload's name on its way out: garbage collection ends it.
+    Departing,
 }
 
 /// Reason of the wait for an object of the workload's name that is on its way out.
 pub const WAITING_FOR_DELETION: &str = "WaitingForDeletion";
 
 impl Blocked {
+    pub fn conflict(reason: &'static str, message: String) -> Blocked {
+        Blocked { reason, message, cause: Cause::Conflict }
+    }
+
+    /// The API server refused `kind` `name`, in its own words.
+    pub fn rejected(reason: &'static str, kind: &str, name: &str, message: &str) -> Blocked {
+        let message = format!("the API server refused {kind} {name}: {message}");
+        Blocked { reason, message, cause: Cause::Rejected }
+    }
+
     /// Waiting for `kind` `name` to go (`plan::Decision::Departing`): a workload deleted and
     /// re-created under its name meets its predecessor's objects until garbage collection
     /// has removed them. A wait, not a failure: kstatus reads it InProgress, so Argo CD and
@@ -103,12 +127,13 @@ impl Blocked {
                 "waiting for {kind} {name} to be deleted: it belongs to a deleted ManagedWorkload of the same name, \
                  or is being deleted, and garbage collection removes it"
             ),
+            cause: Cause::Departing,
         }
     }
 
     /// Time, not a human, ends it.
     pub fn is_wait(&self) -> bool {
-        self.reason == WAITING_FOR_DELETION
+        self.cause == Cause::Departing
     }
 }
 

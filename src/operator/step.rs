@@ -2,9 +2,10 @@
 //! observe (the cache, or one GET when the cache cannot tell) → decide (`plan`) → act (a
 //! create-only or forced server-side apply) → judge the API server's answer (`plan::judge`;
 //! an object that appeared while it was being created is looked up and decided on again).
-//! The step says what happened, as a `Verdict`; what that means for the workload (blocked,
-//! waiting, what its status reports) is the room of each kind's to say: `reconcile` for the
-//! Deployment, `expose` for the Service, `volumes` for the claims.
+//! The step says what happened, as a `Verdict`, and `Verdict::judge` says what that means for
+//! the workload, the same way for every kind: the object as it now is, and why it is not what
+//! it should be (a conflict, a rejection, a wait). A kind says only what differs: its reasons
+//! and its conflict message (`Owned`).
 
 use std::borrow::Cow;
 use std::fmt::Debug;
@@ -19,6 +20,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::context::Context;
@@ -26,6 +28,7 @@ use super::drift::Live;
 use super::ownership::FIELD_MANAGER;
 use super::plan::{self, Decision, Mode, Refusal};
 use super::slim::{CachedClaim, CachedDeployment, CachedService};
+use super::status::Blocked;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
@@ -69,6 +72,17 @@ pub trait Owned:
         apply(&ctx.metrics, api, name, desired, mode.write(uid))
     }
 
+    /// The status reasons of a conflict over one (someone else's object of its name) and of
+    /// the API server's refusal of one.
+    const CONFLICT: &'static str;
+    const REJECTED: &'static str;
+
+    /// What the status says of a conflict over `name`: whose it is and what to do.
+    fn conflict(mw: &ManagedWorkload, name: &str, live: Option<&Self::Cached>) -> String;
+
+    /// One was applied, as the API server returned it: what the kind keeps of that.
+    fn applied(_ctx: &Context, _mw: &ManagedWorkload, _applied: &Self::Cached) {}
+
     /// Reading one failed.
     fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error;
 
@@ -93,6 +107,50 @@ pub enum Verdict<'d, K: Owned, L> {
     Rejected { desired: Cow<'d, K>, live: Option<K::Cached>, mode: Mode, message: String },
     /// One appeared while it was being created and was gone when looked up: look again soon.
     Requeue(Duration),
+}
+
+/// What a verdict means for the workload.
+pub enum Judged<C, L> {
+    /// The object as it now is (`None`: there is none the workload may use), why it is not what
+    /// it should be, and how it was written, if it was.
+    Done { live: Option<C>, blocked: Option<Blocked>, written: Option<Mode> },
+    /// The kind left it alone, for its own reason.
+    Left(L, Option<C>),
+    /// Look again after this long.
+    Requeue(Duration),
+}
+
+impl<K: Owned, L> Verdict<'_, K, L> {
+    /// Say what the verdict means for `mw`, the same way for every kind: someone else's object
+    /// blocks it (and is never touched), one on its way out is waited for, a refusal is
+    /// reported in the API server's words, and drift put back is announced.
+    pub fn judge(self, ctx: &Context, mw: &ManagedWorkload, name: &str) -> Judged<K::Cached, L> {
+        let done = |live, blocked, written| Judged::Done { live, blocked, written };
+        match self {
+            Verdict::Left(left, live) => Judged::Left(left, live),
+            Verdict::Conflict(live) => {
+                done(None, Some(Blocked::conflict(K::CONFLICT, K::conflict(mw, name, live.as_ref()))), None)
+            }
+            Verdict::Departing => done(None, Some(Blocked::departing(K::KIND, name)), None),
+            Verdict::UpToDate(live) => done(live, None, None),
+            Verdict::Applied(applied, mode) => {
+                let applied = K::Cached::from(applied);
+                K::applied(ctx, mw, &applied);
+                info!(kind = %K::KIND, %name, verb = if mode.force() { "updated" } else { "created" }, "applied");
+                // Spec changes are announced by the phase change they cause; an edit made
+                // behind the operator's back deserves its own Event.
+                if mode == (Mode::Update { drift: true }) {
+                    let note = format!("{} {name} was changed outside the operator; restored", K::KIND);
+                    ctx.events.send(mw.object_ref(&()), EventType::Normal, "DriftCorrected", &note);
+                }
+                done(Some(applied), None, Some(mode))
+            }
+            Verdict::Rejected { live, message, .. } => {
+                done(live, Some(Blocked::rejected(K::REJECTED, K::KIND, name, &message)), None)
+            }
+            Verdict::Requeue(after) => Judged::Requeue(after),
+        }
+    }
 }
 
 /// The object a room wants, given the live one, and what to do about it; or the room's reason
@@ -203,6 +261,20 @@ pub async fn apply<K: Owned>(
 
 impl Owned for Deployment {
     type Cached = CachedDeployment;
+    const CONFLICT: &'static str = "DeploymentConflict";
+    const REJECTED: &'static str = "DeploymentRejected";
+
+    fn conflict(_mw: &ManagedWorkload, name: &str, _live: Option<&CachedDeployment>) -> String {
+        format!(
+            "a Deployment named {name} already exists and is not controlled by this ManagedWorkload; \
+             delete or rename it, or rename the ManagedWorkload"
+        )
+    }
+
+    /// Kept until the cache catches up (`newest`).
+    fn applied(ctx: &Context, mw: &ManagedWorkload, applied: &CachedDeployment) {
+        ctx.caches.objects.applied(mw, applied.clone());
+    }
 
     fn cache(ctx: &Context) -> &Store<CachedDeployment> {
         &ctx.caches.deployments
@@ -224,6 +296,15 @@ impl Owned for Deployment {
 
 impl Owned for Service {
     type Cached = CachedService;
+    const CONFLICT: &'static str = "ServiceConflict";
+    const REJECTED: &'static str = "ServiceRejected";
+
+    fn conflict(_mw: &ManagedWorkload, name: &str, _live: Option<&CachedService>) -> String {
+        format!(
+            "a Service named {name} already exists and is not controlled by this ManagedWorkload; it is left \
+             untouched: delete or rename it, or rename the ManagedWorkload (or remove spec.service)"
+        )
+    }
 
     fn cache(ctx: &Context) -> &Store<CachedService> {
         &ctx.caches.services
@@ -264,6 +345,12 @@ impl Owned for Service {
 
 impl Owned for PersistentVolumeClaim {
     type Cached = CachedClaim;
+    const CONFLICT: &'static str = "ClaimConflict";
+    const REJECTED: &'static str = "ClaimRejected";
+
+    fn conflict(mw: &ManagedWorkload, name: &str, live: Option<&CachedClaim>) -> String {
+        super::volumes::conflict(mw, name, live)
+    }
 
     fn cache(ctx: &Context) -> &Store<CachedClaim> {
         &ctx.caches.claims

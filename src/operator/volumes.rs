@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tracing::{info, warn};
+use tracing::warn;
 
 use super::claims;
 use super::context::Context;
@@ -22,13 +22,11 @@ use super::ownership::applied_hash;
 use super::plan::{self, Decision, Mode};
 use super::slim::CachedClaim;
 use super::status::Blocked;
-use super::step::{self, Intent, Verdict};
+use super::step::{self, Intent, Judged, Verdict};
 use crate::error::Error;
 use crate::resource::{ManagedWorkload, Volume};
 
-/// Reasons reported for a claim problem (Stalled, phase Failed).
-pub const CONFLICT: &str = "ClaimConflict";
-pub const REJECTED: &str = "ClaimRejected";
+/// Reason reported while a claim of the workload's is being deleted (Stalled, phase Failed).
 pub const DELETING: &str = "ClaimDeleting";
 
 /// What the claims step leaves for the Deployment step and the status.
@@ -69,7 +67,7 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
     for volume in &mw.spec.volumes {
         let name = claims::claim_name(&mw.name_any(), &volume.name);
         let verdict = step::step(ctx, mw, namespace, &name, |live| intent(ctx, mw, volume, &name, live)).await?;
-        if let Some(after) = out.take(ctx, mw, volume, name, verdict) {
+        if let Some(after) = out.take(ctx, mw, name, verdict) {
             return Ok(Step::Requeue(after));
         }
     }
@@ -124,7 +122,6 @@ impl Claims {
         &mut self,
         ctx: &Context,
         mw: &ManagedWorkload,
-        volume: &Volume,
         name: String,
         verdict: Verdict<'_, PersistentVolumeClaim, Leave>,
     ) -> Option<Duration> {
@@ -132,49 +129,36 @@ impl Claims {
         if matches!(verdict, Verdict::Conflict(_) | Verdict::Departing | Verdict::UpToDate(_) | Verdict::Applied(..)) {
             ctx.caches.objects.accepted(mw, &name);
         }
-        match verdict {
-            Verdict::Left(Leave::Unwanted, _) => {}
-            Verdict::Left(Leave::Deleting, live) => {
+        // The claim exists and serves as it is: only the change is refused.
+        if let Verdict::Rejected { desired, live: Some(live), mode: Mode::Update { .. }, message } = verdict {
+            let wait = ctx.caches.objects.refused(mw, &name, applied_hash(&*desired).unwrap_or_default(), &message);
+            warn!(claim = %name, %message, retry_in = ?wait, "the API server refused a change to a PersistentVolumeClaim");
+            let note = format!("the API server refused the change to claim {name}: {message}");
+            ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimChangeRefused", &note);
+            self.refused_change(name, message, wait, as_is(Some(live)));
+            return None;
+        }
+        match verdict.judge(ctx, mw, &name) {
+            Judged::Left(Leave::Unwanted, _) => {}
+            Judged::Left(Leave::Deleting, live) => {
                 if let Some(claim) = as_is(live) {
                     self.deleting.get_or_insert_with(|| Box::new(claim.clone()));
                     self.own.push(claim);
                 }
             }
-            Verdict::Left(Leave::Held(refused, wait), live) => {
+            Judged::Left(Leave::Held(refused, wait), live) => {
                 self.refused_change(name, refused.message, wait, as_is(live))
             }
-            Verdict::Conflict(live) => {
-                let whose = as_is(live).and_then(|c| claims::retained_for_another(&c, mw, volume));
-                let manager = crate::resource::made_for_manager(mw);
-                self.blocked.get_or_insert_with(|| conflict(&name, whose.as_deref(), manager));
-            }
-            Verdict::Departing => {
-                self.blocked.get_or_insert_with(|| Blocked::departing("PersistentVolumeClaim", &name));
-            }
-            Verdict::UpToDate(live) => self.own.extend(as_is(live)),
-            Verdict::Applied(applied, mode) => {
-                info!(claim = %name, verb = if mode.force() { "updated" } else { "created" }, "applied PersistentVolumeClaim");
-                if mode == Mode::Create && existed(ctx, mw, &name) {
+            Judged::Done { live, blocked, written } => {
+                if written == Some(Mode::Create) && existed(ctx, mw, &name) {
                     announce_replacement(ctx, mw, &name);
                 }
-                self.own.push(applied);
-            }
-            // The claim exists and serves as it is: only the change is refused.
-            Verdict::Rejected { desired, live: Some(live), mode: Mode::Update { .. }, message } => {
-                let wait = ctx.caches.objects.refused(mw, &name, applied_hash(&*desired).unwrap_or_default(), &message);
-                warn!(claim = %name, %message, retry_in = ?wait, "the API server refused a change to a PersistentVolumeClaim");
-                let note = format!("the API server refused the change to claim {name}: {message}");
-                ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimChangeRefused", &note);
-                self.refused_change(name, message, wait, as_is(Some(live)));
-            }
-            Verdict::Rejected { live, message, .. } => {
-                self.blocked.get_or_insert_with(|| Blocked {
-                    reason: REJECTED,
-                    message: format!("the API server refused claim {name}: {message}"),
-                });
                 self.own.extend(as_is(live));
+                if let Some(blocked) = blocked {
+                    self.blocked.get_or_insert(blocked);
+                }
             }
-            Verdict::Requeue(after) => return Some(after),
+            Judged::Requeue(after) => return Some(after),
         }
         None
     }
@@ -198,15 +182,21 @@ fn announce_replacement(ctx: &Context, mw: &ManagedWorkload, name: &str) {
 }
 
 /// The conflict over claim `name`: one retained for another owner's earlier workload of this
-/// name (`retained_for`), or someone else's. `manager`: the workload is a Manager container,
-/// whose spec Manager's side puts back, so the way out is in Manager.
-fn conflict(name: &str, retained_for: Option<&str>, manager: bool) -> Blocked {
+/// name, or someone else's. For a Manager container, whose spec Manager's side puts back, the
+/// way out is in Manager.
+pub fn conflict(mw: &ManagedWorkload, name: &str, live: Option<&CachedClaim>) -> String {
+    let volume = mw.spec.volumes.iter().find(|v| claims::claim_name(&mw.name_any(), &v.name) == name);
+    let retained_for = live.zip(volume).and_then(|(c, v)| claims::retained_for_another(&c.to_claim(), mw, v));
+    conflict_message(name, retained_for.as_deref(), crate::resource::made_for_manager(mw))
+}
+
+fn conflict_message(name: &str, retained_for: Option<&str>, manager: bool) -> String {
     let empty = if manager {
         "To start this container with an empty disk, give it another hostname in Manager"
     } else {
         "To start this workload with an empty volume, rename the volume in spec.volumes"
     };
-    let message = match retained_for {
+    match retained_for {
         Some(owner) => format!(
             "PersistentVolumeClaim {name} holds the data of an earlier workload of this name, owned by {owner}; it is \
              not mounted here. {empty}; to give it that data, an administrator sets the claim's annotation \
@@ -223,24 +213,23 @@ fn conflict(name: &str, retained_for: Option<&str>, manager: bool) -> Blocked {
             "a PersistentVolumeClaim named {name} already exists and was not made for this volume of this \
              ManagedWorkload; it is left untouched: delete or rename it, or rename the volume or the ManagedWorkload"
         ),
-    };
-    Blocked { reason: CONFLICT, message }
+    }
 }
 
 /// The hold on a workload desired Running whose claim is being deleted.
 pub fn deleting(claim: &PersistentVolumeClaim) -> Blocked {
     let name = claim.name_any();
     let volume = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).unwrap_or("<its PersistentVolume>");
-    Blocked {
-        reason: DELETING,
-        message: format!(
+    Blocked::conflict(
+        DELETING,
+        format!(
             "claim {name} is being deleted (the operator never deletes a claim); the workload is not started against \
              it. The deletion completes once no Pod uses the claim, and with the usual reclaim policy Delete its \
              volume and data are then destroyed. To keep the data, first set the volume's policy to Retain: kubectl \
              patch pv {volume} -p '{{\"spec\":{{\"persistentVolumeReclaimPolicy\":\"Retain\"}}}}'. Once the \
              claim is gone, a new, empty one is made, and the workload's Events say so"
         ),
-    }
+    )
 }
 
 #[cfg(test)]
@@ -249,12 +238,12 @@ mod tests {
 
     #[test]
     fn a_claim_conflicts_advice_is_one_that_works_for_the_workload() {
-        let by_hand = conflict("web-data", Some("alice"), false).message;
+        let by_hand = conflict_message("web-data", Some("alice"), false);
         assert!(by_hand.contains("rename the volume in spec.volumes"), "{by_hand}");
         // The bridge and Manager's provider put a hand edit of the spec back.
-        let manager = conflict("web-rootfs", Some("alice"), true).message;
+        let manager = conflict_message("web-rootfs", Some("alice"), true);
         assert!(!manager.contains("spec.volumes") && manager.contains("another hostname in Manager"), "{manager}");
-        let foreign = conflict("web-rootfs", None, true).message;
+        let foreign = conflict_message("web-rootfs", None, true);
         assert!(!foreign.contains("rename the volume") && foreign.contains("another hostname in Manager"), "{foreign}");
     }
 }

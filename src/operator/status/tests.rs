@@ -417,7 +417,7 @@ fn blocked_reports_stalled_with_its_reason() {
         desired_hash: &desired_hash(&mw),
         deployment: None,
         pods: vec![],
-        blocked: Some(Blocked { reason: "DeploymentConflict", message: "not ours".into() }),
+        blocked: Some(Blocked::conflict("DeploymentConflict", "not ours".into())),
         claims: vec![],
         refused: &[],
         service: None,
