@@ -47,6 +47,26 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
     assert.equal(refused.status, 400);
     assert.equal(refused.body.error.code, 'invalid_kube_namespace');
     assert.deepEqual(Object.keys(refused.body.error.fields), ['kubeNamespace'], 'the refusal names its field');
+    // Checked with the cluster before it is saved: a namespace Manager's identity is not bound
+    // in is refused on its field, in the API server's words; so is a kubeconfig that is not there.
+    const elsewhere = await manager.call('POST', `/sites/${site.id}/nodes`, {
+      name: 'k8s',
+      nodeType: 'kubernetes',
+      kubeconfigPath: cluster.kubeconfigFile,
+      kubeNamespace: 'default',
+    });
+    assert.equal(elsewhere.status, 400);
+    assert.equal(elsewhere.body.error.code, 'kube_forbidden');
+    assert.match(elsewhere.body.error.fields.kubeNamespace, /Kubernetes API 403: .*cannot list resource "managedworkloads"/);
+    const missing = await manager.call('POST', `/sites/${site.id}/nodes`, {
+      name: 'k8s',
+      nodeType: 'kubernetes',
+      kubeconfigPath: `${cluster.kubeconfigFile}.missing`,
+      kubeNamespace: cluster.namespace,
+    });
+    assert.equal(missing.status, 400);
+    assert.deepEqual([missing.body.error.code, Object.keys(missing.body.error.fields)], ['invalid_kubeconfig', ['kubeconfigPath']]);
+    assert.match(missing.body.error.message, /file not readable: ENOENT$/);
     const node = await manager.ok('POST', `/sites/${site.id}/nodes`, {
       name: 'k8s',
       nodeType: 'kubernetes',

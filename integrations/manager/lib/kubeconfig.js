@@ -26,11 +26,15 @@ const ALLOW_INSECURE_TLS = 'MW_KUBECONFIG_ALLOW_INSECURE_TLS';
 /** Where client-node's loadFromCluster finds the ServiceAccount's token. */
 const SERVICEACCOUNT_TOKEN = '/var/run/secrets/kubernetes.io/serviceaccount/token';
 
-/** A node's kubeconfig cannot be used; the message names the file and the field. */
+/**
+ * A node's kubeconfig cannot be used; the message names the file and the field. `field` is the
+ * node's field at fault (kubeContext when it names what the file lacks), for Manager's nodes API.
+ */
 class KubeconfigError extends Error {
-  constructor(message) {
+  constructor(message, field = 'kubeconfigPath') {
     super(message);
     this.name = 'KubeconfigError';
+    this.field = field;
   }
 }
 
@@ -89,7 +93,10 @@ function loadKubeConfig(node, { text, env = process.env, pathPrefix = '' } = {})
       );
     }
     if (node.kubeContext) {
-      throw new KubeconfigError(`${nodeName}: kubeContext ${JSON.stringify(node.kubeContext)} needs a kubeconfigPath; the in-cluster ServiceAccount has no contexts`);
+      throw new KubeconfigError(
+        `${nodeName}: kubeContext ${JSON.stringify(node.kubeContext)} needs a kubeconfigPath; the in-cluster ServiceAccount has no contexts`,
+        'kubeContext',
+      );
     }
     // client-node reads the address from process.env, so that is what is checked.
     const token = `${pathPrefix}${SERVICEACCOUNT_TOKEN}`;
@@ -112,13 +119,15 @@ function loadKubeConfig(node, { text, env = process.env, pathPrefix = '' } = {})
   parse(kc, content, where);
   if (text == null) kc.makePathsAbsolute(path.dirname(node.kubeconfigPath));
   const secrets = secretsOf(kc);
-  const fail = (problem) => new KubeconfigError(redact(`${where}: ${problem}`, secrets));
+  const fail = (problem, field) => new KubeconfigError(redact(`${where}: ${problem}`, secrets), field);
 
   const contextName = node.kubeContext || kc.getCurrentContext();
   if (!contextName) throw fail("no current context (set its current-context, or the node's kubeContext)");
   const context = kc.getContextObject(contextName);
   if (!context) {
-    throw fail(`no context named ${JSON.stringify(contextName)} (${node.kubeContext ? "the node's kubeContext" : 'its current-context'})`);
+    throw node.kubeContext
+      ? fail(`no context named ${JSON.stringify(contextName)} (the node's kubeContext)`, 'kubeContext')
+      : fail(`no context named ${JSON.stringify(contextName)} (its current-context)`);
   }
   kc.setCurrentContext(contextName);
   const cluster = kc.getCluster(context.cluster);

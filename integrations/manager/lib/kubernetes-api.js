@@ -45,7 +45,9 @@ function explain(err, what, secrets = []) {
     } catch {
       message = typeof err.body === 'object' ? err.body?.message : String(err.body || '');
     }
-    return new KubernetesError(redact(`${what}: Kubernetes API ${err.code}: ${message || 'no message'}`, secrets), { code: err.code });
+    // client-node drops a 401's body; the API server's message there is "Unauthorized".
+    message ||= err.code === 401 ? 'Unauthorized' : 'no message';
+    return new KubernetesError(redact(`${what}: Kubernetes API ${err.code}: ${message}`, secrets), { code: err.code });
   }
   // V8 quotes the text it could not parse: an exec plugin's output holds its token.
   if (err instanceof SyntaxError) return new KubernetesError(`${what}: an answer was not valid JSON`);
@@ -102,6 +104,25 @@ function rootfsGb(value) {
 }
 
 class KubernetesApi {
+  /**
+   * What this provider does unlike Manager's Proxmox one: Manager's shared code asks these (the
+   * patch's Node#capabilities()) rather than comparing node types.
+   */
+  static capabilities = Object.freeze({
+    // createLxc takes the image reference and the whole container (env, resources, disk, GPU,
+    // ports) at once and names it (providerId): no registry lookup, no VMID, no MAC address.
+    createsFromImage: true,
+    // updateLxcConfig applies env, entrypoint, resources and ports in one write, a rollout that
+    // waitForTask follows: no stop and start around it.
+    rollsOut: true,
+    // A container's ports are its Services rows: adding or deleting one after create needs a
+    // reconfigure job (updateLxcConfig with `services`).
+    servicesNeedReconfigure: true,
+    // The cluster assigns the GPU (its device plugin sets NVIDIA_VISIBLE_DEVICES): Manager's
+    // `all` would show the container every GPU of the host.
+    assignsGpu: true,
+  });
+
   /** The kubeconfig's credentials, taken out of every error. */
   #secrets;
 
@@ -624,4 +645,4 @@ class KubernetesApi {
   }
 }
 
-module.exports = { KubernetesApi, KubernetesError, rootfsGb, managerAddress };
+module.exports = { KubernetesApi, KubernetesError, explain, rootfsGb, managerAddress };

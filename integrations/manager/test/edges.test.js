@@ -257,6 +257,32 @@ describe('the Manager patch', () => {
     assert.ok(hunks > 10, `${hunks} hunks`);
   });
 
+  /** The lines the patch adds, by file. */
+  const addedByFile = () => {
+    const files = {};
+    let file;
+    for (const l of patch.split('\n')) {
+      if (l.startsWith('+++ ')) file = l.slice('+++ b/'.length);
+      else if (l.startsWith('+')) (files[file] ||= []).push(l.slice(1));
+    }
+    return files;
+  };
+
+  test("no scattered branching: Manager's shared code asks the provider's capabilities, not the node type", () => {
+    // The node model (the one place that picks a provider by type), the nodes router (a
+    // kubernetes node's own fields), the client's forms and the tests may name the type.
+    const allowed = /^create-a-container\/(models\/node\.js|routers\/api\/v1\/nodes\.js|client\/|.*__tests__\/)/;
+    for (const [file, lines] of Object.entries(addedByFile())) {
+      if (allowed.test(file)) continue;
+      for (const l of lines) assert.ok(!/nodeType\b.*['"]kubernetes['"]|isOnKubernetes/.test(l), `${file}: ${l.trim()}`);
+    }
+    // Each capability it asks is one the provider declares: a misspelt one would be undefined,
+    // and a kubernetes node would take Proxmox's path without a word.
+    const asked = [...patch.matchAll(/capabilities\(\)\.(\w+)/g)].map((x) => x[1]);
+    assert.ok(asked.length >= 4, `asked: ${asked}`);
+    for (const name of asked) assert.equal(KubernetesApi.capabilities[name], true, `capabilities().${name}`);
+  });
+
   test('kubeconfigPath: no fallback to $KUBECONFIG; MW_KUBECONFIG_IN_CLUSTER=1 is the only one', () => {
     assert.ok(!patch.includes('$KUBECONFIG'), 'the patch still names $KUBECONFIG as a fallback');
     const added = patch.split('\n').filter((l) => l.startsWith('+'));
@@ -264,13 +290,14 @@ describe('the Manager patch', () => {
     assert.ok(added.some((l) => l.includes('MW_KUBECONFIG_IN_CLUSTER=1') && l.trim().startsWith('+    //')), 'the model comment');
   });
 
-  // The patch's reconfigureOnKubernetes, as Manager runs it, against a provider that changes nothing.
+  // The patch's reconfigureByRollout (a kubernetes node's reconfigure job), as Manager runs it,
+  // against a provider that changes nothing.
   const source = (() => {
-    const start = patch.indexOf('+async function reconfigureOnKubernetes');
+    const start = patch.indexOf('+async function reconfigureByRollout');
     const end = patch.indexOf('\n+}\n', start);
     return patch.slice(start, end + 3).split('\n').map((l) => l.slice(1)).join('\n');
   })();
-  const reconfigure = new Function('console', `${source}\nreturn reconfigureOnKubernetes;`);
+  const reconfigure = new Function('console', `${source}\nreturn reconfigureByRollout;`);
   async function run(args) {
     const calls = [];
     const client = {

@@ -8,7 +8,7 @@ const assert = require('node:assert/strict');
 
 const k8s = require('@kubernetes/client-node');
 
-const { KubernetesApi } = require('..');
+const { KubernetesApi, checkNode } = require('..');
 const m = require('../lib/mapping');
 const { Cluster, waitUntil } = require('../testing/cluster');
 const { table, managerCall } = require('../testing/cases');
@@ -262,5 +262,59 @@ describe('KubernetesApi as Manager calls it', () => {
     // Deleting again is not an error (a retried request).
     await api.deleteContainer(node.name, providerId, true, true);
     assert.ok(lines.some((l) => l.includes('Running')), 'progress went to the job output');
+  });
+});
+
+describe("checkNode (Manager's nodes API asks it before saving a kubernetes node), against the cluster", () => {
+  const cluster = new Cluster(kubeconfigPath, 't-manager-check');
+  let kubeconfig;
+  const node = (extra = {}) => ({ name: 'k8s', kubeNamespace: cluster.namespace, ...extra });
+  /** The NodeCheckError checkNode rejects with; never one that quotes the token. */
+  const refusal = async (n, opts) => {
+    const err = await checkNode(n, opts).then(() => assert.fail('accepted'), (e) => e);
+    assert.equal(err.name, 'NodeCheckError', err.stack);
+    const token = /token: (\S+)/.exec(kubeconfig)[1];
+    assert.ok(!err.message.includes(token), err.message);
+    return err;
+  };
+
+  before(async () => {
+    await cluster.setUp(0);
+    kubeconfig = await cluster.managerKubeconfig();
+  });
+  after(() => cluster.tearDown());
+
+  test("Manager's identity, rbac/role.yaml bound in the node's namespace: accepted", async () => {
+    await checkNode(node(), { kubeconfig });
+  });
+
+  test('a namespace it is not bound in, or one that does not exist: kubeNamespace, in the API server’s words', async () => {
+    for (const ns of ['default', `${cluster.namespace}-none`]) {
+      const err = await refusal(node({ kubeNamespace: ns }), { kubeconfig });
+      assert.deepEqual([err.code, err.field], ['kube_forbidden', 'kubeNamespace']);
+      assert.match(err.message, new RegExp(`Kubernetes API 403: .*cannot list resource "managedworkloads" .* in the namespace "${ns}"`));
+    }
+  });
+
+  test('no such namespace, to an identity allowed in every namespace (the admin): kube_namespace_not_found', async () => {
+    const err = await refusal(node({ kubeconfigPath, kubeNamespace: `${cluster.namespace}-none` }));
+    assert.deepEqual([err.code, err.field], ['kube_namespace_not_found', 'kubeNamespace']);
+    assert.match(err.message, /Kubernetes API 404: namespaces "\S+-none" not found$/);
+  });
+
+  test('a token the API server does not accept: kubeconfigPath, 401', async () => {
+    const err = await refusal(node(), { kubeconfig: kubeconfig.replace(/token: \S+/, 'token: not-a-token-it-issued') });
+    assert.deepEqual([err.code, err.field], ['kube_unauthorized', 'kubeconfigPath']);
+    assert.match(err.message, /Kubernetes API 401: Unauthorized$/);
+  });
+
+  test('a Role short of rbac/role.yaml: kubeNamespace, each missing permission named', async () => {
+    const role = await cluster.rbac.readNamespacedRole({ name: 'manager', namespace: cluster.namespace });
+    role.rules = role.rules.map((r) => ({ ...r, verbs: r.verbs.filter((v) => v !== 'delete' && v !== 'update') }));
+    await cluster.rbac.replaceNamespacedRole({ name: 'manager', namespace: cluster.namespace, body: role });
+    // RBAC serves from an informer: the change is seen within moments.
+    const err = await waitUntil('the narrower Role to be seen', () => checkNode(node(), { kubeconfig }).then(() => null, (e) => e), Boolean);
+    assert.deepEqual([err.code, err.field], ['kube_forbidden', 'kubeNamespace']);
+    assert.match(err.message, new RegExp(`may not (?=.*update managedworkloads)(?=.*delete managedworkloads)(?=.*update secrets).* in namespace ${cluster.namespace}: bind rbac/role.yaml to it there$`));
   });
 });
