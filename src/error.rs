@@ -7,56 +7,12 @@ pub enum Error {
     #[error("ManagedWorkload {0} has no namespace; the resource is namespaced")]
     MissingNamespace(String),
 
-    #[error("reading Deployment {namespace}/{name}: {source}")]
-    GetDeployment {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("applying Deployment {namespace}/{name}: {source}")]
-    ApplyDeployment {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("reading PersistentVolumeClaim {namespace}/{name}: {source}")]
-    GetClaim {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("applying PersistentVolumeClaim {namespace}/{name}: {source}")]
-    ApplyClaim {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("reading Service {namespace}/{name}: {source}")]
-    GetService {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("applying Service {namespace}/{name}: {source}")]
-    ApplyService {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("deleting Service {namespace}/{name} (spec.service was removed): {source}")]
-    DeleteService {
+    /// The API server failed a read, apply or delete of one of a workload's objects.
+    #[error("{operation} {kind} {namespace}/{name}: {source}")]
+    Owned {
+        operation: Operation,
+        /// The object's kind, as the API names it (`Deployment`).
+        kind: &'static str,
         namespace: String,
         name: String,
         #[source]
@@ -90,19 +46,34 @@ pub enum Error {
     CrdMissing(#[source] kube::Error),
 }
 
+/// What the operator was doing to an object of a workload's when it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Get,
+    Apply,
+    Delete,
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Operation::Get => "reading",
+            Operation::Apply => "applying",
+            Operation::Delete => "deleting",
+        })
+    }
+}
+
 impl Error {
+    pub fn owned(operation: Operation, kind: &'static str, namespace: &str, name: &str, source: kube::Error) -> Error {
+        Error::Owned { operation, kind, namespace: namespace.into(), name: name.into(), source }
+    }
+
     /// The API server's own words when it refused the operator for lack of a permission
     /// (403): they name the user, verb, resource and namespace.
     pub fn forbidden(&self) -> Option<&str> {
         let source = match self {
-            Error::GetDeployment { source, .. }
-            | Error::ApplyDeployment { source, .. }
-            | Error::GetClaim { source, .. }
-            | Error::ApplyClaim { source, .. }
-            | Error::GetService { source, .. }
-            | Error::ApplyService { source, .. }
-            | Error::DeleteService { source, .. }
-            | Error::WriteStatus { source, .. } => source,
+            Error::Owned { source, .. } | Error::WriteStatus { source, .. } => source,
             _ => return None,
         };
         match source {
@@ -130,13 +101,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::MissingNamespace(_) => "missing_namespace",
-            Error::GetDeployment { .. } => "get_deployment",
-            Error::ApplyDeployment { .. } => "apply_deployment",
-            Error::GetClaim { .. } => "get_claim",
-            Error::ApplyClaim { .. } => "apply_claim",
-            Error::GetService { .. } => "get_service",
-            Error::ApplyService { .. } => "apply_service",
-            Error::DeleteService { .. } => "delete_service",
+            Error::Owned { operation, kind, .. } => owned_kind(*operation, kind),
             Error::WriteStatus { .. } => "write_status",
             Error::CacheClosed => "cache_closed",
             Error::Config(_) => "config",
@@ -154,18 +119,26 @@ impl Error {
     pub fn is_permanent(&self) -> bool {
         match self {
             Error::MissingNamespace(_) => true,
-            Error::GetDeployment { source, .. }
-            | Error::ApplyDeployment { source, .. }
-            | Error::GetClaim { source, .. }
-            | Error::ApplyClaim { source, .. }
-            | Error::GetService { source, .. }
-            | Error::ApplyService { source, .. }
-            | Error::DeleteService { source, .. }
-            | Error::WriteStatus { source, .. } => permanent_api_error(source),
+            Error::Owned { source, .. } | Error::WriteStatus { source, .. } => permanent_api_error(source),
             Error::CacheClosed | Error::Config(_) | Error::Client(_) | Error::Access { .. } | Error::CrdMissing(_) => {
                 false
             }
         }
+    }
+}
+
+/// The metric label of a failed operation on an owned object: `<operation>_<object>`, a fixed
+/// set (`Error::RECONCILE_KINDS`) so that every series exists from the start.
+fn owned_kind(operation: Operation, kind: &str) -> &'static str {
+    match (operation, kind) {
+        (Operation::Get, "Deployment") => "get_deployment",
+        (Operation::Apply, "Deployment") => "apply_deployment",
+        (Operation::Get, "PersistentVolumeClaim") => "get_claim",
+        (Operation::Apply, "PersistentVolumeClaim") => "apply_claim",
+        (Operation::Get, "Service") => "get_service",
+        (Operation::Apply, "Service") => "apply_service",
+        (Operation::Delete, "Service") => "delete_service",
+        _ => "owned_object",
     }
 }
 
@@ -201,13 +174,13 @@ mod tests {
         let (ns, name) = (String::new, String::new);
         let reconcile = [
             Error::MissingNamespace(name()),
-            Error::GetDeployment { namespace: ns(), name: name(), source: api(500) },
-            Error::ApplyDeployment { namespace: ns(), name: name(), source: api(500) },
-            Error::GetClaim { namespace: ns(), name: name(), source: api(500) },
-            Error::ApplyClaim { namespace: ns(), name: name(), source: api(500) },
-            Error::GetService { namespace: ns(), name: name(), source: api(500) },
-            Error::ApplyService { namespace: ns(), name: name(), source: api(500) },
-            Error::DeleteService { namespace: ns(), name: name(), source: api(500) },
+            Error::owned(Operation::Get, "Deployment", "", "", api(500)),
+            Error::owned(Operation::Apply, "Deployment", "", "", api(500)),
+            Error::owned(Operation::Get, "PersistentVolumeClaim", "", "", api(500)),
+            Error::owned(Operation::Apply, "PersistentVolumeClaim", "", "", api(500)),
+            Error::owned(Operation::Get, "Service", "", "", api(500)),
+            Error::owned(Operation::Apply, "Service", "", "", api(500)),
+            Error::owned(Operation::Delete, "Service", "", "", api(500)),
             Error::WriteStatus { namespace: ns(), name: name(), source: api(500) },
         ];
         let mut kinds: Vec<&str> = reconcile.iter().map(Error::kind).collect();
@@ -266,11 +239,8 @@ mod tests {
         }
         assert!(Error::MissingNamespace("x".into()).is_permanent());
         assert!(!Error::CacheClosed.is_permanent());
-        let unreachable = Error::ApplyDeployment {
-            namespace: "a".into(),
-            name: "b".into(),
-            source: kube::Error::Service("connection refused".into()),
-        };
+        let unreachable =
+            Error::owned(Operation::Apply, "Deployment", "a", "b", kube::Error::Service("connection refused".into()));
         assert!(!unreachable.is_permanent());
     }
 }

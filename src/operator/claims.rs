@@ -1,4 +1,4 @@
-//! The claims room: one PersistentVolumeClaim per entry of `spec.volumes`, its desired state
+//! The claims: one PersistentVolumeClaim per entry of `spec.volumes`, its desired state
 //! built purely from the CR (and, for the size, the live claim: a claim never shrinks), and
 //! the rule that says whether a live claim is this workload's. Pure and unit-tested.
 //!

@@ -1,4 +1,4 @@
-//! The Deployment room: the Deployment a ManagedWorkload should have, a pure function of the
+//! The Deployment: the Deployment a ManagedWorkload should have, a pure function of the
 //! CR, so every rule about names, labels, replicas and the pod template is unit-tested without
 //! a cluster.
 

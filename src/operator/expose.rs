@@ -21,8 +21,8 @@ use super::ownership::is_controlled_by;
 use super::plan;
 use super::service;
 use super::status::Blocked;
-use super::step::{self, Judged};
-use crate::error::Error;
+use super::step::{self, Flow, Judged};
+use crate::error::{Error, Operation};
 use crate::resource::ManagedWorkload;
 
 /// What the Service step leaves for the status.
@@ -35,18 +35,11 @@ pub struct Exposed {
     pub blocked: Option<Blocked>,
 }
 
-/// The outcome of the step: go on to the Deployment, or look again soon. (The Service is
-/// boxed: a Service is large, and a requeue should not carry its room.)
-pub enum Step {
-    Done(Exposed),
-    Requeue(std::time::Duration),
-}
-
-pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> Result<Step, Error> {
+pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> Result<Flow<Exposed>, Error> {
     let name = service::service_name(&mw.name_any());
     let Some(desired) = service::service(mw) else {
         remove_own(ctx, mw, namespace, &name).await?;
-        return Ok(Step::Done(Exposed::default()));
+        return Ok(Flow::Done(Exposed::default()));
     };
     let verdict = step::step::<Service, Infallible>(ctx, mw, namespace, &name, |live| {
         Ok((Cow::Borrowed(&desired), plan::decide(mw, &desired, live)))
@@ -55,9 +48,9 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
     let exposed = match verdict.judge(ctx, mw, &name) {
         Judged::Left(never, _) => match never {},
         Judged::Done { live, blocked, .. } => Exposed { service: live.map(|s| Box::new(s.to_service())), blocked },
-        Judged::Requeue(after) => return Ok(Step::Requeue(after)),
+        Judged::Requeue(after) => return Ok(Flow::Requeue(after)),
     };
-    Ok(Step::Done(exposed))
+    Ok(Flow::Done(exposed))
 }
 
 /// `spec.service` was removed: delete the Service this workload controls, if the cache holds
@@ -79,7 +72,7 @@ async fn remove_own(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: 
             }
             Ok(())
         }
-        Err(source) => Err(Error::DeleteService { namespace: namespace.into(), name: name.into(), source }),
+        Err(source) => Err(Error::owned(Operation::Delete, "Service", namespace, name, source)),
     }
 }
 

@@ -1,5 +1,5 @@
 //! The operator: watches ManagedWorkloads and what they own, and reconciles each into the
-//! objects it asks for. One room per concern:
+//! objects it asks for. One module per concern:
 //!
 //! - `watches` (the six watches, their caches, the fan-out of triggers), `pod_index`,
 //!   `slim` (what the caches keep), `memory` (what is remembered per workload), `resync`
@@ -7,9 +7,10 @@
 //! - `reconcile`: one reconcile as a pipeline, each owned object through `step` (observe →
 //!   decide → act), then report; `context`: what every reconcile of a controller shares;
 //! - `step`: the one step every owned kind goes through (the cache or one GET, the decision,
-//!   the apply, the API server's answer judged), saying what happened as a `Verdict`;
+//!   the apply, the API server's answer judged), saying what happened as a `Verdict`, and
+//!   `Verdict::judge` saying what that means for the workload, alike for every kind;
 //! - `plan` (pure): the decision table for an owned object and what an apply's refusal means;
-//! - one room per owned kind, its desired state built purely from the CR: `deployment`,
+//! - one module per owned kind, its desired state built purely from the CR: `deployment`,
 //!   `claims` (with `volumes`, what its step means), `service` (with `expose`);
 //! - shared by every owned kind: `ownership` (field manager, labels, owner, fingerprints) and
 //!   `drift` (is the live object what we would apply?);

@@ -25,7 +25,7 @@ use super::plan;
 use super::slim::CachedDeployment;
 use super::status::{self, Blocked, Cause, Observed};
 use super::status_write::{self, Written};
-use super::step::{self, Judged};
+use super::step::{self, Flow, Judged};
 use super::watches::Freshness;
 use super::{deployment, expose, volumes};
 use crate::error::Error;
@@ -110,14 +110,14 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     }
     // Claims first, so a Pod never waits for a claim the operator has yet to make.
     let claims = match volumes::reconcile(ctx, mw, namespace).await? {
-        volumes::Step::Done(claims) => claims,
-        volumes::Step::Requeue(after) => return Ok(Action::requeue(after)),
+        Flow::Done(claims) => claims,
+        Flow::Requeue(after) => return Ok(Action::requeue(after)),
     };
     // The Service before the Deployment, so a new workload's address (the cluster IP) is in
     // its first status.
     let exposed = match expose::reconcile(ctx, mw, namespace).await? {
-        expose::Step::Done(exposed) => exposed,
-        expose::Step::Requeue(after) => return Ok(Action::requeue(after)),
+        Flow::Done(exposed) => exposed,
+        Flow::Requeue(after) => return Ok(Action::requeue(after)),
     };
     let service = exposed.service.map(|s| *s);
     // A claim problem holds the workload where it is: it is neither started nor rolled out

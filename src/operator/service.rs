@@ -1,4 +1,4 @@
-//! The Service room: the Service a ManagedWorkload with `spec.service` should have, a pure
+//! The Service: the Service a ManagedWorkload with `spec.service` should have, a pure
 //! function of the CR, and what the live Service says about the workload's address. Unit-tested
 //! without a cluster.
 //!

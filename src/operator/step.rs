@@ -29,7 +29,7 @@ use super::ownership::FIELD_MANAGER;
 use super::plan::{self, Decision, Mode, Refusal};
 use super::slim::{CachedClaim, CachedDeployment, CachedService};
 use super::status::Blocked;
-use crate::error::Error;
+use crate::error::{Error, Operation};
 use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
 use crate::write::Write;
@@ -82,18 +82,12 @@ pub trait Owned:
 
     /// One was applied, as the API server returned it: what the kind keeps of that.
     fn applied(_ctx: &Context, _mw: &ManagedWorkload, _applied: &Self::Cached) {}
-
-    /// Reading one failed.
-    fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error;
-
-    /// Applying one failed in a way a retry may cure.
-    fn apply_failed(namespace: &str, name: &str, source: kube::Error) -> Error;
 }
 
 /// What the step came to for one object.
 #[derive(Debug)]
 pub enum Verdict<'d, K: Owned, L> {
-    /// The room left the object alone, for its own reason `L`; the object as it is.
+    /// The kind left the object alone, for its own reason `L`; the object as it is.
     Left(L, Option<K::Cached>),
     /// Someone else's object of that name: never touched.
     Conflict(Option<K::Cached>),
@@ -106,6 +100,13 @@ pub enum Verdict<'d, K: Owned, L> {
     /// The API server refused the apply of `desired`, in its own words; the object as it was.
     Rejected { desired: Cow<'d, K>, live: Option<K::Cached>, mode: Mode, message: String },
     /// One appeared while it was being created and was gone when looked up: look again soon.
+    Requeue(Duration),
+}
+
+/// Where a kind's part of a reconcile leaves it: done, with what it found, or to be looked at
+/// again after a while.
+pub enum Flow<T> {
+    Done(T),
     Requeue(Duration),
 }
 
@@ -153,8 +154,8 @@ impl<K: Owned, L> Verdict<'_, K, L> {
     }
 }
 
-/// The object a room wants, given the live one, and what to do about it; or the room's reason
-/// to leave it alone.
+/// The object a kind wants, given the live one, and what to do about it; or its reason to
+/// leave it alone.
 pub type Intent<'d, K, L> = Result<(Cow<'d, K>, Decision), L>;
 
 /// Carry out one object's step: observe it, then as long as `intent` wants it changed, apply
@@ -170,8 +171,8 @@ pub async fn step<'d, K: Owned, L>(
 }
 
 /// `step`, with `beside` run while the first apply is in flight, given the object as it was
-/// before: work of the room's that need not wait for the API server's answer (the
-/// Deployment's room writes the workload's new phase meanwhile).
+/// before: work of the kind's that need not wait for the API server's answer (the
+/// Deployment's step writes the workload's new phase meanwhile).
 pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
     ctx: &Context,
     mw: &ManagedWorkload,
@@ -210,7 +211,7 @@ pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
                 }
             }
             Refusal::Rejected(message) => return Ok(Verdict::Rejected { desired, live, mode, message }),
-            Refusal::Retry => return Err(K::apply_failed(namespace, name, source)),
+            Refusal::Retry => return Err(Error::owned(Operation::Apply, K::KIND, namespace, name, source)),
         }
     }
 }
@@ -238,7 +239,7 @@ async fn observe<K: Owned>(
 }
 
 async fn get<K: Owned>(api: &Api<K>, namespace: &str, name: &str) -> Result<Option<K::Cached>, Error> {
-    let found = api.get_opt(name).await.map_err(|source| K::get_failed(namespace, name, source))?;
+    let found = api.get_opt(name).await.map_err(|source| Error::owned(Operation::Get, K::KIND, namespace, name, source))?;
     Ok(found.map(K::Cached::from))
 }
 
@@ -285,13 +286,6 @@ impl Owned for Deployment {
         ctx.caches.objects.newest_deployment(mw, cached)
     }
 
-    fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
-        Error::GetDeployment { namespace: namespace.into(), name: name.into(), source }
-    }
-
-    fn apply_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
-        Error::ApplyDeployment { namespace: namespace.into(), name: name.into(), source }
-    }
 }
 
 impl Owned for Service {
@@ -334,13 +328,6 @@ impl Owned for Service {
         apply(&ctx.metrics, api, name, desired, mode.write(uid)).await
     }
 
-    fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
-        Error::GetService { namespace: namespace.into(), name: name.into(), source }
-    }
-
-    fn apply_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
-        Error::ApplyService { namespace: namespace.into(), name: name.into(), source }
-    }
 }
 
 impl Owned for PersistentVolumeClaim {
@@ -356,11 +343,4 @@ impl Owned for PersistentVolumeClaim {
         &ctx.caches.claims
     }
 
-    fn get_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
-        Error::GetClaim { namespace: namespace.into(), name: name.into(), source }
-    }
-
-    fn apply_failed(namespace: &str, name: &str, source: kube::Error) -> Error {
-        Error::ApplyClaim { namespace: namespace.into(), name: name.into(), source }
-    }
 }

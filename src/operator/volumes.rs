@@ -1,5 +1,5 @@
 //! The claims step of a reconcile, run before the Deployment's: the owned-object step (`step`)
-//! for each volume's claim, deciding by `plan::decide_by` with the claims room's ownership
+//! for each volume's claim, deciding by `plan::decide_by` with the claims' ownership
 //! rule (a server-side apply, never a delete), and what it means for the Deployment step: the
 //! workload's claims as they now are, and whether it may be started (a foreign, refused or
 //! deleting claim holds it; a predecessor's on its way out makes it wait). A refused change to
@@ -22,7 +22,7 @@ use super::ownership::applied_hash;
 use super::plan::{self, Decision, Mode};
 use super::slim::CachedClaim;
 use super::status::Blocked;
-use super::step::{self, Intent, Judged, Verdict};
+use super::step::{self, Flow, Intent, Judged, Verdict};
 use crate::error::Error;
 use crate::resource::{ManagedWorkload, Volume};
 
@@ -56,22 +56,16 @@ impl Claims {
     }
 }
 
-/// The outcome of the step: go on to the Deployment, or look again soon.
-pub enum Step {
-    Done(Claims),
-    Requeue(Duration),
-}
-
-pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> Result<Step, Error> {
+pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> Result<Flow<Claims>, Error> {
     let mut out = Claims::default();
     for volume in &mw.spec.volumes {
         let name = claims::claim_name(&mw.name_any(), &volume.name);
         let verdict = step::step(ctx, mw, namespace, &name, |live| intent(ctx, mw, volume, &name, live)).await?;
         if let Some(after) = out.take(ctx, mw, name, verdict) {
-            return Ok(Step::Requeue(after));
+            return Ok(Flow::Requeue(after));
         }
     }
-    Ok(Step::Done(out))
+    Ok(Flow::Done(out))
 }
 
 /// Why the claims step leaves a claim alone.
