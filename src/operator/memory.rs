@@ -38,6 +38,10 @@ struct PerObjectInner {
     /// per workload and claim, so the same refused apply is not sent again before its backoff
     /// has passed.
     refusals: HashMap<Uid, HashMap<String, Refused>>,
+    /// Objects (`Kind/name`) whose last apply lost its answer: the connection broke after the
+    /// request went out (an API server shutting down), so it may have been carried out, and
+    /// the cache, possibly stale after the outage, cannot tell. The next look GETs them.
+    unanswered: HashMap<Uid, HashSet<String>>,
     /// UIDs listed since the watch (re)started its initial list.
     listing: Option<HashSet<Uid>>,
 }
@@ -113,6 +117,7 @@ impl PerObject {
                     inner.applied.retain(|uid, _| listed.contains(uid));
                     inner.last_write.retain(|uid, _| listed.contains(uid));
                     inner.refusals.retain(|uid, _| listed.contains(uid));
+                    inner.unanswered.retain(|uid, _| listed.contains(uid));
                 }
             }
         }
@@ -241,6 +246,25 @@ impl PerObject {
         delay
     }
 
+    /// The apply of `object` (`Kind/name`) went out and its answer was lost.
+    pub fn unanswered(&self, mw: &ManagedWorkload, object: String) {
+        if let Some(uid) = uid(mw) {
+            self.lock().unanswered.entry(uid).or_default().insert(object);
+        }
+    }
+
+    /// Whether the last apply of `object` lost its answer; forgets it (the caller looks).
+    pub fn take_unanswered(&self, mw: &ManagedWorkload, object: &str) -> bool {
+        let Some(uid) = uid(mw) else { return false };
+        let mut inner = self.lock();
+        let Some(objects) = inner.unanswered.get_mut(&uid) else { return false };
+        let was = objects.remove(object);
+        if objects.is_empty() {
+            inner.unanswered.remove(&uid);
+        }
+        was
+    }
+
     /// `claim` was applied (or needs no apply): any refusal is over.
     pub fn accepted(&self, mw: &ManagedWorkload, claim: &str) {
         let Some(uid) = uid(mw) else { return };
@@ -277,6 +301,7 @@ impl PerObjectInner {
             self.applied.remove(&uid);
             self.last_write.remove(&uid);
             self.refusals.remove(&uid);
+            self.unanswered.remove(&uid);
         }
     }
 }
@@ -293,6 +318,19 @@ mod tests {
         mw.metadata.uid = Some(uid.into());
         mw.metadata.resource_version = Some(rv.into());
         DeserializeGuard(Ok(mw))
+    }
+
+    #[test]
+    fn an_unanswered_apply_is_looked_up_once_and_forgotten_with_its_workload() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
+        objects.unanswered(&mw, "Deployment/web".into());
+        assert!(!objects.take_unanswered(&mw, "Service/web"), "another object");
+        assert!(objects.take_unanswered(&mw, "Deployment/web"));
+        assert!(!objects.take_unanswered(&mw, "Deployment/web"), "once: the GET answered it");
+        objects.unanswered(&mw, "Deployment/web".into());
+        objects.observe(&watcher::Event::Delete(workload("u1", "11")));
+        assert!(!objects.take_unanswered(&mw, "Deployment/web"), "forgotten with its workload");
     }
 
     #[test]

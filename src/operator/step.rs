@@ -25,7 +25,7 @@ use tracing::info;
 
 use super::context::Context;
 use super::drift::Live;
-use super::ownership::FIELD_MANAGER;
+use super::ownership::{FIELD_MANAGER, is_controlled_by};
 use super::plan::{self, Decision, Mode, Refusal};
 use super::slim::{CachedClaim, CachedDeployment, CachedService};
 use super::status::Blocked;
@@ -211,8 +211,61 @@ pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
                 }
             }
             Refusal::Rejected(message) => return Ok(Verdict::Rejected { desired, live, mode, message }),
-            Refusal::Retry => return Err(Error::owned(Operation::Apply, K::KIND, namespace, name, source)),
+            Refusal::Retry => {
+                if answer_lost(&source) {
+                    ctx.caches.objects.unanswered(mw, format!("{}/{name}", K::KIND));
+                }
+                return Err(Error::owned(Operation::Apply, K::KIND, namespace, name, source));
+            }
         }
+    }
+}
+
+/// An object the workload has one of, or none (its Service, its NetworkPolicy): `desired`
+/// through the step and judged, or, when it wants none, its own one removed. The object as it
+/// now is (`None`: none, or none the workload may use) and why it is not what it should be.
+pub async fn ensure<K: Owned>(
+    ctx: &Context,
+    mw: &ManagedWorkload,
+    namespace: &str,
+    name: &str,
+    desired: Option<K>,
+) -> Result<Flow<(Option<K::Cached>, Option<Blocked>)>, Error> {
+    let Some(desired) = desired else {
+        remove::<K>(ctx, mw, namespace, name).await?;
+        return Ok(Flow::Done((None, None)));
+    };
+    let verdict = step::<K, std::convert::Infallible>(ctx, mw, namespace, name, |live| {
+        Ok((Cow::Borrowed(&desired), plan::decide(mw, &desired, live)))
+    })
+    .await?;
+    Ok(match verdict.judge(ctx, mw, name) {
+        Judged::Left(never, _) => match never {},
+        Judged::Done { live, blocked, .. } => Flow::Done((live, blocked)),
+        Judged::Requeue(after) => Flow::Requeue(after),
+    })
+}
+
+/// The workload no longer wants its `name`: delete the one it controls, if the cache holds
+/// one. Preconditioned on its UID, so one someone made under that name since is never
+/// deleted; one that is already gone is no error.
+async fn remove<K: Owned>(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: &str) -> Result<(), Error> {
+    let Some(cached) = K::cache(ctx).get(&ObjectRef::new(name).within(namespace)) else { return Ok(()) };
+    if !is_controlled_by(&*cached, mw) || cached.meta().deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let Some(uid) = cached.meta().uid.as_deref() else { return Ok(()) };
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let answer = crate::write::delete_by_uid(&api, name, uid).await;
+    ctx.metrics.sent(K::URL_PATH_SEGMENT, "delete", &answer);
+    match answer {
+        Ok(deleted) => {
+            if deleted {
+                info!(kind = %K::KIND, %name, "deleted: the workload no longer asks for it");
+            }
+            Ok(())
+        }
+        Err(source) => Err(Error::owned(Operation::Delete, K::KIND, namespace, name, source)),
     }
 }
 
@@ -230,12 +283,25 @@ async fn observe<K: Owned>(
     namespace: &str,
     name: &str,
 ) -> Result<Option<K::Cached>, Error> {
+    // An apply whose answer was lost may have been carried out: only the API server can say.
+    if ctx.caches.objects.take_unanswered(mw, &format!("{}/{name}", K::KIND)) {
+        return get(api, namespace, name).await;
+    }
     let cached = K::cache(ctx).get(&ObjectRef::new(name).within(namespace)).map(|c| (*c).clone());
     match K::newest(ctx, mw, cached) {
         Some(live) => Ok(Some(live)),
         None if ctx.caches.previous_status(mw).is_none() => Ok(None),
         None => get(api, namespace, name).await,
     }
+}
+
+/// The request went out and no answer came back (the connection broke while the API server
+/// had it, or the wait for its answer timed out): it may have been carried out. hyper's client
+/// says `client error (Connect)` when no connection was made; an answer of the API server's
+/// own (`kube::Error::Api`) says what happened.
+fn answer_lost(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Service(_) | kube::Error::HyperError(_))
+        && !crate::check::error_chain(err).contains("(Connect)")
 }
 
 async fn get<K: Owned>(api: &Api<K>, namespace: &str, name: &str) -> Result<Option<K::Cached>, Error> {
@@ -343,4 +409,20 @@ impl Owned for PersistentVolumeClaim {
         &ctx.caches.claims
     }
 
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_request_that_went_out_may_have_been_carried_out() {
+        let service = |text: &str| kube::Error::Service(text.to_string().into());
+        // As kube 3 words them (seen when kube-apiserver stopped mid-request).
+        assert!(answer_lost(&service("client error (SendRequest)")));
+        assert!(answer_lost(&service("operation timed out")));
+        assert!(!answer_lost(&service("client error (Connect)")));
+        let refused = kube::core::Status::failure("conflict", "Conflict").with_code(409).boxed();
+        assert!(!answer_lost(&kube::Error::Api(refused)));
+    }
 }
