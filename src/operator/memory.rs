@@ -253,16 +253,20 @@ impl PerObject {
         }
     }
 
-    /// Whether the last apply of `object` lost its answer; forgets it (the caller looks).
-    pub fn take_unanswered(&self, mw: &ManagedWorkload, object: &str) -> bool {
-        let Some(uid) = uid(mw) else { return false };
+    /// Whether the last apply of `object` lost its answer, and nobody has looked since.
+    pub fn is_unanswered(&self, mw: &ManagedWorkload, object: &str) -> bool {
+        uid(mw).is_some_and(|uid| self.lock().unanswered.get(&uid).is_some_and(|o| o.contains(object)))
+    }
+
+    /// `object` was looked up: what the API server holds is known again.
+    pub fn looked_up(&self, mw: &ManagedWorkload, object: &str) {
+        let Some(uid) = uid(mw) else { return };
         let mut inner = self.lock();
-        let Some(objects) = inner.unanswered.get_mut(&uid) else { return false };
-        let was = objects.remove(object);
+        let Some(objects) = inner.unanswered.get_mut(&uid) else { return };
+        objects.remove(object);
         if objects.is_empty() {
             inner.unanswered.remove(&uid);
         }
-        was
     }
 
     /// `claim` was applied (or needs no apply): any refusal is over.
@@ -321,16 +325,18 @@ mod tests {
     }
 
     #[test]
-    fn an_unanswered_apply_is_looked_up_once_and_forgotten_with_its_workload() {
+    fn an_unanswered_apply_counts_until_it_is_looked_up_or_its_workload_goes() {
         let objects = PerObject::default();
         let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
         objects.unanswered(&mw, "Deployment/web".into());
-        assert!(!objects.take_unanswered(&mw, "Service/web"), "another object");
-        assert!(objects.take_unanswered(&mw, "Deployment/web"));
-        assert!(!objects.take_unanswered(&mw, "Deployment/web"), "once: the GET answered it");
+        assert!(!objects.is_unanswered(&mw, "Service/web"), "another object");
+        assert!(objects.is_unanswered(&mw, "Deployment/web"));
+        assert!(objects.is_unanswered(&mw, "Deployment/web"), "until a look succeeds (the API server may still be away)");
+        objects.looked_up(&mw, "Deployment/web");
+        assert!(!objects.is_unanswered(&mw, "Deployment/web"));
         objects.unanswered(&mw, "Deployment/web".into());
         objects.observe(&watcher::Event::Delete(workload("u1", "11")));
-        assert!(!objects.take_unanswered(&mw, "Deployment/web"), "forgotten with its workload");
+        assert!(!objects.is_unanswered(&mw, "Deployment/web"), "forgotten with its workload");
     }
 
     #[test]

@@ -284,8 +284,11 @@ async fn observe<K: Owned>(
     name: &str,
 ) -> Result<Option<K::Cached>, Error> {
     // An apply whose answer was lost may have been carried out: only the API server can say.
-    if ctx.caches.objects.take_unanswered(mw, &format!("{}/{name}", K::KIND)) {
-        return get(api, namespace, name).await;
+    let object = format!("{}/{name}", K::KIND);
+    if ctx.caches.objects.is_unanswered(mw, &object) {
+        let live = get(api, namespace, name).await?;
+        ctx.caches.objects.looked_up(mw, &object);
+        return Ok(live);
     }
     let cached = K::cache(ctx).get(&ObjectRef::new(name).within(namespace)).map(|c| (*c).clone());
     match K::newest(ctx, mw, cached) {
