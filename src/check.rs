@@ -483,6 +483,12 @@ mod tests {
             "create services",
             "patch services",
             "delete services",
+            "get networkpolicies.networking.k8s.io",
+            "list networkpolicies.networking.k8s.io",
+            "watch networkpolicies.networking.k8s.io",
+            "create networkpolicies.networking.k8s.io",
+            "patch networkpolicies.networking.k8s.io",
+            "delete networkpolicies.networking.k8s.io",
             "create events.events.k8s.io",
             "patch events.events.k8s.io",
             "list events",
@@ -494,9 +500,9 @@ mod tests {
         assert!(!operator.iter().any(|p| p.resource == "secrets"));
         assert!(!operator.iter().any(|p| p.resource == "leases"), "Leases are granted in one namespace only");
         assert!(
-            operator.iter().filter(|p| p.verb == "delete").all(|p| p.resource == "services"),
-            "the operator deletes nothing but a Service whose spec.service was removed: a retained claim outlives \
-             its workload, and the rest goes by garbage collection"
+            operator.iter().filter(|p| p.verb == "delete").all(|p| ["services", "networkpolicies"].contains(&p.resource.as_str())),
+            "the operator deletes nothing but a Service or NetworkPolicy its workload no longer asks for: a retained \
+             claim outlives its workload, and the rest goes by garbage collection"
         );
     }
 

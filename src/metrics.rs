@@ -24,18 +24,20 @@ pub const DEFAULT_LEASE: &str = "mw-operator";
 
 /// The `resource` label of `mw_operator_watch_restarts_total`: one per watch of
 /// `operator::watches::Caches` (a watch named otherwise trips a debug assertion).
-pub const WATCHED: [&str; 6] =
-    ["managedworkloads", "deployments", "replicasets", "pods", "persistentvolumeclaims", "services"];
+pub const WATCHED: [&str; 7] =
+    ["managedworkloads", "deployments", "replicasets", "pods", "persistentvolumeclaims", "services", "networkpolicies"];
 
 /// The `resource` and `verb` labels of `mw_operator_api_writes_total`: every write the
 /// operator makes (one not listed here trips a debug assertion).
-pub const WRITES: [(&str, &str); 7] = [
+pub const WRITES: [(&str, &str); 9] = [
     ("managedworkloads/status", "patch"),
     ("deployments", "apply"),
     ("persistentvolumeclaims", "apply"),
     ("services", "apply"),
     ("services", "patch"),
     ("services", "delete"),
+    ("networkpolicies", "apply"),
+    ("networkpolicies", "delete"),
     ("events", "create"),
 ];
 

@@ -294,6 +294,44 @@ pub struct ManagedWorkloadSpec {
     /// hostname, `Recreate`. The node must support it (docs/install.md, "System containers").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_container: Option<Box<SystemContainer>>,
+
+    /// Isolation: a NetworkPolicy (named as the workload) lets connections reach its Pods only
+    /// on its `ports` and only from the peers in `allowFrom`; every other connection to them
+    /// is dropped, other workloads' of the namespace included. Unset: no NetworkPolicy (the
+    /// namespace's own policies apply). Needs a network plugin that enforces NetworkPolicies
+    /// (Calico, Cilium, ...); without one the policy is made and has no effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Isolation>,
+}
+
+/// Where connections to an isolated workload may come from (`spec.isolation`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Isolation {
+    /// The peers that may connect to the workload's ports. Empty: none may.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub allow_from: Vec<Peer>,
+}
+
+/// One source of connections: an address range, or Pods chosen by their namespace's labels
+/// and/or their own.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.cidr) != (has(self.namespaceLabels) || has(self.podLabels))")
+    .message("a peer is either a cidr, or namespaceLabels and/or podLabels"))]
+pub struct Peer {
+    /// Addresses in this range (CIDR), e.g. the hosts Manager's agent runs on: `10.0.0.0/24`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub cidr: Option<String>,
+    /// Pods in the namespaces with these labels (`kubernetes.io/metadata.name: ingress-nginx`
+    /// names one namespace; `{}` is every namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+    /// Pods with these labels: in this namespace, or with `namespaceLabels`, in those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_labels: Option<BTreeMap<String, String>>,
 }
 
 /// A ManagedWorkload as watched: parsed, or the reason it could not be.

@@ -17,8 +17,8 @@ use super::image;
 use super::rows::{ContainerRow, Grants, RowKey, ServiceRow};
 use crate::operator::ownership as desired;
 use crate::resource::{
-    CONTAINER_ID_LABEL, ContainerPort, EnvVar, EnvVarSource, KeyRef, ManagedWorkload, ManagedWorkloadSpec,
-    NODE_ID_LABEL, Protocol, Quantity, ResourceList, Resources, RetentionPolicy, ServiceSpec, ServiceType, Volume,
+    CONTAINER_ID_LABEL, ContainerPort, EnvVar, EnvVarSource, Isolation, KeyRef, ManagedWorkload, ManagedWorkloadSpec,
+    NODE_ID_LABEL, Peer, Protocol, Quantity, ResourceList, Resources, RetentionPolicy, ServiceSpec, ServiceType, Volume,
 };
 
 pub use crate::resource::{PROVIDER_LABEL, SYNCED_BY_LABEL};
@@ -108,6 +108,43 @@ impl SystemImages {
     }
 }
 
+/// Where an isolated container accepts connections from (`spec.isolation`; bridge flag
+/// `--isolation-allow-from`, the provider's `MW_ISOLATION_ALLOW_FROM`): each entry
+/// `cidr:<range>` (the hosts Manager's agent runs on) or `namespace:<name>` (every Pod of that
+/// namespace: an ingress controller's, or the agent's own); `none` isolates with nothing
+/// allowed. Unset or empty: no isolation.
+pub fn isolation(entries: &[String]) -> Result<Option<Isolation>, String> {
+    let entries: Vec<&str> = entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()).collect();
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    if entries == ["none"] {
+        return Ok(Some(Isolation::default()));
+    }
+    let allow_from = entries.iter().map(|e| peer(e)).collect::<Result<_, _>>()?;
+    Ok(Some(Isolation { allow_from }))
+}
+
+fn peer(entry: &str) -> Result<Peer, String> {
+    match entry.split_once(':') {
+        Some(("cidr", range)) if is_cidr(range) => Ok(Peer { cidr: Some(range.to_string()), ..Default::default() }),
+        Some(("namespace", name)) if is_dns_label(name) => Ok(Peer {
+            namespace_labels: Some(BTreeMap::from([("kubernetes.io/metadata.name".to_string(), name.to_string())])),
+            ..Default::default()
+        }),
+        _ => Err(format!("{entry:?}: expected cidr:<address>/<bits>, namespace:<name> or none")),
+    }
+}
+
+fn is_cidr(range: &str) -> bool {
+    let Some((address, bits)) = range.split_once('/') else { return false };
+    match (address.parse::<std::net::IpAddr>(), bits.parse::<u8>()) {
+        (Ok(std::net::IpAddr::V4(_)), Ok(bits)) => bits <= 32,
+        (Ok(std::net::IpAddr::V6(_)), Ok(bits)) => bits <= 128,
+        _ => false,
+    }
+}
+
 /// Most ports a workload may declare (the CRD's limit on `spec.ports`).
 const MAX_PORTS: usize = 64;
 
@@ -162,6 +199,8 @@ pub struct Context<'a> {
     pub service: &'a ServiceSettings,
     /// Which templates run as system containers.
     pub system_images: &'a SystemImages,
+    /// Isolation for every container (`isolation`).
+    pub isolation: &'a Option<Isolation>,
 }
 
 /// What one row should look like in the cluster.
@@ -274,6 +313,7 @@ pub fn desired(row: &ContainerRow, cx: &Context<'_>) -> Result<Desired, RowError
         ports,
         service,
         system_container: cx.system_images.matches(template).then(Box::default),
+        isolation: cx.isolation.clone(),
         ..Default::default()
     };
     let mut workload = ManagedWorkload::new(&name, spec);

@@ -100,6 +100,13 @@ pub struct BridgeArgs {
     #[arg(long = "system-container-images", env = "MW_SYSTEM_CONTAINER_IMAGES", value_delimiter = ',',
           default_value = mapping::MANAGER_TEMPLATES)]
     pub system_container_images: Vec<String>,
+    /// Isolate every container (`spec.isolation`: connections only to its ports, and only
+    /// from these): `cidr:<range>` (the hosts of Manager's agent), `namespace:<name>` (every
+    /// Pod there: an ingress controller's), or `none` (nothing); repeat or comma-separate.
+    /// Unset: no isolation. Needs a network plugin that enforces NetworkPolicies.
+    #[arg(long = "isolation-allow-from", env = "MW_ISOLATION_ALLOW_FROM", value_delimiter = ',',
+          value_parser = parse_isolation_entry)]
+    pub isolation_allow_from: Vec<String>,
     /// Where to serve /healthz, /readyz (ready while sync passes succeed) and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
     pub metrics_address: std::net::SocketAddr,
@@ -163,6 +170,10 @@ fn parse_annotation(s: &str) -> Result<(String, String), String> {
         return Err(format!("{s:?}: the annotation key is empty"));
     }
     Ok((key.trim().to_string(), value.to_string()))
+}
+
+fn parse_isolation_entry(s: &str) -> Result<String, String> {
+    mapping::isolation(&[s.to_string()]).map(|_| s.trim().to_string())
 }
 
 fn parse_retention(s: &str) -> Result<crate::resource::RetentionPolicy, String> {
@@ -251,6 +262,8 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         system_images: mapping::SystemImages(
             args.system_container_images.iter().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect(),
         ),
+        // Each entry was checked as the flag was parsed.
+        isolation: mapping::isolation(&args.isolation_allow_from).unwrap_or_default(),
         address: args.ipv4_address,
         concurrency: usize::from(args.concurrency),
         pass_timeout: args.pass_timeout,

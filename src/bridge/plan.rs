@@ -413,6 +413,7 @@ pub(crate) mod tests {
             rootfs: &Default::default(),
             service: &Default::default(),
             system_images: &Default::default(),
+            isolation: &None,
         };
         mapping::desired(&row(), &cx).unwrap()
     }

@@ -67,6 +67,8 @@ pub struct Settings {
     pub service: mapping::ServiceSettings,
     /// Which templates run as system containers.
     pub system_images: mapping::SystemImages,
+    /// Isolation for every container (`--isolation-allow-from`).
+    pub isolation: Option<crate::resource::Isolation>,
     /// What is written back as `ipv4Address`.
     pub address: plan::AddressSource,
     /// API requests in flight at once during a pass.
@@ -547,6 +549,7 @@ impl Bridge {
                 rootfs: &self.settings.rootfs,
                 service: &self.settings.service,
                 system_images: &self.settings.system_images,
+                isolation: &self.settings.isolation,
             };
             let cluster = &self.cluster;
             // Where it watches the old namespace, the old workload's deletion (the deletion
@@ -1163,6 +1166,7 @@ mod tests {
             rootfs: Default::default(),
             service: Default::default(),
             system_images: Default::default(),
+            isolation: None,
             address: Default::default(),
             concurrency: 16,
             pass_timeout: Duration::from_secs(300),

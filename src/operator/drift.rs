@@ -51,7 +51,8 @@ macro_rules! live_from_managed_fields {
 live_from_managed_fields!(
     k8s_openapi::api::apps::v1::Deployment,
     k8s_openapi::api::core::v1::Service,
-    k8s_openapi::api::core::v1::PersistentVolumeClaim
+    k8s_openapi::api::core::v1::PersistentVolumeClaim,
+    k8s_openapi::api::networking::v1::NetworkPolicy
 );
 
 /// True when applying `desired` would change nothing on `live`.

@@ -1,7 +1,7 @@
 //! The operator: watches ManagedWorkloads and what they own, and reconciles each into the
 //! objects it asks for. One module per concern:
 //!
-//! - `watches` (the six watches, their caches, the fan-out of triggers), `pod_index`,
+//! - `watches` (the seven watches, their caches, the fan-out of triggers), `pod_index`,
 //!   `slim` (what the caches keep), `memory` (what is remembered per workload), `resync`
 //!   (every workload once every 10 minutes, paced);
 //! - `reconcile`: one reconcile as a pipeline, each owned object through `step` (observe →
@@ -11,7 +11,8 @@
 //!   `Verdict::judge` saying what that means for the workload, alike for every kind;
 //! - `plan` (pure): the decision table for an owned object and what an apply's refusal means;
 //! - one module per owned kind, its desired state built purely from the CR: `deployment`,
-//!   `claims` (with `volumes`, what its step means), `service` (with `expose`);
+//!   `claims` (with `volumes`, what its step means), `service` (with `expose`),
+//!   `network_policy` (the whole kind in one file: what a new kind looks like);
 //! - shared by every owned kind: `ownership` (field manager, labels, owner, fingerprints) and
 //!   `drift` (is the live object what we would apply?);
 //! - `status` (pure): the status from what was observed; `events`: Events off the reconcile
@@ -29,6 +30,7 @@ pub mod events;
 pub mod expose;
 pub mod liveness;
 pub mod memory;
+pub mod network_policy;
 pub mod ownership;
 pub mod plan;
 pub mod pod_index;

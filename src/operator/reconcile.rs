@@ -27,7 +27,7 @@ use super::status::{self, Blocked, Cause, Observed};
 use super::status_write::{self, Written};
 use super::step::{self, Flow, Judged};
 use super::watches::Freshness;
-use super::{deployment, expose, volumes};
+use super::{deployment, expose, network_policy, volumes};
 use crate::error::Error;
 use crate::resource::Workload;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
@@ -119,15 +119,22 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         Flow::Done(exposed) => exposed,
         Flow::Requeue(after) => return Ok(Action::requeue(after)),
     };
+    // Isolation before the Deployment, so a Pod never starts without the policy it asks for.
+    let isolation = match network_policy::reconcile(ctx, mw, namespace).await? {
+        Flow::Done(blocked) => blocked,
+        Flow::Requeue(after) => return Ok(Action::requeue(after)),
+    };
     let service = exposed.service.map(|s| *s);
-    // A claim problem holds the workload where it is: it is neither started nor rolled out
-    // (its Pod would mount someone else's claim, or one on its way out); a stop is carried out.
+    // A claim or isolation problem holds the workload where it is: it is neither started nor
+    // rolled out (its Pod would mount someone else's claim, or one on its way out, or run
+    // without the isolation it asks for); a stop is carried out.
     let running = mw.spec.desired_state() == DesiredState::Running;
     let hold = match (&claims.blocked, &claims.deleting) {
         (Some(blocked), _) => Some(blocked.clone()),
         (None, Some(claim)) if running => Some(volumes::deleting(claim)),
         _ => None,
-    };
+    }
+    .or(isolation);
     let held = hold.is_some() && running;
     let verdict = step::step_beside(
         ctx,

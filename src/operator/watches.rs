@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::InitialListStrategy;
@@ -17,7 +18,7 @@ use tracing::warn;
 
 use super::by_uid::ByUid;
 use super::memory::PerObject;
-use super::ownership::MANAGED_LABEL;
+use super::ownership::{FIELD_MANAGER, MANAGED_LABEL};
 use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
 use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
@@ -38,6 +39,8 @@ pub struct Caches {
     pub claims: Store<CachedClaim>,
     /// The workloads' Services (label-selected, trimmed).
     pub services: Store<CachedService>,
+    /// The isolated workloads' NetworkPolicies (label-selected, whole: small and few).
+    pub network_policies: Store<NetworkPolicy>,
     pub workloads: Store<Workload>,
     /// How far the workloads' cache can be trusted now (`Freshness`).
     pub workloads_watch: Arc<WorkloadsWatch>,
@@ -135,6 +138,19 @@ impl Caches {
             watcher(api::<CachedService>(client, ns), managed.clone()).default_backoff().reflect_in_place(writer);
         let service_targets = targets(service_events, "services", owner_of);
 
+        // NetworkPolicies: by their controller. A deletion or an edit reconciles the workload.
+        let (network_policies, writer) = reflector::store();
+        let policy_events = watcher(api::<NetworkPolicy>(client, ns), managed.clone())
+            .default_backoff()
+            // Only the operator's own apply record is read (drift.rs): the others are dropped.
+            .modify(|p: &mut NetworkPolicy| {
+                if let Some(fields) = p.metadata.managed_fields.as_mut() {
+                    fields.retain(|f| f.manager.as_deref() == Some(FIELD_MANAGER));
+                }
+            })
+            .reflect_in_place(writer);
+        let policy_targets = targets(policy_events, "networkpolicies", owner_of);
+
         // Our own status writes change neither generation nor labels, so they do not echo back
         // as reconciles. DeserializeGuard: one object the operator cannot parse (say, stored under
         // an older schema) is reported on its own instead of failing the whole watch.
@@ -160,7 +176,7 @@ impl Caches {
             .filter(move |event| std::future::ready(event.as_ref().map_or(true, |e| changes.asks_for_reconcile(e))));
         let workload_targets =
             targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
-        // One task drives all six watches, so their events (and cache updates) are handled
+        // One task drives all seven watches, so their events (and cache updates) are handled
         // one at a time in the order they arrive, as when the Controller itself polled them.
         let all = futures::stream::select_all([
             deployment_targets,
@@ -168,6 +184,7 @@ impl Caches {
             pod_targets,
             claim_targets,
             service_targets,
+            policy_targets,
             workload_targets,
         ]);
         tokio::spawn(fan_out(all, triggers.clone(), metrics));
@@ -179,6 +196,7 @@ impl Caches {
             pods,
             claims,
             services,
+            network_policies,
             workloads,
             workloads_watch,
             pod_index,
@@ -200,6 +218,7 @@ impl Caches {
             && self.pods.wait_until_ready().await.is_ok()
             && self.claims.wait_until_ready().await.is_ok()
             && self.services.wait_until_ready().await.is_ok()
+            && self.network_policies.wait_until_ready().await.is_ok()
             && self.workloads.wait_until_ready().await.is_ok()
     }
 }

@@ -7,6 +7,7 @@
 // tests check (cargo test: bridge::mapping; node --test: test/mapping.test.js).
 
 const crypto = require('crypto');
+const net = require('net');
 
 const GROUP = 'opensource-server.mieweb.org';
 const VERSION = 'v1alpha1';
@@ -89,7 +90,44 @@ function settingsFromEnv(env = process.env) {
       env.MW_SYSTEM_CONTAINER_IMAGES === undefined
         ? [MANAGER_TEMPLATES]
         : env.MW_SYSTEM_CONTAINER_IMAGES.split(',').map((p) => p.trim()).filter(Boolean),
+    isolationAllowFrom: checkedIsolation((env.MW_ISOLATION_ALLOW_FROM || '').split(',')),
   };
+}
+
+/** The entries of MW_ISOLATION_ALLOW_FROM, trimmed; refused at once when one is not valid. */
+function checkedIsolation(entries) {
+  const list = entries.map((e) => e.trim()).filter(Boolean);
+  isolation(list);
+  return list;
+}
+
+/**
+ * `spec.isolation` for every container (the bridge's `--isolation-allow-from`): connections
+ * only to its ports, and only from `cidr:<range>` (the hosts of Manager's agent) or
+ * `namespace:<name>` (every Pod there); `none` allows nothing. No entries: no isolation.
+ */
+function isolation(entries = []) {
+  const list = entries.map((e) => e.trim()).filter(Boolean);
+  if (list.length === 0) return null;
+  if (list.length === 1 && list[0] === 'none') return {};
+  return { allowFrom: list.map(peer) };
+}
+
+function peer(entry) {
+  const colon = entry.indexOf(':');
+  const [kind, value] = colon < 0 ? [entry, ''] : [entry.slice(0, colon), entry.slice(colon + 1)];
+  if (kind === 'cidr' && isCidr(value)) return { cidr: value };
+  if (kind === 'namespace' && isDnsLabel(value)) return { namespaceLabels: { 'kubernetes.io/metadata.name': value } };
+  throw new MappingError(`MW_ISOLATION_ALLOW_FROM: ${JSON.stringify(entry)}: expected cidr:<address>/<bits>, namespace:<name> or none`);
+}
+
+function isCidr(range) {
+  const slash = range.indexOf('/');
+  if (slash < 0) return false;
+  const bits = range.slice(slash + 1);
+  if (!/^\d{1,3}$/.test(bits)) return false;
+  const version = net.isIP(range.slice(0, slash));
+  return (version === 4 && Number(bits) <= 32) || (version === 6 && Number(bits) <= 128);
 }
 
 /**
@@ -376,6 +414,8 @@ function desired(c, settings) {
   if (workloadPorts.length) spec.ports = workloadPorts;
   if (service) spec.service = service;
   if (isSystemImage(image, settings.systemImages)) spec.systemContainer = {};
+  const isolated = isolation(settings.isolationAllowFrom);
+  if (isolated) spec.isolation = isolated;
   const workload = {
     apiVersion: `${GROUP}/${VERSION}`,
     kind: KIND,
@@ -494,6 +534,7 @@ module.exports = {
   OWNER_ANNOTATION,
   ENV_DIGEST_ANNOTATION,
   SECRET_SUFFIX,
+  isolation,
   ROOTFS_VOLUME,
   DEFAULT_CPUS,
   DEFAULT_MEMORY_MB,

@@ -73,6 +73,18 @@ describe('pure parts', () => {
     assert.deepEqual(s.service.annotations, { a: 'b', c: 'd' });
     assert.throws(() => m.settingsFromEnv({ MW_REQUESTS_PERCENT: '0' }), /1 to 100/);
     assert.throws(() => m.settingsFromEnv({ MW_ROOTFS_ON_DELETE: 'keep' }), /retain or delete/);
+    // Isolation, as the bridge's --isolation-allow-from: unset is none, `none` allows nothing.
+    assert.deepEqual(m.settingsFromEnv({}).isolationAllowFrom, []);
+    assert.equal(m.isolation([]), null);
+    assert.deepEqual(m.isolation(['none']), {});
+    assert.deepEqual(m.settingsFromEnv({ MW_ISOLATION_ALLOW_FROM: 'cidr:10.0.0.0/24, namespace:ingress-nginx' }).isolationAllowFrom, [
+      'cidr:10.0.0.0/24',
+      'namespace:ingress-nginx',
+    ]);
+    assert.deepEqual(m.isolation(['cidr:fd00::/64']), { allowFrom: [{ cidr: 'fd00::/64' }] });
+    for (const bad of ['10.0.0.0/24', 'cidr:10.0.0.0', 'cidr:10.0.0.0/33', 'namespace:Ingress', 'pods:web', 'none,cidr:1.2.3.4/32']) {
+      assert.throws(() => m.settingsFromEnv({ MW_ISOLATION_ALLOW_FROM: bad }), /MW_ISOLATION_ALLOW_FROM: .*cidr:<address>\/<bits>, namespace:<name> or none/, bad);
+    }
   });
 
   test('status words, current generation only', () => {

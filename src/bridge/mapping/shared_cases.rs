@@ -38,6 +38,9 @@ struct CaseContext {
     service: CaseService,
     /// Image prefixes that are system containers; unset: the default (Manager's templates).
     system_images: Option<Vec<String>>,
+    /// The isolation setting's entries (`--isolation-allow-from`); unset: none.
+    #[serde(default)]
+    isolation_allow_from: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -144,6 +147,7 @@ fn map(case: &Case) -> Desired {
         rootfs: &rootfs,
         service: &service,
         system_images: &case.context.system_images.clone().map(SystemImages).unwrap_or_default(),
+        isolation: &crate::bridge::mapping::isolation(&case.context.isolation_allow_from).expect("isolation entries"),
     };
     desired(&row, &cx).unwrap_or_else(|e| panic!("{}: {e}", case.name))
 }

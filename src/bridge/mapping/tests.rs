@@ -65,6 +65,7 @@ fn map(row: &ContainerRow, grants: &Grants) -> Result<Desired, RowError> {
         rootfs: &Default::default(),
         service: &Default::default(),
         system_images: &Default::default(),
+        isolation: &None,
     };
     desired(row, &cx)
 }
@@ -172,6 +173,7 @@ fn approved_resources_latest_wins() {
         rootfs: &Default::default(),
         service: &Default::default(),
         system_images: &Default::default(),
+        isolation: &None,
     };
     let r = desired(&team_wiki(), &cx).unwrap().workload.spec.resources.unwrap().requests.unwrap();
     assert_eq!((r.cpu.unwrap().0, r.memory.unwrap().0), ("1000m".to_string(), "1024Mi".to_string()));
@@ -311,6 +313,7 @@ fn the_approved_rootfs_becomes_the_workloads_volume() {
         rootfs: &settings,
         service: &Default::default(),
         system_images: &Default::default(),
+        isolation: &None,
     };
     let v = desired(&pg_analytics_from_postgres(), &cx).unwrap().workload.spec.volumes[0].clone();
     assert_eq!((v.mount_path.as_str(), v.storage_class_name.as_deref()), ("/srv", Some("fast")));
@@ -385,6 +388,7 @@ fn http_and_transport_services_become_the_ports_and_the_service() {
         rootfs: &Default::default(),
         service: &settings,
         system_images: &Default::default(),
+        isolation: &None,
     };
     let lb = desired(&row, &cx).unwrap().workload.spec.service.unwrap();
     assert_eq!(lb.type_, Some(ServiceType::LoadBalancer));
@@ -416,4 +420,21 @@ fn bad_services_are_row_errors_naming_the_service() {
     let mut row = team_wiki();
     row.services = vec![service_row("dns", 53, None)];
     assert!(map(&row, &Grants::default()).unwrap().workload.spec.ports.is_empty());
+}
+
+#[test]
+fn isolation_entries_name_where_connections_may_come_from() {
+    let entries = |list: &[&str]| list.iter().map(|e| e.to_string()).collect::<Vec<_>>();
+    assert_eq!(isolation(&[]).unwrap(), None, "unset: no isolation");
+    assert_eq!(isolation(&entries(&[" "])).unwrap(), None);
+    assert_eq!(isolation(&entries(&["none"])).unwrap(), Some(Isolation::default()), "isolated, nothing allowed");
+    let both = isolation(&entries(&["cidr:10.0.0.0/24", "namespace:ingress-nginx", "cidr:fd00::/64"])).unwrap().unwrap();
+    assert_eq!(both.allow_from[0].cidr.as_deref(), Some("10.0.0.0/24"));
+    let labels = both.allow_from[1].namespace_labels.as_ref().unwrap();
+    assert_eq!(labels["kubernetes.io/metadata.name"], "ingress-nginx");
+    assert_eq!(both.allow_from[2].cidr.as_deref(), Some("fd00::/64"));
+    for bad in ["10.0.0.0/24", "cidr:10.0.0.0", "cidr:10.0.0.0/33", "namespace:Ingress", "pods:web", "none,cidr:1.2.3.4/32"] {
+        let err = isolation(&entries(&bad.split(',').collect::<Vec<_>>())).unwrap_err();
+        assert!(err.contains("cidr:<address>/<bits>, namespace:<name> or none"), "{bad}: {err}");
+    }
 }
