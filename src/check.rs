@@ -500,7 +500,10 @@ mod tests {
         assert!(!operator.iter().any(|p| p.resource == "secrets"));
         assert!(!operator.iter().any(|p| p.resource == "leases"), "Leases are granted in one namespace only");
         assert!(
-            operator.iter().filter(|p| p.verb == "delete").all(|p| ["services", "networkpolicies"].contains(&p.resource.as_str())),
+            operator
+                .iter()
+                .filter(|p| p.verb == "delete")
+                .all(|p| ["services", "networkpolicies"].contains(&p.resource.as_str())),
             "the operator deletes nothing but a Service or NetworkPolicy its workload no longer asks for: a retained \
              claim outlives its workload, and the rest goes by garbage collection"
         );

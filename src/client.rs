@@ -44,6 +44,19 @@ where
     }
 }
 
+/// Fail fast at start-up rather than retry a forbidden watch forever: may `client` list `K`
+/// in `namespace` (every namespace: `None`)? One list of one item's metadata, the cheapest
+/// read that needs the watch's permission.
+pub async fn may_list<K>(client: &Client, namespace: Option<&str>) -> Result<(), kube::Error>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    api_in::<K>(client, namespace).list_metadata(&kube::api::ListParams::default().limit(1)).await.map(|_| ())
+}
+
 /// The parameters of `manager`'s server-side applies, asking for no field validation: every
 /// body the operator and the bridge send is serialized from the types the CRD and the
 /// built-in kinds are generated from, so it has no unknown or duplicate field to report, and

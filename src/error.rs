@@ -8,13 +8,13 @@ pub enum Error {
     MissingNamespace(String),
 
     /// The API server failed a read, apply or delete of one of a workload's objects.
-    #[error("{operation} {kind} {namespace}/{name}: {source}")]
+    #[error("{operation} {kind} {object}: {source}")]
     Owned {
         operation: Operation,
         /// The object's kind, as the API names it (`Deployment`).
         kind: &'static str,
-        namespace: String,
-        name: String,
+        /// `namespace/name` (one string keeps the error small: it is returned everywhere).
+        object: String,
         #[source]
         source: kube::Error,
     },
@@ -66,7 +66,7 @@ impl std::fmt::Display for Operation {
 
 impl Error {
     pub fn owned(operation: Operation, kind: &'static str, namespace: &str, name: &str, source: kube::Error) -> Error {
-        Error::Owned { operation, kind, namespace: namespace.into(), name: name.into(), source }
+        Error::Owned { operation, kind, object: format!("{namespace}/{name}"), source }
     }
 
     /// The API server's own words when it refused the operator for lack of a permission

@@ -45,6 +45,7 @@ async fn reads_and_writes(engine: Engine) {
         rootfs: &Default::default(),
         service: &Default::default(),
         system_images: &Default::default(),
+        isolation: &None,
     };
     let pg = mapping::desired(&rows[1], &cx).unwrap();
     assert_eq!(

@@ -95,6 +95,7 @@ fn what_the_bridge_keeps_per_row() {
         rootfs: &Default::default(),
         service: &Default::default(),
         system_images: &Default::default(),
+        isolation: &None,
     };
     let desired = mapping::desired(&row, &cx).expect("a row that maps");
     // As the API server returns it: identity, and a status of the operator's.

@@ -69,9 +69,8 @@ async fn the_policy_admits_the_declared_ports_from_the_named_peers_and_drift_is_
     let patch = json!({"spec": {"ingress": [{}]}});
     policies.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     wait_until(&policies, "web", "the rules restored", TIMEOUT, |p: Option<&NetworkPolicy>| {
-        p.and_then(|p| p.spec.as_ref()?.ingress.clone()).is_some_and(|rules| {
-            rules.len() == 1 && rules[0].from.as_ref().is_some_and(|f| f.len() == 2)
-        })
+        p.and_then(|p| p.spec.as_ref()?.ingress.clone())
+            .is_some_and(|rules| rules.len() == 1 && rules[0].from.as_ref().is_some_and(|f| f.len() == 2))
     })
     .await;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, PartialObjectMeta, Patch};
+use kube::api::{PartialObjectMeta, Patch};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::InitialListStrategy;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -50,8 +50,15 @@ impl Cluster {
         let mut workloads = HashMap::new();
         let mut secrets = HashMap::new();
         for ns in namespaces {
-            check_access::<ManagedWorkload>(&client, ns, "managedworkloads").await?;
-            check_access::<Secret>(&client, ns, "secrets").await?;
+            // At start-up, naming what is missing, rather than a forbidden watch retried forever.
+            let denied = |resource: &str| {
+                let operation = format!(
+                    "listing {resource} in namespace {ns} (check the bridge's RBAC: config/rbac/bridge-role.yaml)"
+                );
+                move |source| BridgeError::Kube { operation, source }
+            };
+            crate::client::may_list::<ManagedWorkload>(&client, Some(ns)).await.map_err(denied("managedworkloads"))?;
+            crate::client::may_list::<Secret>(&client, Some(ns)).await.map_err(denied("secrets"))?;
         }
         // One API server answers for every namespace.
         let lists = match namespaces.first() {
@@ -260,27 +267,6 @@ pub fn parse_http_date(text: &str) -> Option<Timestamp> {
 
 fn names(meta: &kube::api::ObjectMeta) -> (&str, &str) {
     (meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
-}
-
-/// Fail at start-up, naming the namespace and resource, when RBAC does not let the bridge
-/// list what it must watch, instead of retrying a forbidden watch forever.
-async fn check_access<K>(client: &Client, namespace: &str, resource: &str) -> Result<(), BridgeError>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    Api::<K>::namespaced(client.clone(), namespace)
-        .list_metadata(&ListParams::default().limit(1))
-        .await
-        .map(|_| ())
-        .map_err(|source| BridgeError::Kube {
-            operation: format!(
-                "listing {resource} in namespace {namespace} (check the bridge's RBAC: config/rbac/bridge-role.yaml)"
-            ),
-            source,
-        })
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use super::rows::{ContainerRow, Grants, RowKey, ServiceRow};
 use crate::operator::ownership as desired;
 use crate::resource::{
     CONTAINER_ID_LABEL, ContainerPort, EnvVar, EnvVarSource, Isolation, KeyRef, ManagedWorkload, ManagedWorkloadSpec,
-    NODE_ID_LABEL, Peer, Protocol, Quantity, ResourceList, Resources, RetentionPolicy, ServiceSpec, ServiceType, Volume,
+    NODE_ID_LABEL, Peer, Protocol, Quantity, ResourceList, Resources, RetentionPolicy, ServiceSpec, ServiceType,
+    Volume,
 };
 
 pub use crate::resource::{PROVIDER_LABEL, SYNCED_BY_LABEL};

@@ -331,7 +331,10 @@ mod tests {
         objects.unanswered(&mw, "Deployment/web".into());
         assert!(!objects.is_unanswered(&mw, "Service/web"), "another object");
         assert!(objects.is_unanswered(&mw, "Deployment/web"));
-        assert!(objects.is_unanswered(&mw, "Deployment/web"), "until a look succeeds (the API server may still be away)");
+        assert!(
+            objects.is_unanswered(&mw, "Deployment/web"),
+            "until a look succeeds (the API server may still be away)"
+        );
         objects.looked_up(&mw, "Deployment/web");
         assert!(!objects.is_unanswered(&mw, "Deployment/web"));
         objects.unanswered(&mw, "Deployment/web".into());

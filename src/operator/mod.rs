@@ -53,7 +53,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::Client;
-use kube::api::ListParams;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
@@ -165,8 +164,7 @@ pub async fn run(
 /// Fail fast, with a hint, when the CRD is missing or RBAC does not let the operator list
 /// ManagedWorkloads where it is told to watch, instead of retrying watches forever.
 async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Error> {
-    let probe = crate::client::api_in::<ManagedWorkload>(client, namespace);
-    match probe.list_metadata(&ListParams::default().limit(1)).await {
+    match crate::client::may_list::<ManagedWorkload>(client, namespace).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Err(Error::CrdMissing(kube::Error::Api(status))),
         Err(err) => {

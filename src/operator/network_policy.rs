@@ -136,7 +136,10 @@ mod tests {
     #[test]
     fn only_the_declared_ports_from_the_named_peers() {
         let agent = Peer { cidr: Some("10.0.0.0/24".into()), ..Default::default() };
-        let ingress = Peer { namespace_labels: labels(&[("kubernetes.io/metadata.name", "ingress-nginx")]), ..Default::default() };
+        let ingress = Peer {
+            namespace_labels: labels(&[("kubernetes.io/metadata.name", "ingress-nginx")]),
+            ..Default::default()
+        };
         let mw = workload(&[(22, None), (8080, None), (53, Some(Protocol::UDP))], vec![agent, ingress]);
         let policy = network_policy(&mw).unwrap();
         assert_eq!(policy.metadata.name.as_deref(), Some("web"));
@@ -160,7 +163,10 @@ mod tests {
         let from = rules[0].from.as_ref().unwrap();
         assert_eq!(from[0].ip_block.as_ref().unwrap().cidr, "10.0.0.0/24");
         assert!(from[0].namespace_selector.is_none() && from[0].pod_selector.is_none());
-        assert_eq!(from[1].namespace_selector.as_ref().unwrap().match_labels, labels(&[("kubernetes.io/metadata.name", "ingress-nginx")]));
+        assert_eq!(
+            from[1].namespace_selector.as_ref().unwrap().match_labels,
+            labels(&[("kubernetes.io/metadata.name", "ingress-nginx")])
+        );
         assert!(from[1].pod_selector.is_none(), "every Pod of those namespaces");
     }
 

@@ -209,14 +209,11 @@ async fn report(
     acted: Acted,
     claims: &volumes::Claims,
 ) -> Result<Action, Error> {
-    let recheck = match &acted.blocked {
-        Some(b) => Some(match b.cause {
-            Cause::Departing => DEPARTING_RECHECK,
-            Cause::Rejected => REJECTED_RECHECK,
-            Cause::Conflict => CONFLICT_RECHECK,
-        }),
-        None => None,
-    };
+    let recheck = acted.blocked.as_ref().map(|b| match b.cause {
+        Cause::Departing => DEPARTING_RECHECK,
+        Cause::Rejected => REJECTED_RECHECK,
+        Cause::Conflict => CONFLICT_RECHECK,
+    });
     let pods = workload_pods(ctx, namespace, name, &acted);
     let sandbox = sandbox_failure(ctx, mw, namespace, &pods).await;
     let derived = derive(ctx, mw, desired, &acted, claims, &pods, sandbox.as_deref());

@@ -16,11 +16,11 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use kube::api::Patch;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::context::Context;
@@ -308,7 +308,8 @@ fn answer_lost(err: &kube::Error) -> bool {
 }
 
 async fn get<K: Owned>(api: &Api<K>, namespace: &str, name: &str) -> Result<Option<K::Cached>, Error> {
-    let found = api.get_opt(name).await.map_err(|source| Error::owned(Operation::Get, K::KIND, namespace, name, source))?;
+    let found =
+        api.get_opt(name).await.map_err(|source| Error::owned(Operation::Get, K::KIND, namespace, name, source))?;
     Ok(found.map(K::Cached::from))
 }
 
@@ -354,7 +355,6 @@ impl Owned for Deployment {
     fn newest(ctx: &Context, mw: &ManagedWorkload, cached: Option<CachedDeployment>) -> Option<CachedDeployment> {
         ctx.caches.objects.newest_deployment(mw, cached)
     }
-
 }
 
 impl Owned for Service {
@@ -396,7 +396,6 @@ impl Owned for Service {
         }
         apply(&ctx.metrics, api, name, desired, mode.write(uid)).await
     }
-
 }
 
 impl Owned for PersistentVolumeClaim {
@@ -411,7 +410,6 @@ impl Owned for PersistentVolumeClaim {
     fn cache(ctx: &Context) -> &Store<CachedClaim> {
         &ctx.caches.claims
     }
-
 }
 
 #[cfg(test)]

@@ -428,12 +428,15 @@ fn isolation_entries_name_where_connections_may_come_from() {
     assert_eq!(isolation(&[]).unwrap(), None, "unset: no isolation");
     assert_eq!(isolation(&entries(&[" "])).unwrap(), None);
     assert_eq!(isolation(&entries(&["none"])).unwrap(), Some(Isolation::default()), "isolated, nothing allowed");
-    let both = isolation(&entries(&["cidr:10.0.0.0/24", "namespace:ingress-nginx", "cidr:fd00::/64"])).unwrap().unwrap();
+    let both =
+        isolation(&entries(&["cidr:10.0.0.0/24", "namespace:ingress-nginx", "cidr:fd00::/64"])).unwrap().unwrap();
     assert_eq!(both.allow_from[0].cidr.as_deref(), Some("10.0.0.0/24"));
     let labels = both.allow_from[1].namespace_labels.as_ref().unwrap();
     assert_eq!(labels["kubernetes.io/metadata.name"], "ingress-nginx");
     assert_eq!(both.allow_from[2].cidr.as_deref(), Some("fd00::/64"));
-    for bad in ["10.0.0.0/24", "cidr:10.0.0.0", "cidr:10.0.0.0/33", "namespace:Ingress", "pods:web", "none,cidr:1.2.3.4/32"] {
+    for bad in
+        ["10.0.0.0/24", "cidr:10.0.0.0", "cidr:10.0.0.0/33", "namespace:Ingress", "pods:web", "none,cidr:1.2.3.4/32"]
+    {
         let err = isolation(&entries(&bad.split(',').collect::<Vec<_>>())).unwrap_err();
         assert!(err.contains("cidr:<address>/<bits>, namespace:<name> or none"), "{bad}: {err}");
     }
