@@ -544,7 +544,7 @@ mod tests {
             assert!(here.iter().filter(|a| a.permission.resource == "leases").all(|a| !a.required), "{here:#?}");
         }
         assert!(!all.iter().any(|a| a.namespace.as_deref() == Some("mw-system") && !a.required));
-        assert_eq!(all.len(), 2 * (29 + 3) + 3);
+        assert_eq!(all.len(), 2 * (35 + 3) + 3);
 
         // Cluster-wide: the Role in all namespaces, the Lease still in its own namespace.
         let all = asks(Component::Operator, &[], Some(&lease())).unwrap();
@@ -553,7 +553,7 @@ mod tests {
                 .filter(|a| a.permission.resource == "leases" && a.required)
                 .all(|a| a.namespace.as_deref() == Some("mw-system"))
         );
-        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 29);
+        assert_eq!(all.iter().filter(|a| a.namespace.is_none() && a.required).count(), 35);
 
         // Without leader election: no Lease asked anywhere.
         let none = asks(Component::Operator, &namespaces, None).unwrap();
