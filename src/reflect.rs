@@ -165,6 +165,42 @@ where
 {
 }
 
+/// What a re-list under way has listed, so that what it did not list is forgotten when it is
+/// done: an object deleted during a watch gap comes as no event at all. One rule for every
+/// map kept beside a watch (the caches here, `PerObject`, `ByUid`).
+#[derive(Debug)]
+pub struct Relist<T> {
+    listing: Option<HashSet<T>>,
+}
+
+impl<T> Default for Relist<T> {
+    fn default() -> Self {
+        Relist { listing: None }
+    }
+}
+
+impl<T: Eq + std::hash::Hash> Relist<T> {
+    /// Follow `event`, an object of which `key` names (`None`: not kept). When a list is done,
+    /// the keys it listed: keep those, forget the rest. A list that restarts (it failed part
+    /// way) starts its count again: what it applied already is newer than the gap, and stays.
+    pub fn observe<K>(&mut self, event: &watcher::Event<K>, key: impl FnOnce(&K) -> Option<T>) -> Option<HashSet<T>> {
+        match event {
+            watcher::Event::Init => {
+                self.listing = Some(HashSet::new());
+                None
+            }
+            watcher::Event::InitApply(object) => {
+                if let Some(key) = key(object) {
+                    self.listing.get_or_insert_with(HashSet::new).insert(key);
+                }
+                None
+            }
+            watcher::Event::InitDone => self.listing.take(),
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => None,
+        }
+    }
+}
+
 /// A store's writer, and what the re-list under way has listed so far.
 struct InPlace<K: Resource + Clone + 'static>
 where
@@ -174,8 +210,7 @@ where
     reader: Store<K>,
     /// Whether the first list is done (the store is ready).
     listed_once: bool,
-    /// The keys the re-list under way has listed; `None` between re-lists.
-    listing: Option<HashSet<ObjectRef<K>>>,
+    relist: Relist<ObjectRef<K>>,
 }
 
 impl<K> InPlace<K>
@@ -185,7 +220,7 @@ where
 {
     fn new(writer: Writer<K>) -> Self {
         let reader = writer.as_reader();
-        InPlace { writer, reader, listed_once: false, listing: None }
+        InPlace { writer, reader, listed_once: false, relist: Relist::default() }
     }
 
     /// Apply `event` to the store; the event goes on unchanged.
@@ -195,23 +230,19 @@ where
             self.writer.apply_watcher_event(&event);
             return event;
         }
+        let listed = self.relist.observe(&event, |object| Some(key(object)));
         match event {
-            watcher::Event::Init => {
-                // A re-list that restarts (its list failed part way) starts its count again:
-                // what it applied already is newer than the gap, and stays.
-                self.listing = Some(HashSet::new());
-                event
-            }
             watcher::Event::InitApply(object) => {
-                let key = key(&object);
                 // An object the gap did not change (its resourceVersion is the cached one's)
                 // keeps its cached copy: a copy made now would land among the list's garbage
                 // and leave its pages partly used once that is freed (most of a cache, after
                 // a short outage).
                 let version = object.meta().resource_version.as_deref();
                 let unchanged = version.is_some()
-                    && self.reader.get(&key).is_some_and(|cached| cached.meta().resource_version.as_deref() == version);
-                self.listing.get_or_insert_with(HashSet::new).insert(key);
+                    && self
+                        .reader
+                        .get(&key(&object))
+                        .is_some_and(|cached| cached.meta().resource_version.as_deref() == version);
                 if unchanged {
                     return watcher::Event::InitApply(object);
                 }
@@ -225,7 +256,7 @@ where
                 }
             }
             watcher::Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
+                let listed = listed.unwrap_or_default();
                 for object in self.reader.state() {
                     if !listed.contains(&key(&object)) {
                         self.writer.apply_watcher_event(&watcher::Event::Delete(K::clone(&object)));
@@ -233,6 +264,7 @@ where
                 }
                 event
             }
+            watcher::Event::Init => event,
             watcher::Event::Apply(_) | watcher::Event::Delete(_) => {
                 self.writer.apply_watcher_event(&event);
                 event

@@ -1,6 +1,6 @@
-//! A map keyed by object UID, kept in step with a watch, re-lists included: a re-list builds
-//! a new map and swaps it in when it is done, so an object deleted during a watch gap (which
-//! comes as no event at all) is forgotten then. For what the operator keeps of a kind
+//! A map keyed by object UID, kept in step with a watch, re-lists included: what a re-list
+//! does not list is forgotten when it is done (`reflect::Relist`), so an object deleted during
+//! a watch gap (which comes as no event at all) is forgotten then. For what the operator keeps of a kind
 //! without caching its objects (which ReplicaSet belongs to which Deployment; the spec hash
 //! of each ManagedWorkload).
 
@@ -9,6 +9,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use kube::Resource;
 use kube::runtime::watcher;
+
+use crate::reflect::Relist;
 
 /// An object's UID as a key: the 128 bits of the UUID the API server gives every object, kept
 /// in place. As a `String`, each key of a map of thousands of workloads was an allocation of
@@ -40,13 +42,12 @@ impl Uid {
 #[derive(Debug)]
 pub struct ByUid<V> {
     entries: HashMap<Uid, V>,
-    /// What the re-list under way has listed so far.
-    listing: Option<HashMap<Uid, V>>,
+    relist: Relist<Uid>,
 }
 
 impl<V> Default for ByUid<V> {
     fn default() -> Self {
-        ByUid { entries: HashMap::new(), listing: None }
+        ByUid { entries: HashMap::new(), relist: Relist::default() }
     }
 }
 
@@ -55,12 +56,15 @@ impl<V: PartialEq> ByUid<V> {
     /// or no UID). Says whether an `Apply` changed the entry (a new object or a new value).
     pub fn observe<K: Resource>(&mut self, event: &watcher::Event<K>, value: impl Fn(&K) -> Option<V>) -> bool {
         let uid = |object: &K| object.meta().uid.as_deref().map(Uid::of);
+        if let Some(listed) = self.relist.observe(event, uid) {
+            self.entries.retain(|uid, _| listed.contains(uid));
+        }
         match event {
-            watcher::Event::Apply(object) => match (uid(object), value(object)) {
+            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => match (uid(object), value(object)) {
                 (Some(uid), Some(value)) => {
                     let changed = self.entries.get(&uid) != Some(&value);
                     self.entries.insert(uid, value);
-                    changed
+                    changed && matches!(event, watcher::Event::Apply(_))
                 }
                 _ => false,
             },
@@ -70,22 +74,7 @@ impl<V: PartialEq> ByUid<V> {
                 }
                 false
             }
-            watcher::Event::Init => {
-                self.listing = Some(HashMap::new());
-                false
-            }
-            watcher::Event::InitApply(object) => {
-                if let (Some(listing), Some(uid), Some(value)) = (self.listing.as_mut(), uid(object), value(object)) {
-                    listing.insert(uid, value);
-                }
-                false
-            }
-            watcher::Event::InitDone => {
-                if let Some(listed) = self.listing.take() {
-                    self.entries = listed;
-                }
-                false
-            }
+            watcher::Event::Init | watcher::Event::InitDone => false,
         }
     }
 
@@ -144,15 +133,16 @@ mod tests {
     }
 
     #[test]
-    fn a_relist_replaces_everything_when_it_is_done() {
+    fn a_relist_updates_as_it_lists_and_forgets_the_unlisted_when_it_is_done() {
         let mut map = ByUid::default();
         map.observe(&watcher::Event::Apply(object("gone", "1")), value);
         map.observe(&watcher::Event::Apply(object("kept", "1")), value);
         map.observe(&watcher::Event::<ConfigMap>::Init, value);
         map.observe(&watcher::Event::InitApply(object("kept", "2")), value);
         map.observe(&watcher::Event::InitApply(object("new", "1")), value);
-        assert_eq!(map.len(), 2, "the old map serves until the re-list is done");
-        assert_eq!(map.get("kept").map(String::as_str), Some("1"));
+        // As the caches do: what is listed is current at once; the rest waits for the end.
+        assert_eq!(map.len(), 3, "nothing is forgotten before the re-list is done");
+        assert_eq!(map.get("kept").map(String::as_str), Some("2"));
         map.observe(&watcher::Event::<ConfigMap>::InitDone, value);
         assert_eq!(map.get("gone"), None, "deleted during the gap");
         assert_eq!(map.get("kept").map(String::as_str), Some("2"));

@@ -12,6 +12,7 @@ use kube::runtime::watcher;
 
 use super::by_uid::Uid;
 use super::status;
+use crate::reflect::Relist;
 use crate::resource::Workload;
 use crate::resource::{ManagedWorkload, ManagedWorkloadStatus};
 
@@ -42,8 +43,7 @@ struct PerObjectInner {
     /// request went out (an API server shutting down), so it may have been carried out, and
     /// the cache, possibly stale after the outage, cannot tell. The next look GETs them.
     unanswered: HashMap<Uid, HashSet<String>>,
-    /// UIDs listed since the watch (re)started its initial list.
-    listing: Option<HashSet<Uid>>,
+    relist: Relist<Uid>,
 }
 
 /// A refused apply of one desired object, and when it may be tried again.
@@ -100,26 +100,18 @@ impl PerObject {
     /// (`reflect`), so it is an echo too; the first list comes before any write.
     pub fn observe(&self, event: &watcher::Event<Workload>) {
         let mut inner = self.lock();
+        if let Some(listed) = inner.relist.observe(event, uid) {
+            inner.failures.retain(|uid, _| listed.contains(uid));
+            inner.written.retain(|uid, _| listed.contains(uid));
+            inner.applied.retain(|uid, _| listed.contains(uid));
+            inner.last_write.retain(|uid, _| listed.contains(uid));
+            inner.refusals.retain(|uid, _| listed.contains(uid));
+            inner.unanswered.retain(|uid, _| listed.contains(uid));
+        }
         match event {
-            watcher::Event::Apply(mw) => inner.echoed(mw),
-            watcher::Event::InitApply(mw) => {
-                inner.echoed(mw);
-                if let (Some(listing), Some(uid)) = (inner.listing.as_mut(), uid(mw)) {
-                    listing.insert(uid);
-                }
-            }
+            watcher::Event::Apply(mw) | watcher::Event::InitApply(mw) => inner.echoed(mw),
             watcher::Event::Delete(mw) => inner.forget(uid(mw)),
-            watcher::Event::Init => inner.listing = Some(HashSet::new()),
-            watcher::Event::InitDone => {
-                if let Some(listed) = inner.listing.take() {
-                    inner.failures.retain(|uid, _| listed.contains(uid));
-                    inner.written.retain(|uid, _| listed.contains(uid));
-                    inner.applied.retain(|uid, _| listed.contains(uid));
-                    inner.last_write.retain(|uid, _| listed.contains(uid));
-                    inner.refusals.retain(|uid, _| listed.contains(uid));
-                    inner.unanswered.retain(|uid, _| listed.contains(uid));
-                }
-            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
         }
     }
 
