@@ -85,7 +85,7 @@ impl Error {
     /// Every `kind()` a reconcile can fail with, as `mw_operator_reconcile_errors_total`'s
     /// `kind` label (exported from the start). The other kinds are start-up errors, which end
     /// the process instead of being counted.
-    pub const RECONCILE_KINDS: [&'static str; 9] = [
+    pub const RECONCILE_KINDS: [&'static str; 12] = [
         "missing_namespace",
         "get_deployment",
         "apply_deployment",
@@ -94,6 +94,9 @@ impl Error {
         "get_service",
         "apply_service",
         "delete_service",
+        "get_network_policy",
+        "apply_network_policy",
+        "delete_network_policy",
         "write_status",
     ];
 
@@ -138,6 +141,9 @@ fn owned_kind(operation: Operation, kind: &str) -> &'static str {
         (Operation::Get, "Service") => "get_service",
         (Operation::Apply, "Service") => "apply_service",
         (Operation::Delete, "Service") => "delete_service",
+        (Operation::Get, "NetworkPolicy") => "get_network_policy",
+        (Operation::Apply, "NetworkPolicy") => "apply_network_policy",
+        (Operation::Delete, "NetworkPolicy") => "delete_network_policy",
         _ => "owned_object",
     }
 }
@@ -181,6 +187,9 @@ mod tests {
             Error::owned(Operation::Get, "Service", "", "", api(500)),
             Error::owned(Operation::Apply, "Service", "", "", api(500)),
             Error::owned(Operation::Delete, "Service", "", "", api(500)),
+            Error::owned(Operation::Get, "NetworkPolicy", "", "", api(500)),
+            Error::owned(Operation::Apply, "NetworkPolicy", "", "", api(500)),
+            Error::owned(Operation::Delete, "NetworkPolicy", "", "", api(500)),
             Error::WriteStatus { namespace: ns(), name: name(), source: api(500) },
         ];
         let mut kinds: Vec<&str> = reconcile.iter().map(Error::kind).collect();

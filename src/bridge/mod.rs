@@ -225,6 +225,9 @@ fn password(args: &BridgeArgs) -> Result<Option<String>, BridgeError> {
 /// Run the bridge until SIGTERM or SIGINT: fill the caches, then (as leader, when election is
 /// on) sync. A standby keeps its caches warm, is ready and alive, and writes nothing.
 pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
+    // Each entry was checked as the flag was parsed; this checks them together (`none` alone).
+    let isolation = mapping::isolation(&args.isolation_allow_from)
+        .map_err(|e| BridgeError::Config(format!("--isolation-allow-from: {e}")))?;
     let election =
         args.election.election(DEFAULT_LEASE, crate::election::default_identity).map_err(BridgeError::Config)?;
     let target = db::Target { url: args.database_url.clone(), password: password(&args)? };
@@ -262,8 +265,7 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         system_images: mapping::SystemImages(
             args.system_container_images.iter().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect(),
         ),
-        // Each entry was checked as the flag was parsed.
-        isolation: mapping::isolation(&args.isolation_allow_from).unwrap_or_default(),
+        isolation,
         address: args.ipv4_address,
         concurrency: usize::from(args.concurrency),
         pass_timeout: args.pass_timeout,

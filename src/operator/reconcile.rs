@@ -1,7 +1,7 @@
-//! One reconcile, read as a pipeline: the claims (`volumes`), the Service (`expose`) and the
-//! Deployment, each through the owned-object step (`step`: observe → decide → act), then
-//! report (`status`, pure, then one status write when it differs). Only the step and the
-//! status write talk to the API server.
+//! One reconcile, read as a pipeline: the claims (`volumes`), the Service (`expose`), the
+//! NetworkPolicy (`network_policy`) and the Deployment, each through the owned-object step
+//! (`step`: observe → decide → act → judge), then report (`status`, pure, then one status
+//! write when it differs). Only the step and the status write talk to the API server.
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -415,6 +415,10 @@ class KubernetesApi {
     // Manager's Services rows as they are now (a PUT added or deleted some): the ports and the
     // Service, as the create made them; in the same write, so one rollout.
     if (config.services !== undefined) spec = m.portFields(spec, config.services, this.settings);
+    // The administrator's isolation setting as it is now (MW_ISOLATION_ALLOW_FROM), so that a
+    // change of it reaches each container at its next reconfigure. No rollout: the operator
+    // keeps the NetworkPolicy beside the Pod, not in it.
+    spec = m.isolationFields(spec, this.settings);
     const metadata = { ...mw.metadata };
     if (config.tags !== undefined) metadata.annotations = { ...(metadata.annotations || {}), [m.OWNER_ANNOTATION]: String(config.tags) };
     return { ...mw, metadata, spec, status: undefined };

@@ -113,6 +113,13 @@ function isolation(entries = []) {
   return { allowFrom: list.map(peer) };
 }
 
+/** `spec` with `spec.isolation` as `settings` say (none: removed). */
+function isolationFields(spec, settings) {
+  const { isolation: _old, ...rest } = spec;
+  const isolated = isolation(settings.isolationAllowFrom);
+  return isolated ? { ...rest, isolation: isolated } : rest;
+}
+
 function peer(entry) {
   const colon = entry.indexOf(':');
   const [kind, value] = colon < 0 ? [entry, ''] : [entry.slice(0, colon), entry.slice(colon + 1)];
@@ -414,8 +421,7 @@ function desired(c, settings) {
   if (workloadPorts.length) spec.ports = workloadPorts;
   if (service) spec.service = service;
   if (isSystemImage(image, settings.systemImages)) spec.systemContainer = {};
-  const isolated = isolation(settings.isolationAllowFrom);
-  if (isolated) spec.isolation = isolated;
+  Object.assign(spec, isolationFields(spec, settings));
   const workload = {
     apiVersion: `${GROUP}/${VERSION}`,
     kind: KIND,
@@ -535,6 +541,7 @@ module.exports = {
   ENV_DIGEST_ANNOTATION,
   SECRET_SUFFIX,
   isolation,
+  isolationFields,
   ROOTFS_VOLUME,
   DEFAULT_CPUS,
   DEFAULT_MEMORY_MB,

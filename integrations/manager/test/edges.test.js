@@ -93,10 +93,11 @@ function apiServer() {
 describe('the provider against a fake API server', () => {
   const { server, state } = apiServer();
   let api;
+  let kubeconfig;
   const lines = [];
   before(async () => {
     await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const kubeconfig = JSON.stringify({
+    kubeconfig = JSON.stringify({
       apiVersion: 'v1',
       kind: 'Config',
       clusters: [{ name: 'lab', cluster: { server: `http://127.0.0.1:${server.address().port}`, 'insecure-skip-tls-verify': true } }],
@@ -176,6 +177,22 @@ describe('the provider against a fake API server', () => {
     await api.updateLxcConfig('k8s', 'workloads/web', { services: [] });
     assert.equal(state.mw.metadata.generation, 4);
     assert.ok(!('ports' in state.mw.spec) && !('service' in state.mw.spec), JSON.stringify(state.mw.spec));
+  });
+
+  test("the administrator's isolation setting reaches a container at its next reconfigure, and leaves with it", async () => {
+    withEnv({ A: '1' });
+    assert.ok(!('isolation' in state.mw.spec), 'made before isolation was set');
+    const isolating = new KubernetesApi(
+      { id: 7, name: 'k8s', kubeNamespace: 'workloads' },
+      { kubeconfig, env: { MW_KUBECONFIG_ALLOW_INSECURE_TLS: '1', MW_ISOLATION_ALLOW_FROM: 'cidr:10.0.0.0/24' }, log: () => {} },
+    );
+    const template = structuredClone(state.mw.spec.podAnnotations);
+    await isolating.updateLxcConfig('k8s', 'workloads/web', { cores: 4 });
+    assert.deepEqual(state.mw.spec.isolation, { allowFrom: [{ cidr: '10.0.0.0/24' }] });
+    assert.deepEqual(state.mw.spec.podAnnotations, template, 'the Pod template is untouched: no rollout for it');
+    // The setting removed: the next reconfigure removes it too.
+    await api.updateLxcConfig('k8s', 'workloads/web', { cores: 4 });
+    assert.ok(!('isolation' in state.mw.spec), JSON.stringify(state.mw.spec));
   });
 
   test('an env change on a workload whose resourceVersion moved (409): re-read and replaced, Secret and digest agree', async () => {
