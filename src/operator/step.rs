@@ -80,7 +80,8 @@ pub trait Owned:
     /// What the status says of a conflict over `name`: whose it is and what to do.
     fn conflict(mw: &ManagedWorkload, name: &str, live: Option<&Self::Cached>) -> String;
 
-    /// One was applied, as the API server returned it: what the kind keeps of that.
+    /// One was applied, as the API server returned it (or read, after an apply whose answer
+    /// was lost): what the kind keeps of that until its cache catches up.
     fn applied(_ctx: &Context, _mw: &ManagedWorkload, _applied: &Self::Cached) {}
 }
 
@@ -288,6 +289,11 @@ async fn observe<K: Owned>(
     if ctx.caches.objects.is_unanswered(mw, &object) {
         let live = get(api, namespace, name).await?;
         ctx.caches.objects.looked_up(mw, &object);
+        // Kept as an applied one is: the cache may stay behind it for a while yet (its watch
+        // re-lists after the API server's return), and must not undo what was learnt here.
+        if let Some(live) = &live {
+            K::applied(ctx, mw, live);
+        }
         return Ok(live);
     }
     let cached = K::cache(ctx).get(&ObjectRef::new(name).within(namespace)).map(|c| (*c).clone());

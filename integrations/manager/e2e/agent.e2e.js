@@ -82,14 +82,7 @@ describe("Manager's agent reaches Kubernetes containers: HTTP by Host header, SS
     await promisify(execFile)('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'agent-e2e', '-f', key]);
 
     await manager.registerAdmin();
-    site = await manager.ok('POST', '/sites', {
-      name: 'e2e-agent',
-      internalDomain: 'agent.internal',
-      dhcpRange: '10.0.2.100-10.0.2.200',
-      subnetMask: '255.255.255.0',
-      gateway: '10.0.2.1',
-      dnsForwarders: '8.8.8.8',
-    });
+    site = await manager.site('e2e-agent', 2);
     const domain = await manager.ok('POST', '/external-domains', { name: DOMAIN, siteId: site.id });
     await manager.ok('POST', `/sites/${site.id}/nodes`, {
       name: 'k8s-agent',

@@ -30,14 +30,7 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
     const kubeconfig = path.join(MANAGER_LOGS, 'manager.kubeconfig');
     fs.writeFileSync(kubeconfig, await cluster.managerKubeconfig(), { mode: 0o600 });
     await manager.registerAdmin();
-    site = await manager.ok('POST', '/sites', {
-      name: 'e2e',
-      internalDomain: 'e2e.internal',
-      dhcpRange: '10.0.0.100-10.0.0.200',
-      subnetMask: '255.255.255.0',
-      gateway: '10.0.0.1',
-      dnsForwarders: '8.8.8.8',
-    });
+    site = await manager.site('e2e', 0);
     cluster.kubeconfigFile = kubeconfig;
   });
   after(() => cluster.tearDown());
@@ -287,14 +280,7 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
         await real.setUp(1);
         const kubeconfig = path.join(MANAGER_LOGS, 'manager-real.kubeconfig');
         fs.writeFileSync(kubeconfig, await real.managerKubeconfig({ context: 'real-node' }), { mode: 0o600 });
-        const realSite = await manager.ok('POST', '/sites', {
-          name: 'e2e-real',
-          internalDomain: 'real.internal',
-          dhcpRange: '10.0.1.100-10.0.1.200',
-          subnetMask: '255.255.255.0',
-          gateway: '10.0.1.1',
-          dnsForwarders: '8.8.8.8',
-        });
+        const realSite = await manager.site('e2e-real', 1);
         await manager.ok('POST', `/sites/${realSite.id}/nodes`, {
           name: 'k8s-real',
           nodeType: 'kubernetes',

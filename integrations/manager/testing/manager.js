@@ -55,6 +55,18 @@ class Manager {
     await this.ok('POST', '/auth/login', { username: 'admin', password: 'correct-horse-battery' });
   }
 
+  /** A site named `name` with its DHCP and DNS settings on the private subnet 10.0.`subnet`.0/24. */
+  site(name, subnet) {
+    return this.ok('POST', '/sites', {
+      name,
+      internalDomain: `${name}.internal`,
+      dhcpRange: `10.0.${subnet}.100-10.0.${subnet}.200`,
+      subnetMask: '255.255.255.0',
+      gateway: `10.0.${subnet}.1`,
+      dnsForwarders: '8.8.8.8',
+    });
+  }
+
   async succeeds(id) {
     const job = await this.job(id);
     assert.equal(job.status, 'success', `${job.command}:\n${job.output}`);
