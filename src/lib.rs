@@ -21,6 +21,7 @@ pub mod crdgen;
 pub mod election;
 pub mod error;
 pub mod metrics;
+pub mod names;
 pub mod operator;
 pub mod reflect;
 pub mod resource;

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::names::{PROVIDER_LABEL, SYNCED_BY_LABEL};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -16,21 +17,6 @@ use serde::{Deserialize, Serialize};
 
 /// API group of every resource this project defines.
 pub const GROUP: &str = "opensource-server.mieweb.org";
-
-/// Identity labels Manager puts on a CR; copied to the Deployment and its Pods.
-pub const NODE_ID_LABEL: &str = "opensource-server.mieweb.org/node-id";
-pub const CONTAINER_ID_LABEL: &str = "opensource-server.mieweb.org/container-id";
-/// The Manager user owning the container (`Containers.username`), set by whoever makes the CR
-/// for Manager (the bridge, Manager's provider). With the node id it says whose data a
-/// retained claim holds: a claim goes back only to a workload of the same owner.
-pub const OWNER_ANNOTATION: &str = "opensource-server.mieweb.org/owner";
-/// Says which bridge (by its field manager) made a CR or Secret. The bridge touches nothing
-/// without it: it never adopts, overwrites or deletes another's objects.
-pub const SYNCED_BY_LABEL: &str = "opensource-server.mieweb.org/synced-by";
-/// Marks what Manager's own jobs made through its Kubernetes provider (`integrations/manager`).
-/// The bridge never touches an object that carries it, even one with its own label (a node
-/// moved from the bridge to the provider): a node is served by one or the other, never both.
-pub const PROVIDER_LABEL: &str = "opensource-server.mieweb.org/provider";
 
 /// Made for a Manager container (by the bridge or Manager's provider), whose spec Manager's
 /// side re-applies: advice to edit the spec by hand would not hold.

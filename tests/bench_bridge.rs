@@ -15,7 +15,8 @@ use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::watcher;
-use mw_operator::bridge::mapping::ENV_DIGEST_ANNOTATION;
+
+use mw_operator::names::ENV_DIGEST_ANNOTATION;
 use mw_operator::resource::ManagedWorkload;
 use support::bridge::{Bridge, kubeconfig};
 use support::manager::{Engine, ManagerDb, now};

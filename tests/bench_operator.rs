@@ -32,7 +32,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use mw_operator::operator::ownership::MANAGED_LABEL;
+
+use mw_operator::names::MANAGED_LABEL;
 use mw_operator::operator::{claims, deployment, service};
 use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, Phase};
 use serde_json::{Value, json};

@@ -13,9 +13,8 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use mw_operator::bridge::mapping::{
-    APPROVE_DELETION_ANNOTATION, ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, SYNCED_BY_LABEL,
-};
+
+use mw_operator::names::{APPROVE_DELETION_ANNOTATION, ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, SYNCED_BY_LABEL};
 use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::json;
 use support::bridge::Bridge;

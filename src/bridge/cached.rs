@@ -16,12 +16,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use serde::Serialize;
 
-use super::mapping::{
-    APPROVE_DELETION_ANNOTATION, BRIDGE_HASH_ANNOTATION, ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, ROW_CREATED_ANNOTATION,
-    SYNCED_BY_LABEL, key_of,
-};
+use super::mapping::key_of;
 use super::rows::RowKey;
 use crate::cached::stands_for;
+use crate::names::{
+    APPROVE_DELETION_ANNOTATION, BRIDGE_HASH_ANNOTATION, ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, ROW_CREATED_ANNOTATION,
+    SYNCED_BY_LABEL,
+};
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus};
 
 /// Which bridge made an object, from its labels (`SYNCED_BY_LABEL`), and whether Manager's

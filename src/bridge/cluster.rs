@@ -18,8 +18,9 @@ use tracing::warn;
 
 use super::cached::{CachedSecret, CachedWorkload};
 use super::error::BridgeError;
-use super::mapping::{SYNCED_BY_LABEL, owner_reference};
+use super::mapping::owner_reference;
 use super::metrics::Metrics;
+use crate::names::SYNCED_BY_LABEL;
 use crate::reflect::{ReflectInPlace, initial_lists, watch_config};
 use crate::resource::ManagedWorkload;
 use crate::write::{Write, delete_by_uid, found_another};

@@ -15,29 +15,15 @@ use super::env::{self, DefaultEnv};
 use super::error::RowError;
 use super::image;
 use super::rows::{ContainerRow, Grants, RowKey, ServiceRow};
+use crate::names::{
+    BRIDGE_HASH_ANNOTATION, CONTAINER_ID_LABEL, ENV_DIGEST_ANNOTATION, NODE_ID_LABEL, OWNER_ANNOTATION,
+    ROW_CREATED_ANNOTATION, SYNCED_BY_LABEL,
+};
 use crate::operator::ownership as desired;
 use crate::resource::{
-    CONTAINER_ID_LABEL, ContainerPort, EnvVar, EnvVarSource, Isolation, KeyRef, ManagedWorkload, ManagedWorkloadSpec,
-    NODE_ID_LABEL, Peer, Protocol, Quantity, ResourceList, Resources, RetentionPolicy, ServiceSpec, ServiceType,
-    Volume,
+    ContainerPort, EnvVar, EnvVarSource, Isolation, KeyRef, ManagedWorkload, ManagedWorkloadSpec, Peer, Protocol,
+    Quantity, ResourceList, Resources, RetentionPolicy, ServiceSpec, ServiceType, Volume,
 };
-
-pub use crate::resource::{PROVIDER_LABEL, SYNCED_BY_LABEL};
-/// The row's `createdAt`: with the id labels it tells a re-used SQLite id from the container
-/// the CR was made for.
-pub const ROW_CREATED_ANNOTATION: &str = "opensource-server.mieweb.org/row-created-at";
-/// Fingerprint of what the bridge last applied, so an unchanged row costs no API write.
-pub const BRIDGE_HASH_ANNOTATION: &str = "opensource-server.mieweb.org/bridge-hash";
-/// The Manager user owning the container (`Containers.username`): for people reading the CR,
-/// and for the operator, which gives a retained claim back only to the same owner.
-pub use crate::resource::OWNER_ANNOTATION;
-/// SHA-256 of the env Secret's data, on the pod template: a changed value rolls out a new
-/// Pod although the CR only references the Secret (the Helm `checksum/secret` pattern). On
-/// the Secret too, saying which env it holds.
-pub const ENV_DIGEST_ANNOTATION: &str = "opensource-server.mieweb.org/env-sha256";
-/// Set by an administrator on each CR of a held mass deletion, with the token the bridge logs
-/// for that set, to let the bridge delete exactly that set (see `plan::DeleteGuard`).
-pub const APPROVE_DELETION_ANNOTATION: &str = "opensource-server.mieweb.org/approve-deletion";
 /// Suffix of the per-workload env Secret's name.
 pub const SECRET_SUFFIX: &str = "-manager-env";
 

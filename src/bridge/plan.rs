@@ -375,8 +375,9 @@ pub fn is_orphan(
 pub(crate) mod tests {
     use super::*;
     use crate::bridge::env::DefaultEnv;
-    use crate::bridge::mapping::{self, Context, ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, SYNCED_BY_LABEL};
+    use crate::bridge::mapping::{self, Context};
     use crate::bridge::rows::{ContainerRow, Grants};
+    use crate::names::{ENV_DIGEST_ANNOTATION, PROVIDER_LABEL, SYNCED_BY_LABEL};
     use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadSpec, ManagedWorkloadStatus, ServiceStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

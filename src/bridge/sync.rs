@@ -31,7 +31,7 @@ use super::cluster::{Cluster, CreateStep};
 use super::db::{self, Database, WriteBackError};
 use super::env::{self, DefaultEnv};
 use super::error::{BridgeError, RowError};
-use super::mapping::{self, APPROVE_DELETION_ANNOTATION, Context, Desired, SYNCED_BY_LABEL};
+use super::mapping::{self, Context, Desired};
 use super::metrics::Metrics;
 use super::plan::{self, DeleteGuard, Existing, Judgement, Plan, Sighting};
 use super::rows::{ContainerRow, Fingerprint, Grants, RowKey};

@@ -40,17 +40,12 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use super::ownership::{FIELD_MANAGER, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER_NAME, labels, stamp_applied_hash};
-use crate::resource::{ManagedWorkload, NODE_ID_LABEL, OWNER_ANNOTATION, RetentionPolicy, Volume};
-
-/// The operator's mark on every claim it makes: `<workload>/<volume>`.
-pub const VOLUME_OF_ANNOTATION: &str = "opensource-server.mieweb.org/volume-of";
-/// The UID of the workload a claim is attached to now.
-pub const WORKLOAD_UID_ANNOTATION: &str = "opensource-server.mieweb.org/workload-uid";
-/// On a claim made where a claim of that name had just been deleted: it started empty. Kept
-/// for as long as the claim lives, so `status.volumes` keeps saying so.
-pub const REPLACED_ANNOTATION: &str = "opensource-server.mieweb.org/replaced-deleted-claim";
-
+use super::ownership::{FIELD_MANAGER, MANAGER_NAME, labels, stamp_applied_hash};
+use crate::names::{
+    INSTANCE_LABEL, MANAGED_BY_LABEL, NODE_ID_LABEL, OWNER_ANNOTATION, REPLACED_ANNOTATION, VOLUME_OF_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
+};
+use crate::resource::{ManagedWorkload, RetentionPolicy, Volume};
 /// The claim of volume `volume` of workload `workload`: `<workload>-<volume>`. Two names that
 /// produce the same claim name (`a-b` + `c`, `a` + `b-c`) cannot both have it: the second
 /// sees a claim marked for another workload and reports a conflict.

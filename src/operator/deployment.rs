@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
 use super::ownership::{fingerprint, labels, selector_labels, stamp_applied_hash};
+use crate::names::TEMPLATE_HASH_ANNOTATION;
 use crate::resource::{
     DesiredState, ManagedWorkload, ManagedWorkloadSpec, Protocol, ResourceList, Resources, SYSTEM_CONTAINER_TMPFS,
     SystemContainer, UpdateStrategy,
@@ -24,8 +25,6 @@ use crate::resource::{
 
 /// Name of the single container in every workload Pod.
 pub const CONTAINER_NAME: &str = "workload";
-/// Fingerprint of the pod template, stamped on it so a Pod tells which template it runs.
-pub const TEMPLATE_HASH_ANNOTATION: &str = "opensource-server.mieweb.org/template-hash";
 
 /// Old ReplicaSets kept per workload; each costs etcd space and watch traffic, and the
 /// operator reverts a `kubectl rollout undo` anyway.
@@ -419,8 +418,9 @@ pub fn current_template_hash(deployment: &Deployment) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::ownership::{INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGED_LABEL, MANAGER_NAME};
-    use crate::resource::{CONTAINER_ID_LABEL, NODE_ID_LABEL};
+    use crate::names::{CONTAINER_ID_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGED_LABEL, NODE_ID_LABEL};
+    use crate::operator::ownership::MANAGER_NAME;
+
     use crate::resource::{EnvVarSource as MwEnvVarSource, KeyRef, ManagedWorkloadSpec, Resources};
 
     fn workload(spec: ManagedWorkloadSpec) -> ManagedWorkload {

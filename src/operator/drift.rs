@@ -416,7 +416,7 @@ mod tests {
             &["f:spec", "f:template", "f:spec", "f:containers", CONTAINER, "f:image"],
             &["f:spec", "f:template", "f:spec", "f:containers", CONTAINER, "f:env", r#"k:{"name":"A"}"#],
             &["f:spec", "f:template", "f:spec", "f:containers", CONTAINER, "f:command"],
-            &["f:metadata", "f:labels", &format!("f:{}", crate::operator::ownership::MANAGED_LABEL)],
+            &["f:metadata", "f:labels", &format!("f:{}", crate::names::MANAGED_LABEL)],
         ] {
             let edited = taken_over(stored.clone(), path);
             assert!(!up_to_date(&desired, &edited), "{path:?}");

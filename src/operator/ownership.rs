@@ -6,19 +6,15 @@ use std::collections::BTreeMap;
 
 use kube::{Resource, ResourceExt};
 
-use crate::resource::{CONTAINER_ID_LABEL, ManagedWorkload, NODE_ID_LABEL};
-
+use crate::names::{
+    APPLIED_HASH_ANNOTATION, CONTAINER_ID_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGED_LABEL, NODE_ID_LABEL,
+};
+use crate::resource::ManagedWorkload;
 /// Field manager for everything the operator applies. Stable: changing it would leave the
 /// old manager owning fields that then could never be removed.
 pub const FIELD_MANAGER: &str = "mw-operator";
 /// `app.kubernetes.io/managed-by` value on everything this operator creates.
 pub const MANAGER_NAME: &str = "mw-operator";
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
-/// Selects every object the operator manages (its watches use it).
-pub const MANAGED_LABEL: &str = "opensource-server.mieweb.org/managed";
-/// Fingerprint of the whole desired object, so "is it up to date?" needs no write.
-pub const APPLIED_HASH_ANNOTATION: &str = "opensource-server.mieweb.org/applied-hash";
 
 /// Labels on every owned object (and the Pods). Built from the CR's name and Manager identity
 /// labels only, so nothing a user sets can override them.

@@ -101,7 +101,8 @@ impl PodIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::ownership::INSTANCE_LABEL;
+    use crate::names::INSTANCE_LABEL;
+
     use k8s_openapi::api::core::v1::Pod;
     use kube::runtime::reflector::store::Writer;
 

@@ -13,8 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use proptest::prelude::*;
 
-use super::deployment::{self as desired, CONTAINER_NAME, TEMPLATE_HASH_ANNOTATION};
+use super::deployment::{self as desired, CONTAINER_NAME};
 use super::{drift, status};
+use crate::names::TEMPLATE_HASH_ANNOTATION;
 use crate::resource::{
     ContainerPort, DesiredState, EnvVar, EnvVarSource, KeyRef, ManagedWorkload, ManagedWorkloadSpec,
     ManagedWorkloadStatus, Phase, Protocol, Quantity, ResourceList, Resources, UpdateStrategy,
@@ -183,7 +184,7 @@ prop_compose! {
         mw.metadata.generation = Some(generation);
         let mut labels: BTreeMap<String, String> = labels;
         if let Some(id) = node_id {
-            labels.insert(crate::resource::NODE_ID_LABEL.into(), id);
+            labels.insert(crate::names::NODE_ID_LABEL.into(), id);
         }
         mw.metadata.labels = Some(labels);
         mw

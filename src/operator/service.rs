@@ -181,7 +181,8 @@ fn is_load_balancer(service: &Service) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::ownership::{APPLIED_HASH_ANNOTATION, INSTANCE_LABEL, MANAGED_LABEL};
+    use crate::names::{APPLIED_HASH_ANNOTATION, INSTANCE_LABEL, MANAGED_LABEL};
+
     use crate::resource::{ManagedWorkloadSpec, ServiceSpec, TrafficPolicy};
     use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, ServiceStatus as KubeServiceStatus};
     use std::collections::BTreeMap;

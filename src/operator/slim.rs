@@ -31,13 +31,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntr
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::claims::{REPLACED_ANNOTATION, VOLUME_OF_ANNOTATION, WORKLOAD_UID_ANNOTATION};
-use super::deployment::TEMPLATE_HASH_ANNOTATION;
 use super::drift::{Live, OwnedFields};
-use super::ownership::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, INSTANCE_LABEL, MANAGED_BY_LABEL};
+use super::ownership::FIELD_MANAGER;
 use crate::cached::stands_for;
-use crate::resource::{ManagedWorkload, NODE_ID_LABEL, OWNER_ANNOTATION};
-
+use crate::names::{
+    APPLIED_HASH_ANNOTATION, INSTANCE_LABEL, MANAGED_BY_LABEL, NODE_ID_LABEL, OWNER_ANNOTATION, REPLACED_ANNOTATION,
+    TEMPLATE_HASH_ANNOTATION, VOLUME_OF_ANNOTATION, WORKLOAD_UID_ANNOTATION,
+};
+use crate::resource::ManagedWorkload;
 /// Set by client-side `kubectl apply`: a copy of the whole manifest, read by kubectl only.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 

@@ -9,9 +9,10 @@ use k8s_openapi::api::core::v1::{ContainerStateWaiting, ContainerStatus, Persist
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use super::deployment::{self as desired, TEMPLATE_HASH_ANNOTATION};
+use super::deployment::{self as desired};
 use super::ownership::applied_hash;
 use super::service;
+use crate::names::TEMPLATE_HASH_ANNOTATION;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 
 /// Container waiting reasons that mean the Pod will not start without a change: reported as

@@ -196,8 +196,8 @@ fn conflict_message(name: &str, retained_for: Option<&str>, manager: bool) -> St
              not mounted here. {empty}; to give it that data, an administrator sets the claim's annotation \
              {owner_key} and label {node_key} to this workload's; to discard the data, delete the claim (its \
              PersistentVolume's reclaim policy decides what happens to the volume)",
-            owner_key = crate::resource::OWNER_ANNOTATION,
-            node_key = crate::resource::NODE_ID_LABEL,
+            owner_key = crate::names::OWNER_ANNOTATION,
+            node_key = crate::names::NODE_ID_LABEL,
         ),
         None if manager => format!(
             "a PersistentVolumeClaim named {name} already exists and was not made for this container's disk; it is \

@@ -18,15 +18,15 @@ use tracing::warn;
 
 use super::by_uid::ByUid;
 use super::memory::PerObject;
-use super::ownership::{FIELD_MANAGER, MANAGED_LABEL};
+use super::ownership::FIELD_MANAGER;
 use super::pod_index::PodIndex;
 use super::replica_sets::ReplicaSets;
 use super::slim::{CachedClaim, CachedDeployment, CachedPod, CachedService};
 use crate::client::api_in as api;
 use crate::metrics::Metrics;
+use crate::names::{MANAGED_LABEL, OWNER_ANNOTATION};
 use crate::reflect::{ReflectInPlace, watch_config};
-use crate::resource::{ManagedWorkload, OWNER_ANNOTATION, Workload};
-
+use crate::resource::{ManagedWorkload, Workload};
 /// The watches of one scope (a namespace, or all), their caches, and the fan-out of "this
 /// workload may need a reconcile" to whichever controller runs now. They run from start to
 /// exit, leader or not, so a standby is warm when it takes over.

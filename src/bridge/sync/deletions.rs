@@ -2,6 +2,7 @@
 //! guard (`plan::DeleteGuard`) lets this pass delete, and the deletes, each bound to its UID.
 
 use super::*;
+use crate::names::{APPROVE_DELETION_ANNOTATION, SYNCED_BY_LABEL};
 
 /// A CR of this bridge whose row is gone.
 pub(super) struct Orphan {

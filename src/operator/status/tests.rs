@@ -85,7 +85,7 @@ fn pod(d: &Deployment, current: bool, ready: bool, ip: &str) -> Pod {
     let hash = if current { desired::current_template_hash(d).unwrap().to_string() } else { "0000000000000000".into() };
     let mut p = Pod::default();
     p.metadata.name = Some(format!("web-{hash}"));
-    p.metadata.annotations = Some([(desired::TEMPLATE_HASH_ANNOTATION.to_string(), hash)].into());
+    p.metadata.annotations = Some([(crate::names::TEMPLATE_HASH_ANNOTATION.to_string(), hash)].into());
     p.status = Some(PodStatus {
         phase: Some("Running".into()),
         pod_ip: Some(ip.into()),
@@ -1115,7 +1115,7 @@ fn scheduled_pods_and_other_templates_are_not_unschedulable() {
     assert_eq!(cond(&s, RECONCILING).reason, "Creating");
     // An old template's Pod that cannot be placed says nothing about the current one.
     let mut old = unscheduled(&d, NO_GPU);
-    old.metadata.annotations = Some([(desired::TEMPLATE_HASH_ANNOTATION.to_string(), "0".repeat(16))].into());
+    old.metadata.annotations = Some([(crate::names::TEMPLATE_HASH_ANNOTATION.to_string(), "0".repeat(16))].into());
     let s = derive_with(&mw, Some(&d), &[old]);
     assert_ne!(cond(&s, RECONCILING).reason, "Unschedulable");
 }

@@ -6,7 +6,8 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
 use super::{Observed, Verdict};
-use crate::operator::claims::{REPLACED_ANNOTATION, bytes, capacity, claim_name, requested};
+use crate::names::REPLACED_ANNOTATION;
+use crate::operator::claims::{bytes, capacity, claim_name, requested};
 use crate::resource::{AccessMode, ManagedWorkload, Phase, VolumeStatus};
 
 /// Reasons the verdict gives for a claim.
