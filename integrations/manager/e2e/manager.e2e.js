@@ -252,6 +252,7 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
     assert.match(job.output, /broken failed: ImagePullBackOff/);
     const broken = await manager.ok('GET', `/sites/${site.id}/containers/${made.containerId}`);
     assert.equal(broken.status, 'failed');
+    assert.equal(broken.failureJobId, made.jobId, 'the job that says why: its create');
     assert.equal(broken.containerId, `${cluster.namespace}/broken`, 'stored as soon as the workload existed');
     await manager.ok('DELETE', `/sites/${site.id}/containers/${made.containerId}`);
     assert.equal(await cluster.workload('broken'), null);
@@ -311,6 +312,16 @@ describe('Manager, patched, runs its containers on Kubernetes', () => {
           30_000,
         );
         assert.equal(body.trim(), 'mw-test httpd v1');
+        assert.equal(container.failureJobId, null, 'none while it runs');
+
+        // An edit that breaks it (its entrypoint exits at once): Manager shows it failed, and
+        // the job whose output says why is that reconfigure, not the create that went well.
+        const route = `/sites/${realSite.id}/containers/${made.containerId}`;
+        const edit = await manager.ok('PUT', route, { entrypoint: `/bin/sh -c 'echo broken; exit 3'` });
+        const job = await manager.job(edit.jobId, 180_000);
+        assert.equal(job.status, 'failure', job.output);
+        const failed = await waitUntil('failed in Manager', () => manager.ok('GET', route), (c) => c.status === 'failed', 60_000);
+        assert.equal(failed.failureJobId, edit.jobId);
         await manager.ok('DELETE', `/sites/${realSite.id}/containers/${made.containerId}`);
         assert.equal(await real.workload('site'), null);
       } finally {
