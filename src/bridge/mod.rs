@@ -104,8 +104,7 @@ pub struct BridgeArgs {
     /// from these): `cidr:<range>` (the hosts of Manager's agent), `namespace:<name>` (every
     /// Pod there: an ingress controller's), or `none` (nothing); repeat or comma-separate.
     /// Unset: no isolation. Needs a network plugin that enforces NetworkPolicies.
-    #[arg(long = "isolation-allow-from", env = "MW_ISOLATION_ALLOW_FROM", value_delimiter = ',',
-          value_parser = parse_isolation_entry)]
+    #[arg(long = "isolation-allow-from", env = "MW_ISOLATION_ALLOW_FROM", value_delimiter = ',')]
     pub isolation_allow_from: Vec<String>,
     /// Where to serve /healthz, /readyz (ready while sync passes succeed) and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080", env = "MW_METRICS_ADDRESS")]
@@ -172,10 +171,6 @@ fn parse_annotation(s: &str) -> Result<(String, String), String> {
     Ok((key.trim().to_string(), value.to_string()))
 }
 
-fn parse_isolation_entry(s: &str) -> Result<String, String> {
-    mapping::isolation(&[s.to_string()]).map(|_| s.trim().to_string())
-}
-
 fn parse_retention(s: &str) -> Result<crate::resource::RetentionPolicy, String> {
     match s {
         "retain" | "Retain" => Ok(crate::resource::RetentionPolicy::Retain),
@@ -225,7 +220,7 @@ fn password(args: &BridgeArgs) -> Result<Option<String>, BridgeError> {
 /// Run the bridge until SIGTERM or SIGINT: fill the caches, then (as leader, when election is
 /// on) sync. A standby keeps its caches warm, is ready and alive, and writes nothing.
 pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
-    // Each entry was checked as the flag was parsed; this checks them together (`none` alone).
+    // Before anything starts: a bad entry stops the bridge, naming the flag.
     let isolation = mapping::isolation(&args.isolation_allow_from)
         .map_err(|e| BridgeError::Config(format!("--isolation-allow-from: {e}")))?;
     let election =

@@ -1,8 +1,8 @@
 //! A map keyed by object UID, kept in step with a watch, re-lists included: what a re-list
 //! does not list is forgotten when it is done (`reflect::Relist`), so an object deleted during
-//! a watch gap (which comes as no event at all) is forgotten then. For what the operator keeps of a kind
-//! without caching its objects (which ReplicaSet belongs to which Deployment; the spec hash
-//! of each ManagedWorkload).
+//! a watch gap (which comes as no event at all) is forgotten then. For what the operator keeps
+//! of a kind without caching its objects (which ReplicaSet belongs to which Deployment; the
+//! spec hash of each ManagedWorkload).
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};

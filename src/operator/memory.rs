@@ -2,7 +2,7 @@
 //! and Deployment it last wrote until its caches show them, when it last wrote), and when it
 //! forgets: with the workload, or after a re-list that no longer holds it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -39,10 +39,10 @@ struct PerObjectInner {
     /// per workload and claim, so the same refused apply is not sent again before its backoff
     /// has passed.
     refusals: HashMap<Uid, HashMap<String, Refused>>,
-    /// Objects (`Kind/name`) whose last apply lost its answer: the connection broke after the
+    /// Objects (kind, name) whose last apply lost its answer: the connection broke after the
     /// request went out (an API server shutting down), so it may have been carried out, and
     /// the cache, possibly stale after the outage, cannot tell. The next look GETs them.
-    unanswered: HashMap<Uid, HashSet<String>>,
+    unanswered: HashMap<Uid, Vec<(&'static str, String)>>,
     relist: Relist<Uid>,
 }
 
@@ -238,24 +238,32 @@ impl PerObject {
         delay
     }
 
-    /// The apply of `object` (`Kind/name`) went out and its answer was lost.
-    pub fn unanswered(&self, mw: &ManagedWorkload, object: String) {
-        if let Some(uid) = uid(mw) {
-            self.lock().unanswered.entry(uid).or_default().insert(object);
+    /// The apply of `kind` `name` went out and its answer was lost.
+    pub fn unanswered(&self, mw: &ManagedWorkload, kind: &'static str, name: &str) {
+        let Some(uid) = uid(mw) else { return };
+        let mut inner = self.lock();
+        let objects = inner.unanswered.entry(uid).or_default();
+        if !objects.iter().any(|(k, n)| *k == kind && n == name) {
+            objects.push((kind, name.to_string()));
         }
     }
 
-    /// Whether the last apply of `object` lost its answer, and nobody has looked since.
-    pub fn is_unanswered(&self, mw: &ManagedWorkload, object: &str) -> bool {
-        uid(mw).is_some_and(|uid| self.lock().unanswered.get(&uid).is_some_and(|o| o.contains(object)))
+    /// Whether the last apply of `kind` `name` lost its answer, and nobody has looked since.
+    /// Asked on every step: no allocation, and almost always an empty map.
+    pub fn is_unanswered(&self, mw: &ManagedWorkload, kind: &str, name: &str) -> bool {
+        let inner = self.lock();
+        !inner.unanswered.is_empty()
+            && uid(mw)
+                .and_then(|uid| inner.unanswered.get(&uid))
+                .is_some_and(|objects| objects.iter().any(|(k, n)| *k == kind && n == name))
     }
 
-    /// `object` was looked up: what the API server holds is known again.
-    pub fn looked_up(&self, mw: &ManagedWorkload, object: &str) {
+    /// `kind` `name` was looked up: what the API server holds is known again.
+    pub fn looked_up(&self, mw: &ManagedWorkload, kind: &str, name: &str) {
         let Some(uid) = uid(mw) else { return };
         let mut inner = self.lock();
         let Some(objects) = inner.unanswered.get_mut(&uid) else { return };
-        objects.remove(object);
+        objects.retain(|(k, n)| !(*k == kind && n == name));
         if objects.is_empty() {
             inner.unanswered.remove(&uid);
         }
@@ -320,18 +328,18 @@ mod tests {
     fn an_unanswered_apply_counts_until_it_is_looked_up_or_its_workload_goes() {
         let objects = PerObject::default();
         let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
-        objects.unanswered(&mw, "Deployment/web".into());
-        assert!(!objects.is_unanswered(&mw, "Service/web"), "another object");
-        assert!(objects.is_unanswered(&mw, "Deployment/web"));
+        objects.unanswered(&mw, "Deployment", "web");
+        assert!(!objects.is_unanswered(&mw, "Service", "web"), "another object");
+        assert!(objects.is_unanswered(&mw, "Deployment", "web"));
         assert!(
-            objects.is_unanswered(&mw, "Deployment/web"),
+            objects.is_unanswered(&mw, "Deployment", "web"),
             "until a look succeeds (the API server may still be away)"
         );
-        objects.looked_up(&mw, "Deployment/web");
-        assert!(!objects.is_unanswered(&mw, "Deployment/web"));
-        objects.unanswered(&mw, "Deployment/web".into());
+        objects.looked_up(&mw, "Deployment", "web");
+        assert!(!objects.is_unanswered(&mw, "Deployment", "web"));
+        objects.unanswered(&mw, "Deployment", "web");
         objects.observe(&watcher::Event::Delete(workload("u1", "11")));
-        assert!(!objects.is_unanswered(&mw, "Deployment/web"), "forgotten with its workload");
+        assert!(!objects.is_unanswered(&mw, "Deployment", "web"), "forgotten with its workload");
     }
 
     #[test]

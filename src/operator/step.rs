@@ -214,7 +214,7 @@ pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
             Refusal::Rejected(message) => return Ok(Verdict::Rejected { desired, live, mode, message }),
             Refusal::Retry => {
                 if answer_lost(&source) {
-                    ctx.caches.objects.unanswered(mw, format!("{}/{name}", K::KIND));
+                    ctx.caches.objects.unanswered(mw, K::KIND, name);
                 }
                 return Err(Error::owned(Operation::Apply, K::KIND, namespace, name, source));
             }
@@ -285,10 +285,9 @@ async fn observe<K: Owned>(
     name: &str,
 ) -> Result<Option<K::Cached>, Error> {
     // An apply whose answer was lost may have been carried out: only the API server can say.
-    let object = format!("{}/{name}", K::KIND);
-    if ctx.caches.objects.is_unanswered(mw, &object) {
+    if ctx.caches.objects.is_unanswered(mw, K::KIND, name) {
         let live = get(api, namespace, name).await?;
-        ctx.caches.objects.looked_up(mw, &object);
+        ctx.caches.objects.looked_up(mw, K::KIND, name);
         // Kept as an applied one is: the cache may stay behind it for a while yet (its watch
         // re-lists after the API server's return), and must not undo what was learnt here.
         if let Some(live) = &live {

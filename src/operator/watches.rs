@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::names::{MANAGED_LABEL, OWNER_ANNOTATION};
 use crate::reflect::{ReflectInPlace, watch_config};
 use crate::resource::{ManagedWorkload, Workload};
+
 /// The watches of one scope (a namespace, or all), their caches, and the fan-out of "this
 /// workload may need a reconcile" to whichever controller runs now. They run from start to
 /// exit, leader or not, so a standby is warm when it takes over.

@@ -421,7 +421,6 @@ function desired(c, settings) {
   if (workloadPorts.length) spec.ports = workloadPorts;
   if (service) spec.service = service;
   if (isSystemImage(image, settings.systemImages)) spec.systemContainer = {};
-  Object.assign(spec, isolationFields(spec, settings));
   const workload = {
     apiVersion: `${GROUP}/${VERSION}`,
     kind: KIND,
@@ -431,7 +430,7 @@ function desired(c, settings) {
       labels: labels(c.nodeId, c.containerId),
       ...(c.username ? { annotations: { [OWNER_ANNOTATION]: c.username } } : {}),
     },
-    spec,
+    spec: isolationFields(spec, settings),
   };
   return { workload, secret: secret(c, env), env };
 }
