@@ -11,9 +11,12 @@
 # 2. The operator against the floor (tests/bench_operator.rs), on a control plane whose
 #    kube-controller-manager and kube-scheduler have no client-side rate limit
 #    (MW_CP_UNLIMITED_QPS=1): N = 100 and 1000 (MW_BENCH_5000=1 adds 5000) ManagedWorkloads
-#    applied at once vs the objects the operator would make (Deployment, Service) applied
-#    directly; 60 s steady state; 200 start/stop flips vs the same flips on those plain
-#    Deployments; an operator restart; 100 workloads with a volume vs their floor.
+#    applied at once vs two floors: the objects the operator would make (Deployment, Service)
+#    applied directly, and the ideal controller (the same ManagedWorkloads, with exactly the
+#    writes the contract needs made by the benchmark from precomputed bodies,
+#    tests/bench_operator/ideal.rs; MW_BENCH_IDEAL=0 skips it); 60 s steady state; 200
+#    start/stop flips vs the same flips on those plain Deployments; an operator restart; 100
+#    workloads with a volume vs their floor.
 #    MW_BENCH_VOLUME_EACH=1 gives every workload of every size (and its floor) a volume too;
 #    MW_BENCH_SERVICE=0 leaves the Service out, MW_BENCH_VOLUMES=0 the 100 with a volume;
 #    MW_BENCH_FLOOR=0 skips the floor of each size (the memory slope with a volume each).
@@ -25,6 +28,21 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 cd "$REPO"
 CP="$HERE/controlplane.sh"
+# (Re)start the operator on control plane NAME and wait until it is ready (every watch synced);
+# `hack/bench.sh start-operator NAME` is how the benchmark restarts it.
+start_operator() {
+  local name=$1 address
+  bash "$CP" start-operator "$name" "$REPO/target/release/mw-operator" >/dev/null
+  address=$("$CP" operator-metrics "$name")
+  for _ in $(seq 120); do
+    curl -fs "http://$address/readyz" >/dev/null && return 0
+    sleep 0.5
+  done
+  echo "the operator on $name was not ready within 60 s" >&2; return 1
+}
+
+if [ "${1:-}" = start-operator ]; then start_operator "${2:?NAME}"; exit; fi
+
 OUT=target/bench
 mkdir -p "$OUT"
 rm -f "$OUT"/*.md "$OUT"/*.json
@@ -61,9 +79,13 @@ bench_test() { # TEST: run one benchmark binary against the current control plan
 operator_bench() { # NAME LABEL SIZES FLIPS
   local name=$1 pid_file
   pid_file="$(dirname "$KCFG")/pids/operator.pid"
-  bash "$CP" start-operator "$name" "$REPO/target/release/mw-operator" >/dev/null
+  start_operator "$name"
+  # The ideal controller's run stops the operator (it watches every namespace) and starts it
+  # again afterwards.
   MW_BENCH_OPERATOR_PIDFILE="$pid_file" MW_BENCH_LABEL=$2 MW_BENCH_SIZES=$3 MW_BENCH_FLIPS=$4 \
-    MW_BENCH_RESTART_CMD="bash $CP start-operator $name $REPO/target/release/mw-operator >/dev/null" \
+    MW_BENCH_STOP_CMD="bash $CP stop-operator $name" \
+    MW_BENCH_START_CMD="bash $HERE/bench.sh start-operator $name" \
+    MW_BENCH_RESTART_CMD="bash $HERE/bench.sh start-operator $name" \
     bench_test bench_operator
   cat "$OUT/operator-$2.md"
 }

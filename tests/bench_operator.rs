@@ -20,6 +20,8 @@
 //! target/bench/operator-$MW_BENCH_LABEL.json and are printed as Markdown.
 
 mod support;
+#[path = "bench_operator/ideal.rs"]
+mod ideal;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -214,6 +216,8 @@ async fn gone(ns: TestNamespace) {
 
 struct Run {
     floor_s: f64,
+    /// The ideal controller's run (`ideal.rs`), when there was one.
+    ideal: Option<IdealRun>,
     operator_s: f64,
     writes: BTreeMap<String, usize>,
     cpu_s: f64,
@@ -224,23 +228,92 @@ struct Run {
     operator_cpu: BTreeMap<String, f64>,
 }
 
-/// "kube-apiserver 20.1 → 27.4 s, ..., total 41.0 → 55.2 s": each process's CPU seconds in
-/// the floor's run and the operator's (a process in one run only shows "—" for the other).
-fn cpu_by_component(floor: &BTreeMap<String, f64>, operator: &BTreeMap<String, f64>) -> String {
-    let names: std::collections::BTreeSet<&String> = floor.keys().chain(operator.keys()).collect();
+struct IdealRun {
+    seconds: f64,
+    /// Its writes beside the user's applies, by "verb resource[/subresource]".
+    writes: BTreeMap<String, usize>,
+    cpu: BTreeMap<String, f64>,
+}
+
+/// The API user the bench's own requests are made as (the admin kubeconfig's).
+const BENCH_USER: &str = "mw-admin";
+
+/// MW_BENCH_IDEAL=0 skips the ideal controller's run. It makes no claims, so a volume each
+/// (MW_BENCH_VOLUME_EACH) skips it too.
+fn with_ideal() -> bool {
+    std::env::var("MW_BENCH_IDEAL").map(|v| v != "0").unwrap_or(true) && !volume_each()
+}
+
+/// Runs the shell command in environment variable `var` (set by hack/bench.sh), if set.
+fn operator_command(var: &str) {
+    let Ok(cmd) = std::env::var(var) else { return };
+    let status = std::process::Command::new("bash").arg("-c").arg(&cmd).status().expect("running a command");
+    assert!(status.success(), "{var} ({cmd}) failed");
+}
+
+/// Waits until the operator has done what a start makes it do (list, look at every workload
+/// once): its CPU idle for a second, at most a minute.
+async fn operator_idle() {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut before = cpu_seconds(operator_pid());
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = cpu_seconds(operator_pid());
+        if now - before < 0.02 {
+            return;
+        }
+        before = now;
+    }
+}
+
+/// The contract's floor for `n` workloads: the same workloads applied the same way, and their
+/// writes made by the bench's ideal controller. The operator is stopped meanwhile (it watches
+/// every namespace) and started again once the namespace is gone.
+async fn ideal_run(n: usize, spec: impl Fn(usize) -> Value) -> IdealRun {
+    operator_command("MW_BENCH_STOP_CMD");
+    let ns = TestNamespace::new(&format!("ideal-{n}")).await;
+    let bodies = (0..n).map(|i| ideal::bodies(&ns.name, &format!("w{i}"), spec(i))).collect();
+    let (seconds, cpu) = components_cpu_of(ideal::run(&ns, bodies)).await;
+    let mut writes = BTreeMap::new();
+    for w in support::audit::writes_by(BENCH_USER, &ns.name) {
+        if w.path() != "managedworkloads" {
+            *writes.entry(format!("{} {}", w.verb, w.path())).or_insert(0) += 1;
+        }
+    }
+    gone(ns).await;
+    operator_command("MW_BENCH_START_CMD");
+    operator_idle().await;
+    IdealRun { seconds, writes, cpu }
+}
+
+/// "kube-apiserver 20.1 → 24.0 → 27.4 s, ..., total 41.0 → 47.2 → 55.2 s": each process's
+/// CPU seconds in each run, in order (a process absent from a run shows "—" there).
+fn cpu_by_component(runs: &[&BTreeMap<String, f64>]) -> String {
+    let names: std::collections::BTreeSet<&String> = runs.iter().flat_map(|r| r.keys()).collect();
     let cell = |m: &BTreeMap<String, f64>, name: &str| m.get(name).map_or("—".to_string(), |s| format!("{s:.1}"));
+    let row = |label: &str, cells: Vec<String>| format!("{label} {} s", cells.join(" → "));
     let mut parts: Vec<String> =
-        names.iter().map(|name| format!("{name} {} → {} s", cell(floor, name), cell(operator, name))).collect();
-    parts.push(format!("total {:.1} → {:.1} s", floor.values().sum::<f64>(), operator.values().sum::<f64>()));
+        names.iter().map(|name| row(name, runs.iter().map(|r| cell(r, name)).collect())).collect();
+    parts.push(row("total", runs.iter().map(|r| format!("{:.1}", r.values().sum::<f64>())).collect()));
     parts.join(", ")
 }
 
 /// What `during` cost each control-plane component, in CPU seconds.
+/// The bench's own process counts too: it is the ideal controller in that run, and runs the
+/// timing watch in every run.
 async fn components_cpu_of<T>(during: impl std::future::Future<Output = T>) -> (T, BTreeMap<String, f64>) {
-    let before = support::controlplane::components_cpu();
+    let cpu = || {
+        let mut cpu = support::controlplane::components_cpu();
+        cpu.insert("bench".into(), cpu_seconds(std::process::id()));
+        cpu
+    };
+    let before = cpu();
     let out = during.await;
-    let after = support::controlplane::components_cpu();
-    let spent = after.into_iter().filter_map(|(name, s)| Some((name.clone(), s - before.get(&name)?))).collect();
+    let spent = cpu()
+        .into_iter()
+        .filter_map(|(name, s)| Some((name.clone(), s - before.get(&name)?)))
+        .filter(|(_, s)| *s > 0.0)
+        .collect();
     (out, spent)
 }
 
@@ -265,7 +338,7 @@ fn with_floor() -> bool {
 
 /// `n` workloads against their floor; the storage their claims are bound to, if they have
 /// volumes (MW_BENCH_VOLUME_EACH), lives as long as their namespace is kept.
-async fn converge(n: usize, pid: u32) -> (Run, TestNamespace, Option<Storage>) {
+async fn converge(n: usize) -> (Run, TestNamespace, Option<Storage>) {
     // Floor: the same objects, applied directly.
     let mut floor_s = 0.0;
     let mut floor_cpu = BTreeMap::new();
@@ -276,8 +349,10 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace, Option<Storage>) {
         gone(floor_ns).await;
         drop(floor_storage);
     }
+    let ideal = if with_ideal() { Some(ideal_run(n, spec).await) } else { None };
 
     // The operator.
+    let pid = operator_pid();
     let ns = TestNamespace::new(&format!("operator-{n}")).await;
     let storage = if volume_each() { Some(Storage::new(&ns, n, "1Gi").await) } else { None };
     let cpu0 = cpu_seconds(pid);
@@ -287,6 +362,7 @@ async fn converge(n: usize, pid: u32) -> (Run, TestNamespace, Option<Storage>) {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let run = Run {
         floor_s,
+        ideal,
         operator_s,
         writes: writes(&ns.name),
         cpu_s: cpu_seconds(pid) - cpu0,
@@ -411,10 +487,9 @@ async fn operator_against_the_floor() {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     let with_flips = std::env::var("MW_BENCH_FLIPS").map(|v| v != "0").unwrap_or(true);
-    let pid = operator_pid();
     let mut report = json!({"label": label, "sizes": {}});
     let mut table = format!(
-        "\n## Operator ({label}{})\n\n| N | floor: all Available | operator: all Ready | ratio | writes per workload | of which Deployment / Service / status / Events | operator CPU per 1000 | RSS after |\n|---|---|---|---|---|---|---|---|\n",
+        "\n## Operator ({label}{})\n\n| N | plain Deployments: all Available | ideal controller: all Ready | operator: all Ready | operator ÷ ideal | operator ÷ plain | writes per workload | of which Deployment / Service / status / Events | operator CPU per 1000 | RSS after |\n|---|---|---|---|---|---|---|---|---|---|\n",
         match (with_service(), volume_each()) {
             (true, true) => ", each workload with a ClusterIP Service and a volume",
             (true, false) => ", each workload with a ClusterIP Service",
@@ -424,9 +499,9 @@ async fn operator_against_the_floor() {
     );
     let mut kept = Vec::new();
     let mut last_rss = None;
-    let mut cpu_lines = String::new();
+    let (mut cpu_lines, mut ideal_lines) = (String::new(), String::new());
     for &n in &sizes {
-        let (run, ns, storage) = converge(n, pid).await;
+        let (run, ns, storage) = converge(n).await;
         let per = |pred: &dyn Fn(&str) -> bool| {
             run.writes.iter().filter(|(k, _)| pred(k)).map(|(_, v)| *v).sum::<usize>() as f64 / n as f64
         };
@@ -434,35 +509,54 @@ async fn operator_against_the_floor() {
         let service = per(&|k| k.ends_with(" services"));
         let status = per(&|k| k.ends_with("managedworkloads/status"));
         let events = per(&|k| k.ends_with(" events"));
-        let ratio = if run.floor_s > 0.0 { run.operator_s / run.floor_s } else { 0.0 };
-        let (floor_cell, ratio_cell) = if run.floor_s > 0.0 {
-            (format!("{:.1} s", run.floor_s), format!("{ratio:.2}"))
-        } else {
-            ("—".into(), "—".into())
-        };
+        let ideal_s = run.ideal.as_ref().map_or(0.0, |i| i.seconds);
+        let seconds = |s: f64| if s > 0.0 { format!("{s:.1} s") } else { "—".into() };
+        let ratio = |to: f64| if to > 0.0 { format!("{:.2}", run.operator_s / to) } else { "—".into() };
         table.push_str(&format!(
-            "| {n} | {floor_cell} | {:.1} s | {ratio_cell} | {:.2} | {deploy:.2} / {service:.2} / {status:.2} / {events:.2} | {:.1} s | {:.1} MiB |\n",
+            "| {n} | {} | {} | {:.1} s | **{}** | {} | {:.2} | {deploy:.2} / {service:.2} / {status:.2} / {events:.2} | {:.1} s | {:.1} MiB |\n",
+            seconds(run.floor_s),
+            seconds(ideal_s),
             run.operator_s,
+            ratio(ideal_s),
+            ratio(run.floor_s),
             total(&run.writes) as f64 / n as f64,
             run.cpu_s * 1000.0 / n as f64,
             run.rss_kib / 1024.0
         ));
         // The earlier sizes' workloads are kept, so the RSS growth is n more workloads' worth.
         let per_workload_kib = last_rss.map(|rss: f64| (run.rss_kib - rss) / n as f64);
+        let no_cpu = BTreeMap::new();
+        let ideal_cpu = run.ideal.as_ref().map_or(&no_cpu, |i| &i.cpu);
         report["sizes"][n.to_string()] = json!({
-            "floor_s": run.floor_s, "operator_s": run.operator_s, "ratio": ratio,
+            "floor_s": run.floor_s, "ideal_s": ideal_s, "operator_s": run.operator_s,
+            "ratio_to_ideal": if ideal_s > 0.0 { run.operator_s / ideal_s } else { 0.0 },
+            "ratio": if run.floor_s > 0.0 { run.operator_s / run.floor_s } else { 0.0 },
             "writes": run.writes, "writes_per_workload": total(&run.writes) as f64 / n as f64,
+            "ideal_writes": run.ideal.as_ref().map(|i| &i.writes),
             "cpu_s": run.cpu_s, "rss_kib_after": run.rss_kib, "kib_per_additional_workload": per_workload_kib,
+            "cpu_by_component": {"floor": run.floor_cpu, "ideal": ideal_cpu, "operator": run.operator_cpu},
         });
-        report["sizes"][n.to_string()]["cpu_by_component"] =
-            json!({"floor": run.floor_cpu, "operator": run.operator_cpu});
-        cpu_lines.push_str(&format!("| {n} | {} |\n", cpu_by_component(&run.floor_cpu, &run.operator_cpu)));
+        cpu_lines.push_str(&format!(
+            "| {n} | {} |\n",
+            cpu_by_component(&[&run.floor_cpu, ideal_cpu, &run.operator_cpu])
+        ));
+        if let Some(ideal) = &run.ideal {
+            let writes: Vec<String> =
+                ideal.writes.iter().map(|(k, v)| format!("{k} {:.2}", *v as f64 / n as f64)).collect();
+            ideal_lines.push_str(&format!("| {n} | {} |\n", writes.join(", ")));
+        }
         last_rss = Some(run.rss_kib);
         kept.push((ns, storage));
     }
     table.push_str(&format!(
-        "\nCPU seconds each process spent, the floor's run → the operator's run:\n\n| N | CPU |\n|---|---|\n{cpu_lines}"
+        "\nCPU seconds each process spent, plain Deployments → ideal controller → operator (bench: this benchmark's own process, the ideal controller in its run):\n\n| N | CPU |\n|---|---|\n{cpu_lines}"
     ));
+    if !ideal_lines.is_empty() {
+        table.push_str(&format!(
+            "\nThe ideal controller's writes per workload, beside the user's apply:\n\n| N | writes |\n|---|---|\n{ideal_lines}"
+        ));
+    }
+    let pid = operator_pid();
     let (_, hwm) = memory_kib(pid);
     report["peak_rss_kib"] = json!(hwm);
     table.push_str(&format!("\nOperator peak RSS: {:.1} MiB.\n", hwm / 1024.0));

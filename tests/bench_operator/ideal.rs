@@ -1,0 +1,250 @@
+//! The contract's floor: what N ManagedWorkloads cost the control plane with no controller
+//! logic at all. The bench plays a controller that knows every answer in advance and makes
+//! exactly the writes the contract needs per workload, from bodies built before the clock
+//! starts: its Service (when it asks for one), its Deployment with the first status beside it,
+//! and the Ready status once the one watch, on Deployments, shows the Deployment Available. No
+//! other reads, no caches, no decisions: whatever the operator costs beyond this is its own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::TryStreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use mw_operator::operator::ownership::{FIELD_MANAGER, applied_hash};
+use mw_operator::operator::status::{self, Observed};
+use mw_operator::operator::{deployment, service, status_write};
+use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, ManagedWorkloadStatus, Phase};
+use mw_operator::write::Write;
+
+use super::{IN_FLIGHT, TestNamespace, deployment_available, each, ready_and_running, until_all};
+
+/// Stands in for the UID the API server gives a workload, until it has given it.
+const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
+/// Stands in for its Service's cluster IP, likewise.
+const PLACEHOLDER_IP: &str = "10.96.0.1";
+
+/// One workload's writes, built before the clock starts.
+#[derive(Clone)]
+pub struct Bodies {
+    workload: Value,
+    service: Option<Service>,
+    deployment: Deployment,
+    /// The status the operator writes beside the Deployment's create: `Creating`.
+    creating: ManagedWorkloadStatus,
+    /// The status once the Deployment is Available: `Running`, Ready.
+    running: ManagedWorkloadStatus,
+}
+
+/// The bodies for workload `name` with `spec`, as the operator's own functions build them:
+/// the objects it applies, and the statuses it derives for a new Deployment and then for an
+/// Available one (its Pod's IP aside: the one watch is on Deployments, not Pods).
+pub fn bodies(namespace: &str, name: &str, spec: Value) -> Bodies {
+    let workload = json!({"apiVersion": "opensource-server.mieweb.org/v1alpha1", "kind": "ManagedWorkload",
+                          "metadata": {"name": name}, "spec": spec.clone()});
+    let spec: ManagedWorkloadSpec = serde_json::from_value(spec).expect("a valid spec");
+    let mut mw = ManagedWorkload::new(name, spec);
+    mw.metadata.namespace = Some(namespace.into());
+    mw.metadata.uid = Some(PLACEHOLDER_UID.into());
+    mw.metadata.generation = Some(1);
+    let deployment = deployment::deployment(&mw, &Default::default()).expect("a desired Deployment");
+    let service = service::service(&mw);
+    let now = Time(Timestamp::from_second(Timestamp::now().as_second()).expect("a time"));
+    fn observed<'a>(deployment: &'a Deployment, pod: Option<&'a Pod>, service: Option<&'a Service>) -> Observed<'a> {
+        Observed {
+            desired_hash: applied_hash(deployment).unwrap_or_default(),
+            deployment: Some(deployment),
+            pods: pod.into_iter().collect(),
+            blocked: None,
+            claims: Vec::new(),
+            refused: &[],
+            service,
+            sandbox: None,
+        }
+    }
+    let creating = status::derive(&mw, &observed(&deployment, None, None), &now);
+    mw.status = Some(creating.clone());
+    let mut available = deployment.clone();
+    available.metadata.generation = Some(1);
+    available.status = Some(available_status());
+    let mut live_service = service.clone();
+    if let Some(spec) = live_service.as_mut().and_then(|s| s.spec.as_mut()) {
+        spec.cluster_ip = Some(PLACEHOLDER_IP.into());
+    }
+    let pod = ready_pod(&deployment);
+    let mut running = status::derive(&mw, &observed(&available, Some(&pod), live_service.as_ref()), &now);
+    // The one watch is on Deployments: the ideal controller never sees the Pod's IP.
+    running.pod_ip = None;
+    if mw.spec.service.is_none() {
+        running.address = None;
+    }
+    Bodies { workload, service, deployment, creating, running }
+}
+
+/// A Ready Pod of `deployment`'s template, as the status rules recognise one.
+fn ready_pod(deployment: &Deployment) -> Pod {
+    let template = deployment.spec.as_ref().and_then(|s| s.template.metadata.as_ref());
+    let mut pod = Pod::default();
+    pod.metadata.annotations = template.and_then(|m| m.annotations.clone());
+    pod.metadata.labels = template.and_then(|m| m.labels.clone());
+    pod.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        pod_ip: Some("10.244.0.1".into()),
+        conditions: Some(vec![PodCondition { type_: "Ready".into(), status: "True".into(), ..Default::default() }]),
+        ..Default::default()
+    });
+    pod
+}
+
+/// A one-replica Deployment rolled out and Available, as its controller reports it.
+fn available_status() -> DeploymentStatus {
+    let condition = |type_: &str, reason: &str| DeploymentCondition {
+        type_: type_.into(),
+        status: "True".into(),
+        reason: Some(reason.into()),
+        message: Some(format!("{type_}: {reason}")),
+        ..Default::default()
+    };
+    DeploymentStatus {
+        observed_generation: Some(1),
+        replicas: Some(1),
+        updated_replicas: Some(1),
+        ready_replicas: Some(1),
+        available_replicas: Some(1),
+        conditions: Some(vec![
+            condition("Available", "MinimumReplicasAvailable"),
+            condition("Progressing", "NewReplicaSetAvailable"),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// Where each workload is between its create and its Running write: whichever of the two
+/// (its first writes answered, its Deployment seen Available) comes second writes it.
+enum Slot {
+    /// Created: the workload as created (its UID, for the write's test) and its Running status.
+    Created(ManagedWorkload, ManagedWorkloadStatus),
+    /// Its Deployment was seen Available before its first writes were answered.
+    Available,
+}
+
+type Slots = Arc<Mutex<HashMap<String, Slot>>>;
+
+/// Applies `bodies` as N new workloads and plays their ideal controller until every one is
+/// Ready and Running (the same watch the operator's run is timed with); the seconds from the
+/// first apply until the last was.
+pub async fn run(ns: &TestNamespace, bodies: Vec<Bodies>) -> f64 {
+    let n = bodies.len();
+    let workloads = ns.api::<ManagedWorkload>();
+    let ready = tokio::spawn(until_all(workloads.clone(), n, ready_and_running));
+    let slots: Slots = Arc::default();
+    let controller = tokio::spawn(mark_ready(ns.client.clone(), ns.api::<Deployment>(), slots.clone()));
+    let (deployments, services) = (ns.api::<Deployment>(), ns.api::<Service>());
+    let bodies = Arc::new(bodies);
+    let t = Instant::now();
+    each(n, |i| {
+        let (client, workloads, deployments, services) =
+            (ns.client.clone(), workloads.clone(), deployments.clone(), services.clone());
+        let (bodies, slots) = (bodies.clone(), slots.clone());
+        async move {
+            let Bodies { workload, service, mut deployment, creating, mut running } = bodies[i].clone();
+            let name = deployment.name_any();
+            // The user's apply, as in the operator's run; its answer carries the UID.
+            let mw = workloads
+                .patch(&name, &PatchParams::apply("bench"), &Patch::Apply(&workload))
+                .await
+                .expect("applying a CR");
+            let uid = mw.metadata.uid.clone().expect("a UID");
+            for owner in deployment.metadata.owner_references.iter_mut().flatten() {
+                owner.uid.clone_from(&uid);
+            }
+            let service = create(&services, service);
+            let deployment = create(&deployments, Some(deployment));
+            let status = status_write::write(&client, &mw, &creating);
+            let (service, _, written) = tokio::join!(service, deployment, status);
+            written.expect("the first status");
+            if let Some(ip) = service.and_then(|s| s.spec.and_then(|s| s.cluster_ip)) {
+                running.address = Some(ip.clone());
+                if let Some(status) = running.service.as_mut() {
+                    status.cluster_ip = Some(ip);
+                }
+            }
+            let available = {
+                let mut slots = slots.lock().unwrap();
+                let seen = matches!(slots.remove(&name), Some(Slot::Available));
+                if !seen {
+                    slots.insert(name, Slot::Created(mw.clone(), running.clone()));
+                }
+                seen
+            };
+            if available {
+                status_write::write(&client, &mw, &running).await.expect("the Running status");
+            }
+        }
+    })
+    .await;
+    let last = ready.await.expect("the timing watch").into_values().max();
+    controller.abort();
+    last.map(|last| last.duration_since(t).as_secs_f64()).unwrap_or(0.0)
+}
+
+/// The operator's create-only apply of `object`, if any; its answer.
+async fn create<K>(api: &Api<K>, object: Option<K>) -> Option<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let object = object?;
+    let params: PatchParams = Write::Create.params(FIELD_MANAGER);
+    let answer = api.patch(&object.name_any(), &params, &Patch::Apply(Write::Create.prepare(&object))).await;
+    Some(answer.expect("a create-only apply"))
+}
+
+/// The one watch: each workload whose Deployment is seen Available gets its Running status
+/// written once, IN_FLIGHT at a time, as the operator's concurrency allows.
+async fn mark_ready(client: Client, deployments: Api<Deployment>, slots: Slots) {
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut stream = std::pin::pin!(watcher(deployments, watcher::Config::default()));
+    loop {
+        let Ok(Some(watcher::Event::Apply(d) | watcher::Event::InitApply(d))) = stream.try_next().await else {
+            continue;
+        };
+        if !deployment_available(&d) {
+            continue;
+        }
+        let created = {
+            let mut slots = slots.lock().unwrap();
+            match slots.remove(&d.name_any()) {
+                Some(Slot::Created(mw, running)) => Some((mw, running)),
+                _ => {
+                    slots.insert(d.name_any(), Slot::Available);
+                    None
+                }
+            }
+        };
+        let Some((mw, running)) = created else { continue };
+        let (client, slot) = (client.clone(), in_flight.clone().acquire_owned().await.expect("open"));
+        tokio::spawn(async move {
+            status_write::write(&client, &mw, &running).await.expect("the Running status");
+            drop(slot);
+        });
+    }
+}
+
+/// The bodies must describe what they stand for, or the floor measures something else.
+#[test]
+fn the_statuses_are_the_operators_creating_then_running() {
+    let b = bodies("ns", "w0", super::spec(0));
+    assert_eq!(b.creating.phase, Some(Phase::Creating));
+    assert_eq!(b.running.phase, Some(Phase::Running));
+    let ready = b.running.conditions.iter().find(|c| c.type_ == "Ready").expect("a Ready condition");
+    assert_eq!(ready.status, "True");
+}
