@@ -195,7 +195,7 @@ impl Election {
         let outcome = match ended {
             Ended::Work => (None, false),
             Ended::Lost(reason) => (Some(reason), false),
-            // Still leading while in-flight work finishes: renewals go on, and a loss ends it at once.
+            // Still leading while in-flight work finishes: renewals go on; a loss ends it at once.
             Ended::Shutdown => {
                 let _ = stop.send(true);
                 tokio::select! {
@@ -224,8 +224,8 @@ impl Election {
             let read = async { leases.get_opt(&self.lease_name).await.map_err(LeaseError::Api) };
             match bounded(self.attempt_timeout(), read).await {
                 Ok(current) => {
-                    // Time from the answer, not the request: a renewal may have landed while a slow request
-                    // was in flight, and timing from the request could take over before that renewal expires.
+                    // Time from the answer: a renewal may land during a slow request, and timing
+                    // from the request could take over before it expires.
                     let answered = Instant::now();
                     let own = (Duration::from_secs(self.duration), self.identity.as_str());
                     if standby.observe(current.as_ref(), answered, own) {
@@ -242,8 +242,8 @@ impl Election {
         }
     }
 
-    /// While leading: renew every retry period, moving the deadline on each success. Returns why
-    /// leadership ended. Each attempt is bounded by the deadline so a hung connection can't stall it.
+    /// While leading: renew every retry period, moving the deadline on each success; returns why
+    /// leadership ended. Attempts are bounded by the deadline, so a hung connection cannot stall.
     async fn keep(&self, leases: &Api<Lease>, leadership: &Leadership) -> String {
         loop {
             let Some(left) = leadership.left(Instant::now()) else { return self.expired() };

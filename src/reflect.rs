@@ -217,8 +217,8 @@ where
         let listed = self.relist.observe(&event, |object| Some(key(object)));
         match event {
             watcher::Event::InitApply(object) => {
-                // An object the gap did not change (same resourceVersion) keeps its cached copy: a new
-                // copy would be allocated among the list's garbage and fragment the heap once freed.
+                // Unchanged by the gap (same resourceVersion): keep the cached copy; a new one
+                // would be allocated among the list's garbage and fragment the heap.
                 let version = object.meta().resource_version.as_deref();
                 let unchanged = version.is_some()
                     && self

@@ -239,8 +239,8 @@ impl DeleteGuard {
         deleting < self.minimum || deleting.saturating_mul(100) <= owned.saturating_mul(self.max_percent as usize)
     }
 
-    /// Judge the CRs a full read found to delete: `found` maps each UID to its approval
-    /// annotation, `earlier` is the last read's sighting, `owned` how many workloads the bridge has.
+    /// Judge the CRs a full read found to delete: `found` maps each UID to its approval annotation,
+    /// `earlier` is the last read's sighting, `owned` how many workloads the bridge has.
     pub fn judge(
         &self,
         earlier: Option<&Sighting>,

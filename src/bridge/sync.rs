@@ -562,8 +562,8 @@ impl Bridge {
                     t.synced_at = Some(Instant::now());
                 }
                 Outcome::Row(err) => {
-                    // A CR to replace that no full read has seen yet (found by an incremental poll): make the
-                    // next pass a full one so the deletion guard starts on it.
+                    // A CR to replace that no full read has seen yet (found by an incremental
+                    // poll): make the next pass a full one so the deletion guard starts on it.
                     if let RowError::AwaitingDeletion { uid, .. } = &err
                         && !self.deletions.as_ref().is_some_and(|s| s.uids.contains(uid))
                     {

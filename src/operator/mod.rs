@@ -151,8 +151,8 @@ async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Er
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Err(Error::CrdMissing(kube::Error::Api(status))),
         Err(err) => {
-            // The API's own message ("... is forbidden: User ... cannot list ...") says it all; the full
-            // Status dump would bury it.
+            // The API's own message ("... is forbidden: User ... cannot list ...") says it all; the
+            // full Status dump would bury it.
             let message = match err {
                 kube::Error::Api(status) => status.message,
                 // A TLS or connection failure is several sources down the chain.

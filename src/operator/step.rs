@@ -134,8 +134,8 @@ impl<K: Owned, L> Verdict<'_, K, L> {
                 let applied = K::Cached::from(applied);
                 K::applied(ctx, mw, &applied);
                 info!(kind = %K::KIND, %name, verb = if mode.force() { "updated" } else { "created" }, "applied");
-                // Spec changes are announced by the phase change they cause; an edit made behind the
-                // operator's back gets its own Event.
+                // Spec changes are announced by the phase change they cause; an edit made behind
+                // the operator's back gets its own Event.
                 if mode == (Mode::Update { drift: true }) {
                     let note = format!("{} {name} was changed outside the operator; restored", K::KIND);
                     ctx.events.send(mw.object_ref(&()), EventType::Normal, "DriftCorrected", &note);

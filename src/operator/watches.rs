@@ -158,8 +158,8 @@ impl Caches {
             .default_backoff()
             .modify(super::slim::workload)
             .reflect_in_place(writer)
-            // After the cache has the event, before its trigger is sent: update freshness and what is
-            // remembered per workload (PerObject::observe).
+            // After the cache has the event, before its trigger is sent: update freshness and what
+            // is remembered per workload (PerObject::observe).
             .inspect(move |event| {
                 freshness.observe(event);
                 if let Ok(event) = event {
@@ -341,7 +341,7 @@ async fn fan_out(
     while let Some(event) = events.next().await {
         match event {
             Ok(Some(target)) => {
-                // No receiver (a standby, or between terms) is fine: a new leader reconciles everything.
+                // No receiver (a standby, or between terms) is fine: a new leader reconciles all.
                 let _ = triggers.send(target);
             }
             Ok(None) => {}
