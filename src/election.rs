@@ -365,7 +365,6 @@ enum LeaseError {
     TimedOut(Duration),
 }
 
-/// `request`, but at most `limit`.
 async fn bounded<T>(limit: Duration, request: impl Future<Output = Result<T, LeaseError>>) -> Result<T, LeaseError> {
     tokio::time::timeout(limit, request).await.unwrap_or(Err(LeaseError::TimedOut(limit)))
 }
@@ -558,7 +557,6 @@ impl Leadership {
         state.epoch == epoch && state.term.left(Instant::now()) != Err(Refused::DeadlinePassed)
     }
 
-    /// A term began: lead until `until`.
     fn begin(&self, until: Instant) {
         self.set(|s| *s = State { epoch: s.epoch + 1, term: Term::Until(until) });
     }

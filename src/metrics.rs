@@ -104,7 +104,6 @@ fn write_labels(resource: &str, verb: &str) -> Labels {
 }
 
 impl Metrics {
-    /// Create the metrics and register them.
     pub fn register(registry: &mut Registry) -> std::sync::Arc<Metrics> {
         let m = Metrics::default();
         registry.register(

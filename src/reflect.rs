@@ -124,7 +124,6 @@ where
     }
 }
 
-/// Whether `event` is the bookmark that ends a streamed list.
 fn ends_streamed_list<K>(event: &WatchEvent<K>) -> bool {
     matches!(event, WatchEvent::Bookmark(mark) if mark.metadata.annotations.contains_key(INITIAL_EVENTS_END))
 }

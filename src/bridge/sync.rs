@@ -179,7 +179,6 @@ impl Bridge {
         }
     }
 
-    /// Run until `shutdown` resolves.
     pub async fn run(mut self, changed: Arc<Notify>, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut failures = 0u32;

@@ -171,7 +171,6 @@ fn pod_volumes(mw: &ManagedWorkload) -> Option<Vec<Volume>> {
     non_empty_vec(claims.chain(memory).collect())
 }
 
-/// The container's mounts of those volumes.
 fn volume_mounts(mw: &ManagedWorkload) -> Option<Vec<VolumeMount>> {
     let mut paths: Vec<(&str, &str)> =
         mw.spec.volumes.iter().map(|v| (v.name.as_str(), v.mount_path.as_str())).collect();
@@ -196,7 +195,6 @@ fn non_empty_vec<T>(items: Vec<T>) -> Option<Vec<T>> {
     (!items.is_empty()).then_some(items)
 }
 
-/// 1 while the workload should run, 0 when stopped.
 pub fn desired_replicas(mw: &ManagedWorkload) -> i32 {
     match mw.spec.desired_state() {
         DesiredState::Running => 1,

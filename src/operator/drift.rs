@@ -105,7 +105,6 @@ pub struct OwnedFields {
 /// The names of a keyed list's key fields, sorted.
 type KeyNames = Box<[Box<str>]>;
 
-/// The hash of the empty path.
 const ROOT: u64 = 0;
 
 /// The hash of `segment` under the path hashed `parent`, low bit clear. SipHash with fixed

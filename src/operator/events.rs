@@ -58,7 +58,6 @@ pub struct Sender {
     pending: Arc<AtomicUsize>,
 }
 
-/// Start a sender reporting as `reporter`.
 pub fn start(client: Client, reporter: Reporter, metrics: Arc<Metrics>) -> (Events, Sender) {
     let (queue, mut queued) = mpsc::channel::<(ObjectReference, Event)>(QUEUE);
     let mut publisher = Publisher { client, reporter, series: Series::default() };

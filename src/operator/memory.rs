@@ -75,7 +75,6 @@ fn older(cached: Option<&str>, written: Option<&str>) -> bool {
     }
 }
 
-/// The key of `object` in the maps: its UID.
 fn uid(object: &impl Resource) -> Option<Uid> {
     object.meta().uid.as_deref().map(Uid::of)
 }
@@ -90,10 +89,10 @@ impl PerObject {
     }
 
     /// Keep the maps in step with the CR watch, after its cache has taken the event: forget a
-    /// status write the cache now shows (the status is a workload's largest part, and most
-    /// workloads see no reconcile for minutes), forget deleted workloads, and after a re-list
-    /// every workload no longer listed. A re-listed object is cached as soon as it is listed
-    /// (`reflect`), so it counts as an echo too.
+    /// status write once the cache shows it (the status is a workload's largest part, and most
+    /// workloads see no reconcile for minutes), forget deleted workloads, and after a re-list every
+    /// workload no longer listed. A re-listed object is cached as soon as it is listed (`reflect`),
+    /// so it too shows the write.
     pub fn observe(&self, event: &watcher::Event<Workload>) {
         let mut inner = self.lock();
         if let Some(listed) = inner.relist.observe(event, uid) {
@@ -149,9 +148,9 @@ impl PerObject {
         last.map_or(Duration::ZERO, |at| delay.saturating_sub(at.elapsed()))
     }
 
-    /// The live Deployment as far as the operator knows: the one the last apply returned while
-    /// the cached one predates it, else the cached one. Nothing cached: the caller asks the API
-    /// server (it may have been deleted), and the memo is dropped.
+    /// The live Deployment as far as the operator knows: the one the last apply returned while the
+    /// cached one predates it, else the cached one. Nothing cached: the caller asks the API server
+    /// (it may have been deleted), and the remembered one is dropped.
     pub fn newest_deployment(
         &self,
         mw: &ManagedWorkload,
@@ -178,8 +177,8 @@ impl PerObject {
     /// A new term of leadership: forget the statuses written and when, since another leader may
     /// have overwritten them. Applied Deployments stay: a term often begins as the API server
     /// returns, before the Deployment watch re-lists, and applying again would write one change
-    /// twice. A memo is used only while the cache is older, so another leader's newer write wins
-    /// once cached. Failure counts stay too: they pace retries.
+    /// twice. A remembered Deployment is used only while the cache is older, so another leader's
+    /// newer write wins once cached. Failure counts stay too: they pace retries.
     pub fn new_term(&self) {
         let mut inner = self.lock();
         inner.written.clear();

@@ -23,11 +23,9 @@ pub enum Decision {
     Departing,
     /// Applying would change nothing: no write.
     UpToDate,
-    /// Server-side apply the desired object.
     Apply(Mode),
 }
 
-/// How to apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Nothing of that name exists: create it, unforced, so it cannot touch an object that

@@ -148,7 +148,6 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         },
     )
     .await?;
-    // The Deployment as it now is, and why it is blocked.
     let (deployment, blocked) = match verdict.judge(ctx, mw, name) {
         Judged::Left(Held, live) => (live.filter(|d| is_controlled_by(d, mw)), None),
         Judged::Done { live, blocked, .. } => (live, blocked),

@@ -18,7 +18,6 @@ use crate::resource::Workload;
 pub const PERIOD: Duration = Duration::from_secs(600);
 /// How often the cache is read for the workloads whose slot has come.
 const TICK: Duration = Duration::from_secs(1);
-/// Slots in a period: one per tick.
 const SLOTS: u64 = PERIOD.as_secs() / TICK.as_secs();
 
 /// A workload's slot in the period: the same in every period (the hasher's keys are fixed),

@@ -52,7 +52,6 @@ pub struct Caches {
 /// What a watch event asks of the controller.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Trigger {
-    /// Reconcile this workload.
     One(ObjectRef<Workload>),
     /// A watch re-listed (after an API server restart or an expired resourceVersion): what
     /// changed meanwhile came as no event (a deletion never does), so reconcile every workload
@@ -233,7 +232,6 @@ pub enum Freshness {
 }
 
 impl Freshness {
-    /// Where the watch stands after `event`.
     fn after<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Freshness {
         match event {
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Freshness::Listing,

@@ -11,7 +11,6 @@ pub(super) struct Known<'a> {
     pub(super) deletable: &'a HashSet<String>,
 }
 
-/// Sync one mapped row with the cluster.
 pub(super) async fn sync_one(
     cluster: &Cluster,
     fm: &str,
