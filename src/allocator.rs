@@ -1,32 +1,21 @@
-//! The allocator: mimalloc instead of glibc's, for resident memory. The operator keeps tens of
-//! thousands of small strings, vectors and tables per thousand workloads in its caches, and
-//! glibc adds a header and rounding to each (about a quarter on top of what the caches ask
-//! for: 12.4 KiB resident per workload where they ask for 9.8), keeps what a burst frees in
-//! per-thread arenas, and hands back only whole free pages. mimalloc keeps blocks of each size
-//! together without headers (9.6 to 10.6 KiB resident per workload for the same caches).
+//! The allocator: mimalloc instead of glibc's, for resident memory. The caches hold tens of
+//! thousands of small allocations per thousand workloads; glibc adds a header and rounding to
+//! each (12.4 KiB resident per workload where the caches ask for 9.8) and keeps freed memory
+//! in per-thread arenas. mimalloc groups blocks by size without headers (about 10 KiB).
 //!
-//! The line is mimalloc v2 (the crate's `v2` feature), not v3, the crate's default: after an
-//! API server restart, whose re-lists and reconciles allocate and free the caches' worth of
-//! objects at once, v3 kept about 3.5 MiB more resident for good (1,500 workloads: 29.8 MiB
-//! before the first restart, 33.4 to 34.2 after each; the objects themselves grew by 0.7 MiB),
-//! v2 about 1.5 (30.1, then 31.2 to 32.2), at the same resident size before it (release
-//! build, 2026-12-05).
+//! mimalloc v2 (the crate's `v2` feature), not v3: after an API server restart, when the
+//! caches' worth of objects is allocated and freed at once, v3 kept about 3.5 MiB more
+//! resident for good (1,500 workloads), v2 about 1.5.
 //!
-//! Two of its options matter here:
-//! - that an arena's memory is committed as it is used. It is set where mimalloc is compiled
-//!   (.cargo/config.toml), since mimalloc reads it as the process starts, before `main`.
-//!   Committed at once, what it frees is only reset and stays resident (22.6 MiB for 1,000
-//!   workloads' caches, against 14.8).
-//! - that memory freed whole is handed back at once (`purge_delay` 0, set by `configure`; it is
-//!   read at every purge). mimalloc waits first (10 ms in v2, 1 s in v3), and v3 then hands
-//!   it back only when it next takes memory for itself: an operator at rest takes none, so
-//!   what a burst had freed (the lists and reconciles after an API server restart) stayed
-//!   resident for good. With 1,500 workloads and the API server restarted every 90 s, the
-//!   RSS settled at 36 to 40 MiB between restarts, with peaks of 45 MiB; with the purge at
-//!   once, at 33 to 35 MiB, peaks included (release build, v3, 2026-12-04).
+//! Two options matter:
+//! - arena memory is committed as it is used, else freed memory stays resident (22.6 MiB for
+//!   1,000 workloads against 14.8). Set where mimalloc is compiled (.cargo/config.toml), since
+//!   mimalloc reads it before `main`.
+//! - freed memory is handed back at once (`purge_delay` 0, set by `configure`): otherwise
+//!   memory a burst freed could stay resident in an operator at rest.
 //!
-//! The global allocator itself is declared in `main.rs`, the binary's own, so that test binaries
-//! keep theirs (tests/heap.rs counts with its own).
+//! The global allocator is declared in `main.rs`, so test binaries keep theirs (tests/heap.rs
+//! counts with its own).
 
 use std::ffi::{c_int, c_long};
 
@@ -44,7 +33,7 @@ unsafe extern "C" {
     fn mi_option_set(option: c_int, value: c_long);
 }
 
-/// Set mimalloc's options that can be set once it runs (see the module): call first in `main`.
+/// Set the mimalloc options that can be set at run time (see the module): call first in `main`.
 pub fn configure() {
     // SAFETY: sets one of mimalloc's options by its index in its own header; takes no pointer.
     unsafe { mi_option_set(PURGE_DELAY, 0) };

@@ -1,14 +1,10 @@
 //! `mw-operator check`: can the operator (or the bridge) work with this kubeconfig, in these
-//! namespaces? Connects, names the server version and the identity it authenticated as,
-//! finds the CRD at the version this binary speaks, and asks the API server, one
-//! SelfSubjectAccessReview per verb and resource, whether every permission the shipped RBAC
-//! grants is held, and whether a few it must not need (Secrets, cluster-admin) are absent.
-//!
-//! The operator's permissions are asked in each namespace it watches (config/rbac/role.yaml),
-//! and its Lease permissions in the Lease's namespace only (leader-election-role.yaml).
-//!
-//! The permissions are parsed from config/rbac/*.yaml, embedded at build time, so the check
-//! and the manifests cannot drift apart. Everything here is pure: the I/O is in `probe`.
+//! namespaces? Connects, names the server version and the authenticated identity, finds the
+//! CRD at this binary's version, and asks (one SelfSubjectAccessReview per verb and resource)
+//! whether every permission the shipped RBAC grants is held, in each watched namespace and
+//! the Lease's namespace, and whether a few it must not need (Secrets, cluster-admin) are
+//! absent. The permissions are parsed from config/rbac/*.yaml, embedded at build time, so the
+//! check and the manifests cannot drift apart. Pure; the I/O is in `probe`.
 
 use std::fmt;
 
@@ -108,8 +104,8 @@ struct RuleDoc {
     resource_names: Vec<String>,
 }
 
-/// Every permission a Role's rules grant, one per verb and resource (and name, for a rule
-/// with `resourceNames`, which `name` replaces: the shipped Role names the default Lease).
+/// Every permission a Role's rules grant, one per verb and resource (and name: `name`
+/// replaces a rule's `resourceNames`, since the shipped Role names the default Lease).
 fn permissions(file: &'static str, text: &str, name: Option<&str>) -> Result<Vec<Permission>, CheckError> {
     let role: RoleDoc =
         serde_saphyr::from_str(text).map_err(|e| CheckError::EmbeddedRole { file, message: e.to_string() })?;
@@ -154,10 +150,9 @@ pub fn lease_required(component: Component, lease_name: &str) -> Result<Vec<Perm
     }
 }
 
-/// Permissions the component must not hold where it serves: anything it holds beyond its
-/// Role is a risk nobody asked for. The operator never reads Secrets and writes no Lease but
-/// its own (the node heartbeats and the control plane's leases are Leases too); neither may
-/// be cluster-admin.
+/// Permissions the component must not hold where it serves: anything beyond its Role is a
+/// risk nobody asked for. It never reads Secrets or writes Leases but its own (node heartbeats
+/// are Leases too), and is never cluster-admin.
 pub fn unwanted(component: Component) -> Vec<Permission> {
     let mut out = vec![Permission::new("*", "*", "*")];
     if component == Component::Operator {
@@ -184,9 +179,9 @@ pub struct Ask {
     pub required: bool,
 }
 
-/// Everything to ask: the component's Role and what it must not hold in each namespace it
-/// serves (all namespaces when `namespaces` is empty), then, for the operator with leader
-/// election (`lease`), the Lease permissions in the Lease's namespace and nowhere else.
+/// Everything to ask: the component's Role and its unwanted permissions in each namespace it
+/// serves (all when `namespaces` is empty), then, with leader election, the Lease permissions
+/// in the Lease's namespace only.
 pub fn asks(component: Component, namespaces: &[String], lease: Option<&LeaseScope>) -> Result<Vec<Ask>, CheckError> {
     let needed = required(component)?;
     let unneeded = unwanted(component);
@@ -248,8 +243,8 @@ pub struct Facts {
     pub connection: Result<String, String>,
     pub identity: Option<Result<Identity, String>>,
     pub crd: Option<Result<Crd, String>>,
-    /// How its watches will list (asked only once the CRD is served: the question is a watch
-    /// of ManagedWorkloads).
+    /// How its watches will list (asked only once the CRD is served: the question is a watch of
+    /// ManagedWorkloads).
     pub lists: Option<crate::reflect::Lists>,
     pub reviews: Vec<Review>,
 }

@@ -22,15 +22,13 @@ pub struct ConnectionArgs {
     pub context: Option<String>,
 }
 
-/// The longest any single request may wait for the API server: to connect, to send, for its
-/// answer to begin, or for the next bytes on its connection. A request on a connection that
-/// stopped forwarding (a dead load balancer, a half-open TCP connection) fails after this
-/// instead of hanging, and is retried on a fresh connection.
+/// The longest a request may wait to connect, send, or receive its next bytes, so a request
+/// on a dead connection (a dead load balancer, half-open TCP) fails and is retried instead of
+/// hanging.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A watch waits longer: the API server ends a watch after kube's `timeoutSeconds` (290 s) and
-/// may be silent until then. kube's watcher restarts it on any error, so a hung connection
-/// costs at most this long (a dead one is found sooner: `PING_AFTER`).
+/// Watches wait longer: the API server may stay silent until kube's `timeoutSeconds` (290 s).
+/// kube's watcher restarts on any error; a dead peer is found sooner (`PING_AFTER`).
 pub const WATCH_TIMEOUT: Duration = Duration::from_secs(295);
 
 /// An `Api` for `K` in `namespace`, or in all namespaces.
@@ -44,9 +42,8 @@ where
     }
 }
 
-/// Fail fast at start-up rather than retry a forbidden watch forever: may `client` list `K`
-/// in `namespace` (every namespace: `None`)? One list of one item's metadata, the cheapest
-/// read that needs the watch's permission.
+/// Fail fast at start-up instead of retrying a forbidden watch forever. Lists one item's
+/// metadata: the cheapest read that needs the watch's permission.
 pub async fn may_list<K>(client: &Client, namespace: Option<&str>) -> Result<(), kube::Error>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
@@ -57,18 +54,15 @@ where
     api_in::<K>(client, namespace).list_metadata(&kube::api::ListParams::default().limit(1)).await.map(|_| ())
 }
 
-/// The parameters of `manager`'s server-side applies, asking for no field validation: every
-/// body the operator and the bridge send is serialized from the types the CRD and the
-/// built-in kinds are generated from, so it has no unknown or duplicate field to report, and
-/// the API server's default (`Warn`) decodes each body a second time, strictly, only to look
-/// for them (a second YAML decode of each apply: 3% of the API server's CPU in a first sync of
-/// 10,000 rows, profiled on 2026-12-04). What `Warn` would find comes back as a warning header,
-/// which kube does not surface anyway.
+/// Server-side apply parameters without field validation. Every body is serialized from typed
+/// structs, so it has no unknown or duplicate fields, and the default (`Warn`) makes the API
+/// server decode each body a second time just to look (3% of its CPU in a 10,000-row first
+/// sync). kube does not surface the warnings anyway.
 pub fn apply_params(manager: &str) -> PatchParams {
     PatchParams::apply(manager).validation_ignore()
 }
 
-/// The parameters of `manager`'s merge patches; no field validation, as for `apply_params`.
+/// Merge patch parameters; no field validation, as in `apply_params`.
 pub fn patch_params(manager: &str) -> PatchParams {
     PatchParams { field_manager: Some(manager.into()), ..Default::default() }.validation_ignore()
 }
@@ -80,14 +74,13 @@ pub struct Clients {
     pub requests: Client,
     /// For watches only: bounded by `WATCH_TIMEOUT`.
     pub watches: Client,
-    /// What `requests` was made from (bounded as it is): for a client of the same kind with
-    /// connections of its own (a leader's writes, `election::Leadership::client`).
+    /// What `requests` was made from, for clients with their own connections
+    /// (`election::Leadership::client`).
     pub config: Config,
 }
 
-/// A client for the configured cluster, every request bounded by `REQUEST_TIMEOUT`. Refuses a
-/// configuration that turns TLS verification off: the operator's credentials must never be
-/// sent to an unverified server.
+/// A client whose requests are bounded by `REQUEST_TIMEOUT`. Refuses a configuration that
+/// turns TLS verification off: credentials must never go to an unverified server.
 pub async fn connect(args: &ConnectionArgs) -> Result<Client, Error> {
     Ok(connect_all(args).await?.requests)
 }
@@ -103,49 +96,36 @@ pub async fn connect_all(args: &ConnectionArgs) -> Result<Clients, Error> {
     })
 }
 
-/// The most a connection reads ahead of what its response's reader has taken, and so the
-/// read buffer it keeps for as long as it lives (HTTP/1.1). hyper's default (408 KiB) is
-/// reached by any list of a page of objects, and a connection keeps its buffer at the size it
-/// reached: after the first re-list of every watch (an API server restart), each watch's
-/// connection held one of 256 to 408 KiB for good. Reading 64 KiB at a time costs a list only
-/// more reads. Over HTTP/2 the same bound is each stream's flow-control window: the API server
-/// sends no more of an answer than that ahead of its reader.
+/// How far a connection reads ahead of its reader, and so the read buffer it keeps for life.
+/// hyper's default (408 KiB) is reached by any list page, and the buffer never shrinks: after
+/// an API server restart every watch's connection kept up to 408 KiB. Over HTTP/2 this is the
+/// per-stream flow-control window.
 pub const READ_BUFFER: usize = 64 * 1024;
 
-/// What the API server may send over one HTTP/2 connection ahead of its readers, all streams
-/// together: every watch's window at once (six watches in the operator), with room to spare.
+/// HTTP/2 connection window: all the operator's watch windows at once (six), with margin.
 const CONNECTION_WINDOW: u32 = 1024 * 1024;
 
-/// An HTTP/2 connection that has read nothing for this long is sent a PING, and closed if no
-/// answer comes within `PING_TIMEOUT`, as client-go does (its ReadIdleTimeout and
-/// PingTimeout): a dead peer behind a quiet connection (every watch on it waiting) is found,
-/// and a live idle one is kept (the answer is read before `REQUEST_TIMEOUT` would end it), so
-/// a burst after a quiet spell finds its connection open rather than racing to open one per
-/// request until the first has said it speaks HTTP/2.
+/// As client-go (ReadIdleTimeout, PingTimeout): an HTTP/2 connection idle this long is pinged
+/// and closed without an answer within `PING_TIMEOUT`. Finds a dead peer behind quiet watches,
+/// and keeps a live idle connection open so the next burst of requests reuses it.
 const PING_AFTER: Duration = Duration::from_secs(20);
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A client for `config`: kube's own (`Client::try_from`), with each connection's read buffer
-/// bounded by `READ_BUFFER`, speaking HTTP/2 where the API server does.
+/// kube's client, but with each connection's read buffer bounded by `READ_BUFFER` and HTTP/2
+/// where the API server speaks it.
 pub fn client(config: Config) -> Result<Client, kube::Error> {
     client_on(config, hyper_util::rt::TokioExecutor::new())
 }
 
-/// `client`, its connections run by `executor` (hyper's background tasks for each).
+/// `client`, its connections run by `executor`.
 ///
-/// kube builds its stack with no setting for hyper's connections, so this is its stack:
-/// TLS over a plain connector, the timeouts, the base URI, retries of 429, 503 and 504 (its
-/// `default_retry`), the credentials and extra headers. Left out: kube's debug span per
-/// request, and proxies, which this build of kube refuses anyway (no `http-proxy` or `socks5`
-/// feature): a proxy in the kubeconfig goes to kube's own builder, for its error.
+/// kube's builder has no settings for hyper's connections, so this rebuilds kube's stack: TLS,
+/// timeouts, base URI, retries of 429/503/504, credentials and extra headers. Left out: kube's
+/// per-request debug span, and proxies (a proxy goes to kube's builder, which reports the
+/// error: this build of kube has no proxy support).
 ///
-/// Unlike kube's, it offers HTTP/2 (ALPN), as client-go does: every request of a client then
-/// shares one connection. Over HTTP/1.1 each request in flight holds a TLS connection of its
-/// own, and a burst of reconciles (32 at once, each with an apply and a status write in
-/// flight) opened 60 and more, each holding its TLS and read buffers until it had been idle
-/// for `REQUEST_TIMEOUT`: 2 to 3 MiB of the operator's heap for half a minute after every
-/// burst (measured with `make bench` before the change). A plain-HTTP server is spoken to in
-/// HTTP/1.1.
+/// It offers HTTP/2 as client-go does, so all requests share one connection. Over HTTP/1.1 a
+/// burst of reconciles opened 60+ TLS connections, 2–3 MiB of heap held for half a minute.
 pub fn client_on<E>(config: Config, executor: E) -> Result<Client, kube::Error>
 where
     E: hyper::rt::Executor<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> + Send + Sync + Clone + 'static,
@@ -159,11 +139,8 @@ where
     }
     let mut plain = hyper_util::client::legacy::connect::HttpConnector::new();
     plain.enforce_http(false);
-    // As Go (and so client-go) does for every TCP connection. Over HTTP/2 a request's headers
-    // and its body leave as separate small writes, and with Nagle's algorithm on, the body
-    // waited for the API server's delayed ACK of the headers: 40 ms more on every write with
-    // a body (a status write took 49 ms in the API server where kube-controller-manager's took
-    // 16; `make bench`, 2026-12-06).
+    // As Go does. Over HTTP/2 headers and body are separate small writes; with Nagle on, the
+    // body waited for the server's delayed ACK: 40 ms more on every write with a body.
     plain.set_nodelay(true);
     let mut connector = hyper_timeout::TimeoutConnector::new(https_connector(&config, plain)?);
     connector.set_connect_timeout(config.connect_timeout);
@@ -184,16 +161,16 @@ where
         .option_layer(config.default_retry.then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry())))
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
-        // The read timeout bounds a connection's silence; on a shared HTTP/2 connection that
-        // others keep busy, a request of its own could wait longer for its answer to begin.
+        // The read timeout bounds a connection's silence; on a busy shared HTTP/2 connection, a
+        // request could otherwise wait longer for its own answer.
         .option_layer(config.read_timeout.map(tower::timeout::TimeoutLayer::new))
         .map_err(tower::BoxError::from)
         .service(connections);
     Ok(Client::new(service, config.default_namespace))
 }
 
-/// kube's TLS connector (`ConfigExt::rustls_https_connector_with_connector`: the kubeconfig's
-/// CA, client certificate and `tls-server-name`), offering HTTP/2 and HTTP/1.1.
+/// kube's TLS connector (kubeconfig's CA, client certificate, `tls-server-name`), offering
+/// HTTP/2 and HTTP/1.1.
 fn https_connector<H>(config: &Config, plain: H) -> Result<hyper_rustls::HttpsConnector<H>, kube::Error> {
     use kube::client::ConfigExt;
 
@@ -219,7 +196,7 @@ fn bounded(mut config: Config, read: Duration) -> Config {
     config
 }
 
-/// The client configuration `connect` uses, already checked for disabled TLS verification.
+/// The client configuration `connect` uses, checked for disabled TLS verification.
 pub async fn config(args: &ConnectionArgs) -> Result<Config, Error> {
     let options = KubeConfigOptions { context: args.context.clone(), ..Default::default() };
     let config = match &args.kubeconfig {
@@ -240,9 +217,8 @@ pub async fn config(args: &ConnectionArgs) -> Result<Config, Error> {
     Ok(identify(config))
 }
 
-/// What every request says it comes from: `mw-operator/<version>`, so the API server's audit
-/// log and API priority and fairness can tell the operator (and the bridge, which connects
-/// through here too) from any other client.
+/// Lets the audit log and API priority and fairness tell the operator and the bridge from
+/// other clients.
 pub const USER_AGENT: &str = concat!("mw-operator/", env!("CARGO_PKG_VERSION"));
 
 fn identify(mut config: Config) -> Config {

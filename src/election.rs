@@ -1,12 +1,8 @@
-//! Leader election on a `coordination.k8s.io` Lease, fenced: every write this replica makes
-//! checks one deadline (`Leadership`), which the renew loop moves to the Lease duration less
-//! the grace after each renewal it *sent* that succeeded; a write after it is refused here and
-//! never sent. A standby takes the Lease only once it has seen it unchanged for the whole
-//! Lease duration, timed from the *answers* it got, so the old leader's deadline has passed at
-//! least the grace before anyone else can hold the Lease. Only the holder of the Lease
-//! reconciles and writes; a standby waits with warm caches and takes over once the holder stops
-//! renewing (at most the Lease duration after it died), or at once when the holder releases
-//! the Lease on a clean shutdown.
+//! Leader election on a `coordination.k8s.io` Lease, with fencing: every write checks one
+//! deadline (`Leadership`), set to "last successful renewal sent + duration − grace". A
+//! standby takes the Lease only after seeing it unchanged for a whole duration, timed from the
+//! answers it got, so the old leader has stopped writing at least `grace` before anyone else
+//! can hold it. A clean shutdown releases the Lease so a standby takes over at once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,8 +22,8 @@ use tracing::{debug, info, warn};
 use crate::error::Error;
 use crate::shutdown::STOP_GRACE;
 
-/// How long a clean shutdown waits for the Lease to be released before exiting anyway (the
-/// standby then takes over when the Lease expires instead of at once).
+/// How long shutdown tries to release the Lease before exiting anyway (the standby then
+/// waits for it to expire).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Leader election flags of `run`.
@@ -71,8 +67,8 @@ pub struct Election {
 }
 
 impl ElectionArgs {
-    /// None when election is off. A grace above half the duration is refused: the renew
-    /// deadline (duration - grace) would leave too little time to renew before it passes.
+    /// None when election is off. The grace may be at most half the duration, or too little
+    /// time is left to renew before the deadline.
     pub fn election(&self, default_lease: &str, hostname: impl FnOnce() -> String) -> Result<Option<Election>, String> {
         if self.no_leader_election {
             return Ok(None);
@@ -93,7 +89,7 @@ impl ElectionArgs {
     }
 }
 
-/// `<host>-<pid>`: unique per process, stable for its life, and says where it runs.
+/// `<host>-<pid>`: unique per process and says where it runs.
 pub fn default_identity() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -104,39 +100,32 @@ pub fn default_identity() -> String {
 }
 
 impl Election {
-    /// How long a leader may write after a renewal it sent succeeded: the Lease duration less
-    /// the renew grace (10 s of 15 by default). A standby takes the Lease only once it has
-    /// seen it unchanged for the whole duration after an answer that showed that renewal, so
-    /// the leader's last write was sent at least `grace` before anyone else can hold it.
+    /// How long a leader may write after a renewal it sent succeeded (duration − grace; 10 s of
+    /// 15 by default). See the module comment for why this is safe.
     fn renew_deadline(&self) -> Duration {
         Duration::from_secs(self.duration.saturating_sub(self.grace))
     }
 
-    /// Pause between renewals, and between a standby's looks at the Lease (client-go's
-    /// retry period).
+    /// Pause between renewals and between a standby's looks (client-go's retry period).
     fn retry_period(&self) -> Duration {
         RETRY_PERIOD.min(self.renew_deadline() / 4)
     }
 
-    /// The deadline this replica's writes check: not leading until `run` wins the Lease. Give
-    /// it (or the client `Leadership::client` makes of it) to every writer, and the same
-    /// handle to `run`.
+    /// The deadline every writer checks; not leading until `run` wins the Lease. Pass the same
+    /// handle to `run` and to every writer (or use `Leadership::client`).
     pub fn leadership(&self) -> Leadership {
         Leadership::new(self.describe(), Term::Standby)
     }
 
-    /// Compete for the Lease until `shutdown`. Each time this replica wins it, `term(stop)`
-    /// runs, and `leadership` lets writes through, until the term ends:
-    /// - the Lease is taken by another, or no renewal succeeded within the renew deadline:
-    ///   `leadership` refuses every write from then on and `term` is dropped at once (its
-    ///   tasks must end when it is dropped: nothing it left behind may write);
-    /// - shutdown begins: `stop` turns true and `term` gets `STOP_GRACE` to finish while the
-    ///   Lease is still renewed (a loss meanwhile ends it at once, as above); then the Lease is
-    ///   released (so a standby takes over at once) before this returns;
+    /// Compete for the Lease until `shutdown`. Each time this replica wins, `term(stop)` runs and
+    /// writes are let through until:
+    /// - the Lease is lost or the renew deadline passes: writes are refused and `term` is dropped
+    ///   at once (its tasks must end when dropped, so nothing left behind can write);
+    /// - shutdown begins: `stop` turns true, `term` gets `STOP_GRACE` while renewals go on, then
+    ///   the Lease is released;
     /// - `term` returns by itself.
     ///
-    /// `leading` is told each change of leadership (for the `leader_election_master_status`
-    /// gauge and whatever else must know).
+    /// `leading` is told each change (for the `leader_election_master_status` gauge).
     pub async fn run<F, Fut>(
         self,
         client: Client,
@@ -182,9 +171,8 @@ impl Election {
         Ok(())
     }
 
-    /// One term: `work` runs while the Lease is renewed. Returns why leadership was lost (if it
-    /// was) and whether shutdown began. `leadership` refuses writes before `work` is dropped,
-    /// and `work` is dropped before this returns.
+    /// One term. Returns why leadership was lost (if it was) and whether shutdown began. Writes
+    /// are refused before `work` is dropped.
     async fn serve(
         &self,
         leases: &Api<Lease>,
@@ -196,9 +184,8 @@ impl Election {
         let work = std::pin::pin!(work);
         let mut work = leadership.while_leading(work);
         let mut keep = std::pin::pin!(self.keep(leases, leadership));
-        // Biased: a leader resumed after a pause past its deadline (SIGSTOP, a frozen VM, a
-        // starved CPU) finds its renewal loop and its work ready at once; the renewal loop is
-        // asked first, and `while_leading` does not poll the work past the deadline either.
+        // Biased: after a pause past the deadline (SIGSTOP, frozen VM) the renewal loop must be
+        // asked first; `while_leading` also refuses to poll the work past the deadline.
         let ended = tokio::select! {
             biased;
             reason = &mut keep => Ended::Lost(reason),
@@ -208,8 +195,7 @@ impl Election {
         let outcome = match ended {
             Ended::Work => (None, false),
             Ended::Lost(reason) => (Some(reason), false),
-            // Still the leader while in-flight work finishes: renewals go on, and a loss ends
-            // the work at once.
+            // Still leading while in-flight work finishes: renewals go on; a loss ends it at once.
             Ended::Shutdown => {
                 let _ = stop.send(true);
                 tokio::select! {
@@ -225,23 +211,21 @@ impl Election {
                 }
             }
         };
-        // Refused from here on, before the work (and whatever it would still send) is dropped.
+        // Refuse writes before dropping the work, so nothing it still holds can send.
         leadership.end();
         outcome
     }
 
-    /// Until this replica holds the Lease: look at it every retry period, and take it when it
-    /// is free, released, or has not changed for a whole Lease duration by this replica's own
-    /// clock (so clocks need not agree, as in client-go), timed from when the answer came.
+    /// Until this replica holds the Lease: take it when it is absent, released, or unchanged for
+    /// a whole duration by this replica's own clock (clocks need not agree, as in client-go).
     /// Returns when the winning write was sent: the leader's deadline counts from there.
     async fn acquire(&self, leases: &Api<Lease>, standby: &mut Standby) -> Instant {
         loop {
             let read = async { leases.get_opt(&self.lease_name).await.map_err(LeaseError::Api) };
             match bounded(self.attempt_timeout(), read).await {
                 Ok(current) => {
-                    // The answer's time, not the request's: the record may have been renewed
-                    // after the request left (a slow request), and timing it from the request
-                    // would let this replica take over before the renewal's deadline.
+                    // Time from the answer: a renewal may land during a slow request, and timing
+                    // from the request could take over before it expires.
                     let answered = Instant::now();
                     let own = (Duration::from_secs(self.duration), self.identity.as_str());
                     if standby.observe(current.as_ref(), answered, own) {
@@ -258,9 +242,8 @@ impl Election {
         }
     }
 
-    /// While leading: renew every retry period, moving `leadership`'s deadline on each success.
-    /// Returns why leadership ended: someone else holds the Lease, or the deadline passed (each
-    /// attempt is bounded by it, so a hung connection cannot keep it waiting).
+    /// While leading: renew every retry period, moving the deadline on each success; returns why
+    /// leadership ended. Attempts are bounded by the deadline, so a hung connection cannot stall.
     async fn keep(&self, leases: &Api<Lease>, leadership: &Leadership) -> String {
         loop {
             let Some(left) = leadership.left(Instant::now()) else { return self.expired() };
@@ -287,8 +270,8 @@ impl Election {
         format!("no renewal succeeded within {:?}", self.renew_deadline())
     }
 
-    /// Take (`acquire`) or renew the Lease, conditional on the resourceVersion `current` was
-    /// read at: of two replicas writing the same version, one gets 409.
+    /// Take or renew the Lease, conditional on `current`'s resourceVersion: of two replicas
+    /// writing at once, one gets 409.
     async fn write(&self, leases: &Api<Lease>, current: Option<&Lease>, acquire: bool) -> Result<(), LeaseError> {
         let now = MicroTime(Timestamp::now());
         let duration = i32::try_from(self.duration).unwrap_or(i32::MAX);
@@ -326,8 +309,8 @@ impl Election {
         Ok(())
     }
 
-    /// Give the Lease up (on shutdown, while still holding it), so a standby takes it at its
-    /// next look instead of after the Lease duration.
+    /// Give the Lease up on shutdown, so a standby takes it at its next look instead of after
+    /// the Lease duration.
     async fn release(&self, leases: &Api<Lease>) {
         let release = async {
             let current = leases.get_opt(&self.lease_name).await.map_err(LeaseError::Api)?;
@@ -352,8 +335,8 @@ impl Election {
         }
     }
 
-    /// One request to the Lease may take at most this long: a quarter of the renew deadline,
-    /// so several renewals are tried before the deadline passes.
+    /// Bound on one Lease request: a quarter of the renew deadline, so several renewals are tried
+    /// before it passes.
     fn attempt_timeout(&self) -> Duration {
         (self.renew_deadline() / 4).max(Duration::from_millis(500))
     }
@@ -363,7 +346,7 @@ impl Election {
     }
 }
 
-/// Between renewals and a standby's looks at the Lease (client-go's default retry period).
+/// client-go's default retry period.
 const RETRY_PERIOD: Duration = Duration::from_secs(2);
 
 enum Ended {
@@ -382,7 +365,6 @@ enum LeaseError {
     TimedOut(Duration),
 }
 
-/// `request`, but at most `limit`.
 async fn bounded<T>(limit: Duration, request: impl Future<Output = Result<T, LeaseError>>) -> Result<T, LeaseError> {
     tokio::time::timeout(limit, request).await.unwrap_or(Err(LeaseError::TimedOut(limit)))
 }
@@ -391,11 +373,9 @@ fn holder(lease: Option<&Lease>) -> Option<&str> {
     lease?.spec.as_ref()?.holder_identity.as_deref().filter(|h| !h.is_empty())
 }
 
-/// This replica's right to write: one deadline, shared by the election, which moves it on
-/// each successful renewal, and every writer, which checks it at each write (`check`, `write`,
-/// and the client `client` makes). A write refused is never sent; one that is still unanswered
-/// at the deadline is abandoned (the API server may have it already, but it left before the
-/// deadline).
+/// This replica's right to write: one deadline, moved by each successful renewal and checked
+/// by every write (`check`, `write`, and the client from `client`). A refused write is never
+/// sent; one still unanswered at the deadline is abandoned (it left before the deadline).
 #[derive(Clone, Debug)]
 pub struct Leadership {
     inner: Arc<Shared>,
@@ -410,22 +390,21 @@ struct Shared {
 
 #[derive(Clone, Copy, Debug)]
 struct State {
-    /// Counts terms and the stretches between them: a connection of the fenced client
-    /// belongs to the one it was opened in, and ends with it.
+    /// Counts terms and the gaps between them: a fenced connection ends with the one it was
+    /// opened in.
     epoch: u64,
     term: Term,
 }
 
-/// Where this replica stands. Pure, so the fencing rule is unit-tested.
+/// Where this replica stands. Pure, so the fencing rule can be unit-tested.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Term {
     /// Election is off: one replica, always writing.
     Unfenced,
     /// Not leading (yet, or any more).
     Standby,
-    /// Leading until this instant: the last renewal that succeeded, timed from when it was
-    /// *sent* (the API server stored it no earlier, so a standby saw it no earlier), plus the
-    /// renew deadline.
+    /// Leading until this instant: when the last successful renewal was *sent* (the API server
+    /// stored it no earlier) plus the renew deadline.
     Until(Instant),
 }
 
@@ -442,8 +421,8 @@ impl Term {
         }
     }
 
-    /// A renewal succeeded: lead until `until`. A late answer to an older renewal moves
-    /// nothing, and neither does one after the term ended.
+    /// A renewal succeeded. A late answer to an older renewal, or one after the term ended,
+    /// moves nothing.
     fn renewed(&mut self, until: Instant) {
         if let Term::Until(deadline) = self {
             *deadline = (*deadline).max(until);
@@ -476,15 +455,14 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// The fence refused this write before it left: this replica did not lead, or its renew
-/// deadline had passed, when the write was asked for (`Leadership::write`). A write abandoned
-/// unanswered was sent.
+/// The fence refused this write before it was sent (not leading, or deadline passed). An
+/// abandoned write was sent.
 pub fn refused_before_sending(err: &kube::Error) -> bool {
     let kube::Error::Service(source) = err else { return false };
     source.downcast_ref::<NotLeading>().is_some_and(|refused| refused.why != Refused::Unanswered)
 }
 
-/// A write this replica refused to make because it may no longer write as leader.
+/// A write refused because this replica may no longer lead.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("{why} (Lease {lease}); another replica may lead")]
 pub struct NotLeading {
@@ -519,8 +497,8 @@ impl Leadership {
         self.state().term.left(Instant::now()).map_err(|why| self.refused(why))
     }
 
-    /// `write`, only if this replica may write now; not polled again once it may not (so
-    /// nothing in it, a retry say, starts another request), and abandoned at the deadline.
+    /// `write`, only while this replica may write: never polled again once it may not (so a retry
+    /// inside cannot start another request), and abandoned at the deadline.
     pub async fn write<F: Future>(&self, write: F) -> Result<F::Output, NotLeading> {
         let left = self.check()?;
         let write = std::pin::pin!(write);
@@ -531,17 +509,14 @@ impl Leadership {
                 tokio::time::timeout(left, write).await.unwrap_or_else(|_| Err(self.refused(Refused::Unanswered)))
             }
         };
-        // Checked above: a refusal from here on came after the write had left.
+        // Checked above, so a refusal from here on means the write had already left.
         answered.map_err(|_| self.refused(Refused::Unanswered))
     }
 
-    /// A client for `config` whose every request that is not a read (GET, HEAD, OPTIONS) goes
-    /// through `write`: applies, status writes, deletes and Events alike, wherever they are
-    /// made; refusals are `kube::Error::Service` with the `NotLeading` message. Its connections
-    /// are its own, each ending (unpolled, so writing nothing more) with the term or the stretch
-    /// between terms it was opened in, or at the deadline: a request checked just before a
-    /// pause and still queued on its connection when the process resumes is never written.
-    /// Unfenced: the plain client.
+    /// A client whose every non-read request (not GET, HEAD, OPTIONS) goes through `write`, so
+    /// all writes are fenced wherever they are made. Each connection ends with the term (or gap
+    /// between terms) it was opened in, or at the deadline: a request queued just before a pause
+    /// is never written after the process resumes. Unfenced: the plain client.
     pub fn client(&self, config: kube::Config) -> Result<Client, kube::Error> {
         if self.state().term == Term::Unfenced {
             return crate::client::client(config);
@@ -556,16 +531,15 @@ impl Leadership {
                     matches!(*request.method(), hyper::Method::GET | hyper::Method::HEAD | hyper::Method::OPTIONS);
                 let response =
                     if read { client.send(request).await } else { leadership.write(client.send(request)).await? };
-                // The client's own errors go back as they are (kube unwraps them again).
+                // Pass the client's own errors through unchanged (kube unwraps them again).
                 response.map_err(tower::BoxError::from)
             }
         });
         Ok(Client::new(service, namespace))
     }
 
-    /// `work`, polled only while this replica may write: once it may not, it is not polled
-    /// again (a resumed process may find work ready to run before anything else noticed the
-    /// time), and the future ends with the refusal.
+    /// `work`, polled only while this replica may write (a resumed process may find work ready
+    /// before anything noticed the time); ends with the refusal otherwise.
     fn while_leading<'a, F: Future>(
         &'a self,
         mut work: Pin<&'a mut F>,
@@ -576,14 +550,13 @@ impl Leadership {
         })
     }
 
-    /// Whether a connection opened in `epoch` may go on: only within it, and never past the
-    /// deadline (a standby's connections carry its reads).
+    /// A connection runs only within its epoch and never past the deadline (a standby's
+    /// connections carry its reads).
     fn connection_may_run(&self, epoch: u64) -> bool {
         let state = self.state();
         state.epoch == epoch && state.term.left(Instant::now()) != Err(Refused::DeadlinePassed)
     }
 
-    /// A term began: lead until `until`.
     fn begin(&self, until: Instant) {
         self.set(|s| *s = State { epoch: s.epoch + 1, term: Term::Until(until) });
     }
@@ -607,8 +580,8 @@ impl Leadership {
     }
 }
 
-/// Runs the fenced client's connections (hyper's background tasks: each one writes the
-/// requests queued on its connection): polled only while `Leadership::connection_may_run`.
+/// Runs the fenced client's connections (hyper's tasks that write queued requests), polling
+/// them only while `Leadership::connection_may_run`.
 #[derive(Clone)]
 struct Connections(Leadership);
 
@@ -626,26 +599,22 @@ impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for Connect
     }
 }
 
-/// What a standby has seen of the Lease: its record, and when (by this replica's clock) that
-/// record last changed. Pure.
+/// What a standby has seen of the Lease and when (by its own clock) that last changed. Pure.
 #[derive(Debug, Default)]
 struct Standby {
     record: Option<(Option<String>, Option<String>)>,
     since: Option<Instant>,
-    /// This process has led under its identity: a Lease still held by that identity is its
-    /// own from an earlier term. Before, it may be another process given the same identity
-    /// (two replicas with one `--identity`), which is waited for like any other holder.
+    /// This process has led under its identity, so a Lease held by that identity is its own.
+    /// Before that, it may be another process with the same `--identity`, and is waited for.
     led: bool,
 }
 
 impl Standby {
     /// Whether the Lease may be taken: absent, without a holder, held by this process's own
-    /// identity after a term of its own, or unchanged (holder and renew time) since this
-    /// replica first saw it so for the longer of its own Lease duration and the one the
-    /// Lease says (its holder's: during an upgrade that shortens it, the old leader still
-    /// writes for the old length, as client-go also judges by the Lease's).
-    /// `answered` is when the answer that showed `lease` came; `(duration, identity)` are
-    /// this replica's own.
+    /// identity after a term, or unchanged (holder and renew time) for the longer of this
+    /// replica's duration and the Lease's (during an upgrade that shortens it the old leader
+    /// still uses the old length; client-go also uses the Lease's). `answered` is when the
+    /// answer came.
     fn observe(&mut self, lease: Option<&Lease>, answered: Instant, (duration, identity): (Duration, &str)) -> bool {
         let Some(l) = lease else { return true };
         match holder(Some(l)) {
@@ -731,16 +700,13 @@ mod tests {
         assert!(e.attempt_timeout() < e.renew_deadline() && e.retry_period() < e.renew_deadline());
     }
 
-    /// A model of one takeover, run on the real rules (the leader's `Term`, the standby's
-    /// `Standby::observe`), the leader configured as `e` and the standby as `standby` (the
-    /// same, or another Lease duration during an upgrade). The leader took the Lease at t0 and renews every retry period,
-    /// each renewal stored by the API server `up` after it was sent, until it is paused
-    /// (SIGSTOP) after its fifth. The standby looks at the Lease one look at a time, a retry
-    /// period after the previous answer (the first at `offset`); its n-th look is read by the
-    /// API server `read(n)` after it was sent and answered `back` after that. Returns the
-    /// leader's deadline and the answer on which the standby takes the Lease, the standby
-    /// timing what it sees from the answer (as `acquire` does) or, with `from_request`, from
-    /// when it sent the look (the rule this replaced).
+    /// A model of one takeover on the real rules (`Term`, `Standby::observe`). The leader
+    /// (configured as `e`) took the Lease at t0 and renews every retry period, each renewal stored
+    /// `up` after it was sent, until it is paused after its fifth. The standby (configured as
+    /// `standby`) looks a retry period after each answer (first at `offset`); look n is read
+    /// `read(n)` after sending and answered `back` later. Returns the leader's deadline and the
+    /// answer on which the standby takes the Lease, timing from the answer (as `acquire` does) or,
+    /// with `from_request`, from when the look was sent (the old, unsafe rule).
     fn takeover(
         e: &Election,
         standby_config: &Election,

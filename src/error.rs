@@ -82,9 +82,8 @@ impl Error {
         }
     }
 
-    /// Every `kind()` a reconcile can fail with, as `mw_operator_reconcile_errors_total`'s
-    /// `kind` label (exported from the start). The other kinds are start-up errors, which end
-    /// the process instead of being counted.
+    /// Every `kind()` a reconcile can fail with, as `mw_operator_reconcile_errors_total`'s `kind`
+    /// label (exported from the start). The other kinds are start-up errors that end the process.
     pub const RECONCILE_KINDS: [&'static str; 12] = [
         "missing_namespace",
         "get_deployment",
@@ -115,9 +114,8 @@ impl Error {
     }
 
     /// Whether retrying the same object cannot help: the API server judged the request itself
-    /// (400 Bad Request, 422 Invalid) or the object is gone (404), or the object cannot be
-    /// handled at all. Such a reconcile waits for the object to change. Everything else (an
-    /// unreachable or overloaded API server, a 403 that an RBAC fix cures, a timeout) is
+    /// (400, 422), the object is gone (404), or it cannot be handled at all; such a reconcile
+    /// waits for a change. Everything else (unreachable, overloaded, an RBAC 403, a timeout) is
     /// retried with backoff.
     pub fn is_permanent(&self) -> bool {
         match self {
@@ -130,8 +128,8 @@ impl Error {
     }
 }
 
-/// The metric label of a failed operation on an owned object: `<operation>_<object>`, a fixed
-/// set (`Error::RECONCILE_KINDS`) so that every series exists from the start.
+/// The metric label of a failed operation on an owned object, `<operation>_<object>`: a fixed
+/// set (`Error::RECONCILE_KINDS`), so every series exists from the start.
 fn owned_kind(operation: Operation, kind: &str) -> &'static str {
     match (operation, kind) {
         (Operation::Get, "Deployment") => "get_deployment",
@@ -148,11 +146,10 @@ fn owned_kind(operation: Operation, kind: &str) -> &'static str {
     }
 }
 
-/// A 403 that the authorizer (RBAC) gave, as opposed to one from admission: a ResourceQuota
-/// ("exceeded quota"), a ValidatingAdmissionPolicy or a webhook also answer 403 Forbidden, and
-/// granting a Role cures none of them. The API server words an authorization denial as
-/// `<resource> "<name>" is forbidden: User "<user>" cannot <verb> resource "<resource>" ...`
-/// (k8s.io/apiserver's `forbiddenMessage`); nothing else it says has that form.
+/// A 403 from the authorizer (RBAC), not from admission: a ResourceQuota, a
+/// ValidatingAdmissionPolicy or a webhook also answer 403, and granting a Role cures none of
+/// them. Only an authorization denial reads `... is forbidden: User "<user>" cannot <verb>
+/// resource ...` (k8s.io/apiserver's `forbiddenMessage`).
 pub fn is_authorization_denial(status: &kube::core::Status) -> bool {
     status.code == 403 && status.message.contains("forbidden: User \"") && status.message.contains("\" cannot ")
 }
@@ -160,8 +157,7 @@ pub fn is_authorization_denial(status: &kube::core::Status) -> bool {
 fn permanent_api_error(err: &kube::Error) -> bool {
     match err {
         kube::Error::Api(status) => matches!(status.code, 400 | 404 | 422),
-        // The API server answered with something that does not parse as the object: the same
-        // request gets the same answer.
+        // The answer does not parse as the object: the same request gets the same answer.
         kube::Error::SerdeError(_) => true,
         _ => false,
     }

@@ -1,9 +1,9 @@
 //! The operator's Prometheus metrics (served by `telemetry` on `--metrics-address`).
 //!
-//! Where controller-runtime has a metric for the same thing, the name and labels are its own
-//! (`controller_runtime_*`, `leader_election_master_status`), so dashboards and alerts written
-//! for controller-runtime operators work unchanged. What is specific to this operator is under
-//! `mw_operator_*`. docs/operations.md lists every metric.
+//! Where controller-runtime has a metric for the same thing, its name and labels are used
+//! (`controller_runtime_*`, `leader_election_master_status`), so dashboards and alerts for
+//! controller-runtime operators work unchanged; the rest is `mw_operator_*`.
+//! docs/operations.md lists every metric.
 
 use std::collections::BTreeMap;
 
@@ -22,8 +22,8 @@ pub const CONTROLLER: &str = "managedworkload";
 /// The `name` label of `leader_election_master_status`: the Lease's name.
 pub const DEFAULT_LEASE: &str = "mw-operator";
 
-/// The `resource` label of `mw_operator_watch_restarts_total`: one per watch of
-/// `operator::watches::Caches` (a watch named otherwise trips a debug assertion).
+/// The `resource` label of `mw_operator_watch_restarts_total`: one per watch (another name
+/// trips a debug assertion).
 pub const WATCHED: [&str; 7] =
     ["managedworkloads", "deployments", "replicasets", "pods", "persistentvolumeclaims", "services", "networkpolicies"];
 
@@ -104,7 +104,6 @@ fn write_labels(resource: &str, verb: &str) -> Labels {
 }
 
 impl Metrics {
-    /// Create the metrics and register them.
     pub fn register(registry: &mut Registry) -> std::sync::Arc<Metrics> {
         let m = Metrics::default();
         registry.register(
@@ -201,9 +200,8 @@ impl Metrics {
         self.watch_restarts.get_or_create(&resource_labels(resource)).inc();
     }
 
-    /// A write made, `answer` the API server's answer to it: counted unless the leader
-    /// election's fence refused it before it left (`election::refused_before_sending`), so
-    /// the counter says what was sent.
+    /// A write made, with the API server's answer: counted unless the fence refused it before
+    /// it left (`election::refused_before_sending`), so the counter says what was sent.
     pub fn sent<T>(&self, resource: &'static str, verb: &'static str, answer: &Result<T, kube::Error>) {
         if answer.as_ref().is_err_and(crate::election::refused_before_sending) {
             return;
@@ -233,8 +231,8 @@ impl Metrics {
         self.events_dropped.inc_by(n);
     }
 
-    /// Replace the workloads-by-phase gauges with `counts` (every phase is always exported,
-    /// at 0 when absent, so a phase that empties does not keep its last value).
+    /// Replace the workloads-by-phase gauges with `counts`. Every phase is always exported (0
+    /// when absent), so one that empties does not keep its last value.
     pub fn set_workloads(&self, counts: &BTreeMap<&'static str, i64>) {
         let phases = [
             None,

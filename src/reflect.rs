@@ -1,21 +1,12 @@
-//! A kube-runtime store kept in step with a watch, re-lists taken in place, and lists streamed
-//! where the API server can.
+//! A kube-runtime store kept in step with a watch, with re-lists applied in place, and lists
+//! streamed where the API server supports it.
 //!
-//! kube-runtime's `reflect` builds a re-list (after an API server restart, or once a watch's
-//! resourceVersion expired) as a second copy of the whole cache beside the first and swaps it
-//! in at the end (`InitDone`). At thousands of objects, that doubles the cache for the length
-//! of the list, and what the old copy freed is left on pages that still hold live objects: in
-//! a soak at 1,500 workloads, each re-list left the operator's resident memory 5 to 9 MiB
-//! higher for good. Here, after the first list, each listed object that changed replaces its
-//! old copy at once (one that did not keeps it), and the end of the re-list removes what it
-//! did not list (deleted during the gap). The store stays the store kube-runtime's controller
-//! reads; only the first list goes through as it comes, since the store becomes ready at its
-//! end.
-//!
-//! While a re-list runs, the cache holds the objects listed so far beside the ones not yet
-//! listed, as they were before the gap (kube-runtime's shows the old list whole until the
-//! end). Nothing acts on that mix: a re-list triggers reconciles only once it is done
-//! (`operator::watches`).
+//! kube-runtime's `reflect` builds a re-list (after an API server restart or an expired
+//! resourceVersion) as a second full copy of the cache and swaps it in at the end; at
+//! thousands of objects this left resident memory 5–9 MiB higher after each re-list. Here a
+//! re-list replaces each changed object at once and, when done, removes what it did not list.
+//! Meanwhile the cache mixes new and old objects; nothing acts on that, because a re-list
+//! triggers reconciles only once it is done (`operator::watches`).
 
 use std::collections::HashSet;
 
@@ -26,15 +17,12 @@ use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::watcher::{self, InitialListStrategy};
 use tracing::{info, warn};
 
-/// Objects per list request, where lists are paged. A list's objects arrive a page at a time,
-/// and the page's body and objects (read whole before each is trimmed for its cache) are what
-/// a list holds besides the cache: with kube-runtime's 500, a re-list of every watch at once
-/// (after an API server restart) held six pages of 500 whole objects and their bodies.
+/// Objects per list request, where lists are paged. A page and its body are held whole while
+/// listing; with kube-runtime's 500, re-listing every watch at once held six such pages.
 pub const LIST_PAGE: u32 = 100;
 
-/// A watch of `selector`'s objects (every object for `None`), its lists taken as `lists`
-/// (`initial_lists`). Paged, a page of `LIST_PAGE` at a time, listed consistently (the
-/// default: the watch cache serves it once it has caught up with etcd).
+/// A watch of `selector`'s objects (all for `None`), listed as `lists` says (`initial_lists`).
+/// Paged lists are consistent reads (the default).
 pub fn watch_config(selector: Option<&str>, lists: InitialListStrategy) -> watcher::Config {
     let config = match lists {
         InitialListStrategy::StreamingList => watcher::Config::default().streaming_lists(),
@@ -48,22 +36,19 @@ pub fn watch_config(selector: Option<&str>, lists: InitialListStrategy) -> watch
 
 /// A label selector no object matches: the probe's watch lists nothing.
 const NOTHING: &str = "opensource-server.mieweb.org/none,!opensource-server.mieweb.org/none";
-/// How long the probe's watch stays open on the server, and how long it is waited for.
+/// How long the probe's watch stays open on the server, and how long we wait for it.
 const PROBE_WATCH_SECONDS: u32 = 1;
 const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The annotation of the bookmark that ends a streamed list.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
-/// How this API server lists for a watch: streamed, as the watch's first events (KEP-3157,
-/// the WatchList feature: on by default in Kubernetes 1.32 and from 1.34), if it does; else a
-/// page at a time. Asked once (`probe_lists`), and logged.
+/// How this API server lists for a watch: streamed as the watch's first events (WatchList,
+/// KEP-3157; on by default in 1.32 and from 1.34) if it can, else paged. Asked once, logged.
 ///
-/// Streamed, a list (and every re-list) holds one object at a time, never a page of them and
-/// its body: with 1,500 workloads, each API server restart left the operator's resident
-/// memory about 2 MiB higher for good when lists were paged, and unchanged when streamed
-/// (measured with `make soak`; the figures are in git history). The API server serves a streamed
-/// list from its watch cache as it is (kube-runtime asks from resourceVersion 0), not as of a
-/// quorum read: what changed since comes as the watch's next events.
+/// A streamed list holds one object at a time instead of a page and its body; paged re-lists
+/// left resident memory about 2 MiB higher after each API server restart (`make soak`). A
+/// streamed list comes from the watch cache, not a quorum read; later changes arrive as watch
+/// events.
 pub async fn initial_lists<K>(api: &Api<K>) -> InitialListStrategy
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -77,16 +62,15 @@ where
     lists.strategy()
 }
 
-/// What asking the API server whether it streams lists came to.
+/// The answer to "does the API server stream lists?".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Lists {
     /// It streamed the probe's (empty) list and ended it with its bookmark.
     Streamed,
-    /// It does not stream lists: refused, in its own words (WatchList off), or a plain watch
-    /// that ended without a list (older than 1.27).
+    /// It does not: refused in its own words (WatchList off), or a plain watch that ended
+    /// without a list (before 1.27).
     Paged { refusal: Option<String> },
-    /// The question went unanswered (an error, something else than the list's end, or
-    /// nothing in time): lists are paged, which works on every server.
+    /// No clear answer (error, unexpected event, timeout): page, which works everywhere.
     Unknown { reason: String },
 }
 
@@ -128,8 +112,8 @@ where
     let first = async { api.watch(&probe, "0").await?.boxed().try_next().await };
     match tokio::time::timeout(PROBE_WAIT, first).await {
         Ok(Ok(Some(event))) if ends_streamed_list(&event) => Lists::Streamed,
-        // Refused (WatchList off), or not understood (older than 1.27: a plain watch, which
-        // lists nothing here and ends).
+        // Refused (WatchList off), or not understood (before 1.27: a plain watch that lists
+        // nothing here and ends).
         Ok(Err(kube::Error::Api(status))) if status.code == 422 => Lists::Paged { refusal: Some(status.message) },
         Ok(Ok(None)) => Lists::Paged { refusal: None },
         Ok(Err(err)) => Lists::Unknown { reason: format!("asking failed: {err}") },
@@ -140,7 +124,6 @@ where
     }
 }
 
-/// Whether `event` is the bookmark that ends a streamed list.
 fn ends_streamed_list<K>(event: &WatchEvent<K>) -> bool {
     matches!(event, WatchEvent::Bookmark(mark) if mark.metadata.annotations.contains_key(INITIAL_EVENTS_END))
 }
@@ -165,9 +148,9 @@ where
 {
 }
 
-/// What a re-list under way has listed, so that what it did not list is forgotten when it is
-/// done: an object deleted during a watch gap comes as no event at all. One rule for every
-/// map kept beside a watch (the caches here, `PerObject`, `ByUid`).
+/// Keys listed so far by a re-list, so what it did not list is forgotten when it ends: an
+/// object deleted during a watch gap produces no event. Shared by every map kept beside a
+/// watch (the caches here, `PerObject`, `ByUid`).
 #[derive(Debug)]
 pub struct Relist<T> {
     listing: Option<HashSet<T>>,
@@ -180,9 +163,9 @@ impl<T> Default for Relist<T> {
 }
 
 impl<T: Eq + std::hash::Hash> Relist<T> {
-    /// Follow `event`, an object of which `key` names (`None`: not kept). When a list is done,
-    /// the keys it listed: keep those, forget the rest. A list that restarts (it failed part
-    /// way) starts its count again: what it applied already is newer than the gap, and stays.
+    /// Follow `event` (`key` names the object; `None`: not kept). When a list ends, returns the
+    /// keys it listed. A restarted list starts counting again; what it already applied is newer
+    /// than the gap and stays.
     pub fn observe<K>(&mut self, event: &watcher::Event<K>, key: impl FnOnce(&K) -> Option<T>) -> Option<HashSet<T>> {
         match event {
             watcher::Event::Init => {
@@ -223,7 +206,7 @@ where
         InPlace { writer, reader, listed_once: false, relist: Relist::default() }
     }
 
-    /// Apply `event` to the store; the event goes on unchanged.
+    /// Apply `event` to the store and pass it on unchanged.
     fn apply(&mut self, event: watcher::Event<K>) -> watcher::Event<K> {
         if !self.listed_once {
             self.listed_once = matches!(event, watcher::Event::InitDone);
@@ -233,10 +216,8 @@ where
         let listed = self.relist.observe(&event, |object| Some(key(object)));
         match event {
             watcher::Event::InitApply(object) => {
-                // An object the gap did not change (its resourceVersion is the cached one's)
-                // keeps its cached copy: a copy made now would land among the list's garbage
-                // and leave its pages partly used once that is freed (most of a cache, after
-                // a short outage).
+                // Unchanged by the gap (same resourceVersion): keep the cached copy; a new one
+                // would be allocated among the list's garbage and fragment the heap.
                 let version = object.meta().resource_version.as_deref();
                 let unchanged = version.is_some()
                     && self
@@ -246,8 +227,7 @@ where
                 if unchanged {
                     return watcher::Event::InitApply(object);
                 }
-                // As an Apply, which the writer takes into the store at once; moved in and out
-                // rather than copied (the writer makes its own copy).
+                // As an Apply, which the writer stores at once; moved in and out, not copied.
                 let applied = watcher::Event::Apply(object);
                 self.writer.apply_watcher_event(&applied);
                 match applied {
@@ -273,8 +253,8 @@ where
     }
 }
 
-/// Where `object` is in the store: its namespace and name (without the resourceVersion and UID
-/// an `ObjectRef` may carry, which take no part in finding it).
+/// The object's store key: namespace and name, without the resourceVersion and UID an
+/// `ObjectRef` may carry.
 fn key<K: Resource>(object: &K) -> ObjectRef<K>
 where
     K::DynamicType: Default,

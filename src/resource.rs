@@ -5,6 +5,9 @@
 //! message naming the field, before the operator ever sees it. Defaults are applied in code,
 //! never in the schema: a schema default would be written into the stored object and make
 //! GitOps tools (Argo CD, Flux) see a permanent diff.
+//!
+//! Doc comments here become the CRD's descriptions (`make crds`). Enums used as fields carry
+//! `//` comments instead: a doc comment on the type would replace the field's description.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -386,7 +389,7 @@ const ROLLING_UPDATE_NEEDS_SHARED_VOLUMES_MESSAGE: &str = "updateStrategy Rollin
      ReadWriteOnce or ReadWriteOncePod volume: the new Pod would wait forever for the volume the old Pod holds; \
      use Recreate (the default with volumes)";
 
-// --- Volumes (issue 14) -------------------------------------------------------------------
+// --- Volumes -----------------------------------------------------------------------------------
 
 /// One persistent volume of a workload: a PersistentVolumeClaim the operator creates and
 /// mounts. Its claim may grow, never shrink; its class and access mode are fixed once made.
@@ -430,8 +433,7 @@ pub struct Volume {
     pub retention_policy: Option<RetentionPolicy>,
 }
 
-// How a volume can be mounted. (a `//` comment: a doc comment here would replace the
-// field's own description in the CRD).
+// How a volume can be mounted.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 pub enum AccessMode {
     /// Read-write by one node at a time.
@@ -453,8 +455,7 @@ impl AccessMode {
     }
 }
 
-// What deleting the workload does to a volume's claim. (a `//` comment: a doc comment here
-// would replace the field's own description in the CRD).
+// What deleting the workload does to a volume's claim.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 pub enum RetentionPolicy {
     /// Keep the claim and its data.
@@ -494,7 +495,7 @@ pub struct VolumeStatus {
 
 // --- end of volumes ---------------------------------------------------------------------------
 
-// --- Service (issue 15) ----------------------------------------------------------------------
+// --- Service -----------------------------------------------------------------------------------
 
 /// The workload's Service. Its ports are always the workload's `spec.ports`; what is set here
 /// is how it is exposed.
@@ -550,8 +551,7 @@ impl ServiceSpec {
     }
 }
 
-// How the Service is exposed. (a `//` comment: a doc comment here would replace the field's
-// own description in the CRD).
+// How the Service is exposed.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 pub enum ServiceType {
     #[default]
@@ -570,7 +570,7 @@ impl ServiceType {
     }
 }
 
-// Where external traffic may be sent. (a `//` comment, as above).
+// Where external traffic may be sent.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum TrafficPolicy {
     Cluster,
@@ -627,8 +627,7 @@ pub struct ServicePortStatus {
 
 // --- end of Service ---------------------------------------------------------------------------
 
-// Start/stop: the desired state of the workload. (a `//` comment: a doc comment here would replace the
-// field's own description in the CRD).
+// Start/stop: the desired state of the workload.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 pub enum DesiredState {
     /// One replica.
@@ -638,8 +637,7 @@ pub enum DesiredState {
     Stopped,
 }
 
-// Deployment rollout strategy. (a `//` comment: a doc comment here would replace the
-// field's own description in the CRD).
+// Deployment rollout strategy.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum UpdateStrategy {
     /// Start the new Pod, then stop the old one.
@@ -799,8 +797,7 @@ pub struct ContainerPort {
     pub protocol: Option<Protocol>,
 }
 
-// Transport protocol of a port. (a `//` comment: a doc comment here would replace the
-// field's own description in the CRD).
+// Transport protocol of a port.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[allow(clippy::upper_case_acronyms)]
 pub enum Protocol {
@@ -841,8 +838,7 @@ pub struct LocalObjectReference {
     pub name: String,
 }
 
-// When the kubelet pulls the image. (a `//` comment: a doc comment here would replace the
-// field's own description in the CRD).
+// When the kubelet pulls the image.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum PullPolicy {
     Always,
@@ -885,16 +881,14 @@ pub struct Toleration {
     pub toleration_seconds: Option<i64>,
 }
 
-// How a toleration matches a taint's value. (a `//` comment: a doc comment here would replace
-// the field's own description in the CRD).
+// How a toleration matches a taint's value.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum TolerationOperator {
     Equal,
     Exists,
 }
 
-// A taint's effect. (a `//` comment: a doc comment here would replace the field's own
-// description in the CRD).
+// A taint's effect.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum TaintEffect {
     NoSchedule,
@@ -975,8 +969,7 @@ pub struct SeccompProfile {
     pub localhost_profile: Option<String>,
 }
 
-// Kind of seccomp profile. (a `//` comment: a doc comment here would replace the field's own
-// description in the CRD).
+// Kind of seccomp profile.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum SeccompProfileType {
     RuntimeDefault,
@@ -1037,8 +1030,7 @@ pub struct HttpGetAction {
     pub scheme: Option<Scheme>,
 }
 
-// URI scheme of an HTTP probe. (a `//` comment: a doc comment here would replace the field's
-// own description in the CRD).
+// URI scheme of an HTTP probe.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[allow(clippy::upper_case_acronyms)]
 pub enum Scheme {
@@ -1165,8 +1157,7 @@ pub struct ManagedWorkloadStatus {
     pub volumes: Vec<VolumeStatus>,
 }
 
-// The workload's phase (see docs/resource.md for the exact rules). (a `//` comment: a doc comment here would replace the
-// field's own description in the CRD).
+// The workload's phase (docs/resource.md gives the exact rules).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum Phase {
     Creating,

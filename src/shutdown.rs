@@ -7,10 +7,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-/// How long in-flight reconciles may take to finish once a term ends (shutdown or lost Lease)
-/// before they are dropped. With the 5 s for the release it stays inside the chart's 30 s
-/// terminationGracePeriodSeconds; a reconcile normally takes milliseconds, but one stuck on an
-/// unreachable API server would otherwise wait for the client's own timeout (minutes).
+/// How long in-flight reconciles may take to finish once a term ends before they are dropped.
+/// With the 5 s to release the Lease it fits the chart's 30 s terminationGracePeriodSeconds;
+/// without it, a reconcile stuck on an unreachable API server would wait minutes.
 pub const STOP_GRACE: Duration = Duration::from_secs(20);
 
 /// Turns true on the first SIGTERM or SIGINT.

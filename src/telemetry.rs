@@ -1,6 +1,6 @@
-//! Probes and Prometheus metrics over HTTP: `/healthz`, `/readyz` and `/metrics`, for the
-//! operator and the bridge alike. A plain hyper HTTP/1 server (hyper is already in the tree
-//! through kube) and prometheus-client's registry and text encoder.
+//! Probes and Prometheus metrics over HTTP (`/healthz`, `/readyz`, `/metrics`), for the
+//! operator and the bridge: a plain hyper HTTP/1 server (hyper comes with kube) and
+//! prometheus-client's text encoder.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,11 +19,9 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
-/// Whether the process is ready to serve (caches synced, first pass done), and whether it is
-/// alive. Without a stall limit, liveness is the server answering at all; with one
-/// (`Health::with_stall_limit`), the process is alive only while its loop reports progress
-/// (`beat`) at least that often, so a loop stuck on something no timeout bounds (a hung
-/// connection, a deadlock) gets the Pod restarted instead of pinning it forever.
+/// Readiness, and liveness. Without a stall limit, alive means the server answers; with one,
+/// the loop must `beat` at least that often, so a loop stuck where no timeout reaches (a hung
+/// connection, a deadlock) gets the Pod restarted.
 #[derive(Debug)]
 pub struct Health {
     ready: AtomicBool,
@@ -38,8 +36,8 @@ impl Default for Health {
 }
 
 impl Health {
-    /// Alive only while `beat` is called at least every `limit`. The clock starts now, so a
-    /// start-up that hangs longer than `limit` also shows as stalled.
+    /// Alive only while `beat` is called at least every `limit`. The clock starts now, so a hung
+    /// start-up counts too.
     pub fn with_stall_limit(limit: Duration) -> Self {
         Health { ready: AtomicBool::new(false), liveness: Some(Liveness::new(limit)) }
     }
@@ -61,8 +59,8 @@ impl Health {
     }
 }
 
-/// Progress of one loop: the time of the last `beat`, as milliseconds since `origin` in an
-/// atomic (the probe server reads it from another task, without a lock).
+/// The time of the last `beat`, as milliseconds since `origin`, in an atomic so the probe
+/// server can read it without a lock.
 #[derive(Debug)]
 pub struct Liveness {
     origin: Instant,
@@ -87,15 +85,15 @@ impl Liveness {
     }
 }
 
-/// The pure rule: with the last beat at `last` and now at `now` (both since the same origin),
-/// the loop is stalled when more than `limit` passed; the answer is how long it has been.
+/// The pure rule: the loop is stalled when more than `limit` passed since the last beat; the
+/// answer is how long it has been.
 pub fn stale(last: Duration, now: Duration, limit: Duration) -> Option<Duration> {
     let since = now.saturating_sub(last);
     (since > limit).then_some(since)
 }
 
-/// Bind `addr` and serve until the task is dropped. Returns the bound address (a port of 0
-/// picks a free one, which tests use).
+/// Bind `addr` and serve until the task is dropped. Returns the bound address (port 0 picks
+/// a free one, for tests).
 pub async fn serve(addr: SocketAddr, registry: Arc<Registry>, health: Arc<Health>) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;

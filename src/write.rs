@@ -1,6 +1,6 @@
-//! The rule every server-side apply of the operator and the bridge follows: it changes the
-//! object it decided on, or nothing. A name alone is not enough: between a look (a cache, a
-//! GET) and the write, the object may be deleted and someone else's made under that name.
+//! The rule every server-side apply of the operator and the bridge follows: change the object
+//! decided on, or nothing. A name is not enough: between the look (cache or GET) and the
+//! write, the object may be deleted and someone else's made under that name.
 
 use std::borrow::Cow;
 
@@ -11,15 +11,14 @@ use serde::de::DeserializeOwned;
 /// Which stored object an apply may change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Write<'a> {
-    /// None: create, and only create. Not forced, and with the resourceVersion precondition
-    /// "1", which no stored object has (etcd's first write is revision 2) and which is
-    /// ignored when the object is created: an object of that name made since the look
-    /// answers 409 instead of being merged into and taken over.
+    /// Create only. Not forced, and with the resourceVersion precondition "1", which no stored
+    /// object has (etcd's first write is revision 2) and which is ignored on create: an object
+    /// made under that name since the look answers 409 instead of being taken over.
     Create,
-    /// The stored object of this UID, and no other, forced (the writer owns the fields it
-    /// sets). The UID goes in the body, where the API server treats it as a precondition: it
-    /// refuses to change a stored object's UID (422 on `metadata.uid`) and answers 409 when
-    /// none is stored. `None` only where the UID is unknown, and then any object of the name.
+    /// The stored object of this UID and no other, forced (the writer owns its fields). The UID
+    /// in the body acts as a precondition: the API server refuses to change a stored object's UID
+    /// (422 on `metadata.uid`) and answers 409 when none is stored. `None` only where the UID is
+    /// unknown, and then any object of the name.
     Update { uid: Option<&'a str> },
 }
 
@@ -53,19 +52,17 @@ impl Write<'_> {
     }
 }
 
-/// Did a write find another object than the one it was for? A create-only apply, one that
-/// exists (409); a write bound to a UID, one deleted and made again since, or none (the API
-/// server refuses to change `metadata.uid`: 422 on that field; or 409).
+/// Did a write find another object than the one it was for? Create-only: one exists (409).
+/// Bound to a UID: the object was re-made since (422 on `metadata.uid`) or is gone (409).
 pub fn found_another(err: &kube::Error) -> bool {
     let kube::Error::Api(status) = err else { return false };
     let on_uid = || status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"));
     status.code == 409 || (status.code == 422 && on_uid())
 }
 
-/// Delete `name` if it is still the object of UID `uid`, never one made under that name since.
-/// Whether it deleted: an object already gone (404), or replaced (409 on the UID
-/// precondition), is nothing to delete and no error. Dependents go in the background (garbage
-/// collection).
+/// Delete `name` only if it is still the object of UID `uid`. Returns whether it deleted; an
+/// object already gone (404) or replaced (409 on the UID precondition) is no error.
+/// Dependents are removed in the background by garbage collection.
 pub async fn delete_by_uid<K>(api: &Api<K>, name: &str, uid: &str) -> Result<bool, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,

@@ -1,12 +1,8 @@
-//! What the bridge's caches keep of each ManagedWorkload and Secret it made: the few values
-//! its decisions read, and nothing else. The bridge caches one CR and one Secret per Manager
-//! row, so at 10,000 rows the rest (every label and annotation map, the whole spec, the
-//! conditions) would be most of its memory: each non-empty map alone takes a node of over
-//! half a KiB.
-//!
-//! The spec is kept as a fingerprint of each top-level field (`SpecFingerprint`): enough to
-//! tell whether the fields the bridge sets still hold what it would set (a hand edit is
-//! undone), while the fields it does not set are never compared.
+//! What the bridge's caches keep of each ManagedWorkload and Secret it made: only the values
+//! its decisions read. It caches one CR and one Secret per Manager row, so at 10,000 rows the
+//! rest (label and annotation maps, the whole spec, the conditions) would be most of its
+//! memory. The spec is kept as a fingerprint per top-level field (`SpecFingerprint`): enough
+//! to tell whether the fields the bridge sets still hold its values.
 
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -45,9 +41,8 @@ impl MadeBy {
     }
 }
 
-/// The top-level fields of a spec, each as a fingerprint of its name and of its JSON value,
-/// in the order of the names' fingerprints. Compared within one process only (the hasher's
-/// keys are fixed, its algorithm is not promised across Rust releases).
+/// The top-level fields of a spec, each as a fingerprint of its name and JSON value, sorted.
+/// Compared within one process only (std's hasher is not stable across Rust releases).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SpecFingerprint(Box<[(u64, u64)]>);
 
@@ -73,8 +68,7 @@ impl SpecFingerprint {
         SpecFingerprint(prints.into_boxed_slice())
     }
 
-    /// Every field set in `spec` holds the same value here (fields `spec` leaves unset are
-    /// not compared).
+    /// Every field set in `spec` holds the same value here (unset fields are not compared).
     pub fn holds(&self, spec: &impl Serialize) -> bool {
         let (fields, prints) = (fields(spec), &self.0);
         !fields.is_empty()
@@ -140,15 +134,15 @@ impl From<ManagedWorkload> for CachedWorkload {
     }
 }
 
-/// What the Secret cache holds of each env Secret the bridge made (watched as metadata only:
-/// the bridge never holds a Secret's values).
+/// What the Secret cache holds of each env Secret the bridge made (watched as metadata only,
+/// so the bridge never holds a Secret's values).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CachedSecret {
     /// Name, namespace, UID, resourceVersion and creationTimestamp only.
     metadata: ObjectMeta,
     pub made_by: MadeBy,
-    /// The UIDs of its owners (its CR, once written with it; an earlier CR's until garbage
-    /// collection drops that reference): which workload it serves.
+    /// Its owners' UIDs: its CR once written, or an earlier CR's until garbage collection drops
+    /// that reference.
     pub owners: Box<[String]>,
     /// `ENV_DIGEST_ANNOTATION`: the digest of the env it holds, as the bridge wrote it.
     pub env_digest: Option<String>,
@@ -159,10 +153,9 @@ impl CachedSecret {
         !self.owners.is_empty()
     }
 
-    /// It is the env of the CR of UID `workload`, and holds `env_digest`: what a Pod of that
-    /// workload may start with. A Secret left by an earlier container of the same name (its
-    /// CR deleted, garbage collection not there yet), one that lost its owner, or one whose
-    /// rewrite did not happen, is not.
+    /// It is the env of the CR of UID `workload` and holds `env_digest`, so a Pod of that
+    /// workload may start with it. Not so for a Secret left by an earlier container of the same
+    /// name, one that lost its owner, or one whose rewrite did not happen.
     pub fn serves(&self, workload: Option<&str>, env_digest: &str) -> bool {
         workload.is_some_and(|uid| self.owners.iter().any(|o| o == uid))
             && self.env_digest.as_deref() == Some(env_digest)

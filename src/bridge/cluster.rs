@@ -34,8 +34,8 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Check access, then start watching `namespaces`. `changed` is notified on every change
-    /// of a watched ManagedWorkload (its status is what flows back to Manager).
+    /// Check access, then watch `namespaces`. `changed` is notified on every change of a watched
+    /// ManagedWorkload (its status flows back to Manager).
     pub async fn start(
         clients: &crate::client::Clients,
         namespaces: &[String],
@@ -43,15 +43,15 @@ impl Cluster {
         changed: Arc<Notify>,
         metrics: Arc<Metrics>,
     ) -> Result<Cluster, BridgeError> {
-        // Reads and writes on the request client (every request bounded); the watches on a
-        // client of their own, which waits as long as the API server may leave a watch silent.
+        // Reads and writes on the request client (bounded); the watches on their own client, which
+        // waits as long as the API server may leave a watch silent.
         let client = clients.requests.clone();
         let watches = clients.watches.clone();
         let selector = format!("{SYNCED_BY_LABEL}={field_manager}");
         let mut workloads = HashMap::new();
         let mut secrets = HashMap::new();
         for ns in namespaces {
-            // At start-up, naming what is missing, rather than a forbidden watch retried forever.
+            // At start-up, naming what is missing, instead of a forbidden watch retried forever.
             let denied = |resource: &str| {
                 let operation = format!(
                     "listing {resource} in namespace {ns} (check the bridge's RBAC: config/rbac/bridge-role.yaml)"
@@ -71,8 +71,7 @@ impl Cluster {
 
             let (store, writer) = reflector::store();
             let notify = changed.clone();
-            // Trimmed as they are read (`cached`): at thousands of rows, what the bridge does
-            // not read of its CRs and Secrets would be most of its memory.
+            // Trimmed as they are read (`cached`); the rest would be most of the bridge's memory.
             let stream = watcher(Api::<CachedWorkload>::namespaced(watches.clone(), ns), config.clone())
                 .default_backoff()
                 .reflect_in_place(writer)
@@ -86,8 +85,7 @@ impl Cluster {
             tokio::spawn(stream);
             workloads.insert(ns.clone(), store);
 
-            // Metadata only (kube asks the API server for metadata only): the bridge needs to
-            // know its Secrets exist, never to hold their values.
+            // Metadata only: the bridge needs to know its Secrets exist, never their values.
             let (store, writer) = reflector::store();
             let stream = watcher(Api::<PartialObjectMeta<Secret>>::namespaced(watches.clone(), ns), config)
                 .default_backoff()
@@ -166,13 +164,12 @@ impl Cluster {
         Ok(applied)
     }
 
-    /// A new row's writes: its env Secret, before anything can use it; its ManagedWorkload,
-    /// create-only; then the Secret again, by its UID, owned by the CR from then on. The
-    /// bridge's Secret of that name left by an earlier container (`earlier`, its UID) goes
-    /// first, by its UID: rewriting it would keep whatever keys another writer owns in it.
-    /// Every write but the deletion is create-only or bound to a UID: a Secret of that name
-    /// that is someone else's refuses the Secret's create, so no CR is ever made to use it; a
-    /// CR of that name made meanwhile refuses the CR's, and the Secret just written goes again.
+    /// A new row's writes: its env Secret first, so it exists before anything uses it; the
+    /// ManagedWorkload, create-only; then the Secret again, by UID, owned by the CR. A Secret of
+    /// ours left by an earlier container (`earlier`) is deleted first, by UID: rewriting it would
+    /// keep keys another writer owns. Every write is create-only or bound to a UID: someone else's
+    /// Secret of that name refuses the create, so no CR uses it; a CR made meanwhile refuses ours,
+    /// and the Secret just written is deleted again.
     pub async fn create_with_secret(
         &self,
         mw: &ManagedWorkload,
@@ -199,8 +196,8 @@ impl Cluster {
         Ok(())
     }
 
-    /// The API server's clock now, from the `Date` header of its answer to `GET /version`
-    /// (which every authenticated user may read), to the second.
+    /// The API server's clock, to the second, from the `Date` header of `GET /version` (which
+    /// every authenticated user may read).
     pub async fn server_time(&self) -> Result<Timestamp, BridgeError> {
         let failed = |why: String| BridgeError::Config(format!("reading the API server's clock: {why}"));
         let request =
@@ -214,9 +211,8 @@ impl Cluster {
         parse_http_date(date).ok_or_else(|| failed(format!("the Date header {date:?} is not an HTTP date")))
     }
 
-    /// Delete a ManagedWorkload if it is still the object `uid` names (never one someone
-    /// re-created under the same name since). Its Deployment, Pods and Secret follow through
-    /// garbage collection.
+    /// Delete a ManagedWorkload only if it is still the object of `uid`. Its Deployment, Pods and
+    /// Secret follow through garbage collection.
     pub async fn delete_workload(&self, namespace: &str, name: &str, uid: &str) -> Result<(), kube::Error> {
         let api = Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace);
         if delete_by_uid(&api, name, uid).await? {
@@ -252,8 +248,8 @@ pub enum CreateStep {
     Earlier,
     /// Writing the env Secret (nothing else was written).
     Secret,
-    /// Creating the ManagedWorkload (the Secret just written is deleted when a CR of that
-    /// name is someone else's).
+    /// Creating the ManagedWorkload (the Secret just written is deleted when someone else has
+    /// a CR of that name).
     Workload,
     /// Deleting the Secret just written, the CR's name being taken.
     Undo,

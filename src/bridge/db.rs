@@ -16,7 +16,7 @@ use super::rows::{ContainerRow, Fingerprint, GrantRow, NodeRow, RowState, Servic
 use crate::election::Leadership;
 
 /// A connection pool to Manager's database, and the leadership its one write (the
-/// write-back) checks.
+/// write-back) is fenced by.
 #[derive(Clone, Debug)]
 pub struct Database {
     pool: Pool,
@@ -48,9 +48,8 @@ macro_rules! on_pool {
 }
 
 impl Engine {
-    /// A timestamp column or expression as text in Sequelize's form, UTC.
-    /// PostgreSQL keeps microseconds (so the text compares back exactly); SQLite holds the
-    /// text Manager wrote.
+    /// A timestamp column or expression as UTC text in Sequelize's form. PostgreSQL keeps
+    /// microseconds (so the text compares back exactly); SQLite holds the text Manager wrote.
     fn ts(self, expr: &str) -> String {
         match self {
             Engine::Postgres => {
@@ -60,10 +59,9 @@ impl Engine {
         }
     }
 
-    /// The database's own clock, now, in the text form of `ts`. Stamps and poll bounds come
-    /// from here, never from the bridge's clock: the bridge's clock may be off from the one
-    /// Manager's rows are stamped by, and a stamp from the future would move the watermark
-    /// past edits Manager makes meanwhile.
+    /// The database's clock, now, as `ts` renders it. Stamps and poll bounds come from here,
+    /// never the bridge's clock, which may differ from the one stamping Manager's rows (see
+    /// `sync::manager_stamp`).
     fn now(self) -> String {
         match self {
             Engine::Postgres => self.ts("now()"),
@@ -80,8 +78,8 @@ impl Engine {
         }
     }
 
-    /// A moment in the text form this engine's timestamps compare with. SQLite compares the
-    /// text Sequelize writes (milliseconds, explicit offset), so ours must be the same.
+    /// A moment as this engine's timestamps compare. SQLite compares the text Sequelize writes
+    /// (milliseconds, explicit offset), so ours must match.
     pub fn format(self, at: Timestamp) -> String {
         let digits = match self {
             Engine::Postgres => "%.6f",
@@ -133,8 +131,8 @@ fn id_list(ids: &[i64]) -> String {
 }
 
 impl Database {
-    /// A lazily connecting pool: a database that is down at start-up is retried by the sync
-    /// loop like one that goes down later. Only a malformed URL fails here.
+    /// A lazily connecting pool: a database down at start-up is retried by the sync loop like
+    /// one that goes down later. Only a malformed URL fails here.
     pub fn connect(target: &Target) -> Result<Database, BridgeError> {
         let url = target.url.trim();
         if let Some(why) = url_password(url) {
@@ -180,8 +178,8 @@ impl Database {
         }
     }
 
-    /// The same pool, its write-back made only while `leadership` lets this replica write
-    /// (a replica that no longer leads writes nothing to Manager either).
+    /// The same pool, its write-back fenced by `leadership` (a replica that no longer leads
+    /// writes nothing to Manager either).
     pub fn fenced(self, leadership: Leadership) -> Database {
         Database { leadership, ..self }
     }
@@ -246,12 +244,11 @@ impl Database {
         .map_err(BridgeError::db("reading Containers"))
     }
 
-    /// The http and transport `"Services"` of these containers, with their transport
-    /// protocol, in id order. (`dns` services carry no port of the container's own: SRV
-    /// records for the site's DNS, nothing to route.)
+    /// The http and transport `"Services"` of these containers with their transport protocol,
+    /// in id order. (`dns` services are SRV records, with no port of the container's to route.)
     pub async fn services(&self, containers: &[i64]) -> Result<Vec<ServiceRow>, BridgeError> {
         let mut out = Vec::new();
-        // In chunks: a statement naming thousands of ids stays well within both engines' limits.
+        // In chunks, to stay well within both engines' limits on a statement.
         for chunk in containers.chunks(1000) {
             let sql = format!(
                 r#"SELECT CAST(s."containerId" AS BIGINT) AS container_id, CAST(s.type AS TEXT) AS kind,
@@ -325,10 +322,9 @@ impl Database {
         on_pool!(self, pool => sqlx::query_as(&sql).fetch_one(pool).await).map_err(BridgeError::db("polling"))
     }
 
-    /// Write the bridge's columns of one row, only if one of them differs (so an unchanged
-    /// row keeps its `updatedAt`), and only if the row is still the container it was (same
-    /// id, node and `createdAt`). `updatedAt` is stamped by the database's clock. Returns the
-    /// `updatedAt` written, or None when nothing was.
+    /// Write the bridge's columns of one row, only if one differs (so an unchanged row keeps its
+    /// `updatedAt`) and the row is still the same container (id, node, `createdAt`). `updatedAt`
+    /// is stamped by the database's clock. Returns the `updatedAt` written, if any.
     pub async fn write_back(&self, row: &ContainerRow, state: &RowState) -> Result<Option<String>, WriteBackError> {
         let e = self.engine();
         let created = match e {
@@ -385,10 +381,9 @@ pub enum WriteBackError {
     Bridge(BridgeError),
 }
 
-/// Why the URL holds a password, if it does: `scheme://user:password@host`, a `?password=`
-/// parameter, or either spelled with percent-escapes (`?pass%77ord=`, `user%3Apassword@`),
-/// which sqlx decodes before use. A password in the URL ends up in process listings, shell
-/// history and logs.
+/// Why the URL holds a password, if it does: `scheme://user:password@host` or `?password=`,
+/// also percent-escaped (which sqlx decodes). A password in the URL ends up in process
+/// listings, shell history and logs.
 fn url_password(url: &str) -> Option<&'static str> {
     let (_, rest) = url.split_once("://")?;
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
@@ -431,9 +426,8 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Why an sslmode is weaker than verify-full, if it is: only verify-full checks both that
-/// the server's certificate is signed by a trusted CA and that it names the host connected
-/// to; anything less lets a machine in the path read the password exchange and the rows.
+/// Why an sslmode is weaker than verify-full, if it is: only verify-full checks both the CA
+/// and the host name; anything less lets a machine in the path read the password and rows.
 fn weak_tls(mode: PgSslMode) -> Option<&'static str> {
     match mode {
         PgSslMode::VerifyFull => None,

@@ -1,11 +1,8 @@
 //! The effective environment of a Manager container, built as Manager's `buildLxcEnvConfig`
-//! builds it: `Settings.default_container_env_vars` < NVIDIA defaults < the row's own
-//! `environmentVars`, later wins.
-//!
-//! Values are normalised as Manager normalises them (numbers and booleans become strings;
-//! null, objects, arrays and values holding NUL are skipped). Where Manager silently drops
-//! a malformed row value, the bridge reports the row instead (an invalid key or a
-//! `environmentVars` that is not a JSON object), so an administrator sees it.
+//! does: `Settings.default_container_env_vars` < NVIDIA defaults < the row's own
+//! `environmentVars`, later wins. Values are normalised as Manager does. Where Manager
+//! silently drops a malformed row value (an invalid key, `environmentVars` not a JSON object),
+//! the bridge reports the row instead, so an administrator sees it.
 
 use std::collections::BTreeMap;
 
@@ -13,11 +10,9 @@ use serde_json::Value;
 
 use super::error::RowError;
 
-/// Variables Manager adds when `nvidiaRequested` is set, but `NVIDIA_VISIBLE_DEVICES=all`:
-/// on Kubernetes the row gets one GPU (`spec.resources.gpus`), and the device plugin sets
-/// `NVIDIA_VISIBLE_DEVICES` to the GPU it allocated. A Pod's own `all` would override that and,
-/// on nodes where the NVIDIA runtime reads the variable, show the container every GPU of the
-/// node.
+/// Variables Manager adds when `nvidiaRequested` is set, except `NVIDIA_VISIBLE_DEVICES=all`:
+/// on Kubernetes the device plugin sets it to the GPU it allocated, and `all` would override
+/// that and, where the NVIDIA runtime reads it, show the container every GPU of the node.
 pub const NVIDIA_DEFAULTS: [(&str, &str); 1] = [("NVIDIA_DRIVER_CAPABILITIES", "utility compute")];
 /// Left to the device plugin for rows with a GPU (see `NVIDIA_DEFAULTS`).
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
@@ -49,8 +44,8 @@ fn normalise(value: &Value) -> Option<String> {
 }
 
 /// Parse the setting: a JSON array of `{key, value, description}` or a plain `{KEY: value}`
-/// object. Invalid keys are skipped (and listed), as Manager skips them. An unparsable setting
-/// is an error: the caller keeps the last good defaults rather than roll every workload out
+/// object. Invalid keys are skipped and listed, as Manager skips them. An unparsable setting
+/// is an error: the caller keeps the last good defaults instead of rolling every workload out
 /// without them.
 pub fn parse_defaults(setting: &str) -> Result<DefaultEnv, String> {
     let parsed: Value = serde_json::from_str(setting).map_err(|e| format!("not JSON: {e}"))?;

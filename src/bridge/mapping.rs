@@ -1,7 +1,6 @@
 //! Row → desired ManagedWorkload and Secret: a pure function of one `"Containers"` row and
-//! the context it is read in (its node's namespace, the system env defaults, the approved
-//! resources). Every rule of docs/bridge.md ("How a row becomes a ManagedWorkload") about
-//! names, labels, env and resources lives here.
+//! its context (namespace, system env defaults, approved resources). The rules of
+//! docs/bridge.md ("How a row becomes a ManagedWorkload") live here.
 
 use std::collections::BTreeMap;
 
@@ -43,8 +42,8 @@ pub struct RootfsVolume {
     pub mount_path: Option<String>,
     /// The claim's StorageClass; None: the cluster's default class.
     pub storage_class: Option<String>,
-    /// What deleting the container in Manager (so the bridge deleting the workload) does to the
-    /// data: Retain (the default) keeps the claim.
+    /// What deleting the container in Manager does to the data: Retain (the default) keeps the
+    /// claim.
     pub on_delete: RetentionPolicy,
 }
 
@@ -77,9 +76,8 @@ impl Default for ServiceSettings {
 /// as process 1, as LXC containers run on Proxmox.
 pub const MANAGER_TEMPLATES: &str = "ghcr.io/mieweb/opensource-server/";
 
-/// Which images are system containers (`spec.systemContainer`): those whose reference starts
-/// with one of these prefixes (bridge flag `--system-container-images`; the provider's
-/// `MW_SYSTEM_CONTAINER_IMAGES`). Manager's own templates unless told otherwise.
+/// Images whose reference starts with one of these prefixes run as system containers
+/// (`spec.systemContainer`). Default: Manager's own templates.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SystemImages(pub Vec<String>);
 
@@ -95,11 +93,9 @@ impl SystemImages {
     }
 }
 
-/// Where an isolated container accepts connections from (`spec.isolation`; bridge flag
-/// `--isolation-allow-from`, the provider's `MW_ISOLATION_ALLOW_FROM`): each entry
-/// `cidr:<range>` (the hosts Manager's agent runs on) or `namespace:<name>` (every Pod of that
-/// namespace: an ingress controller's, or the agent's own); `none` isolates with nothing
-/// allowed. Unset or empty: no isolation.
+/// Where an isolated container accepts connections from (`spec.isolation`): entries
+/// `cidr:<range>` (the hosts of Manager's agent) or `namespace:<name>` (every Pod there, say
+/// an ingress controller's); `none` allows nothing. Empty: no isolation.
 pub fn isolation(entries: &[String]) -> Result<Option<Isolation>, String> {
     let entries: Vec<&str> = entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()).collect();
     if entries.is_empty() {
@@ -135,10 +131,8 @@ fn is_cidr(range: &str) -> bool {
 /// Most ports a workload may declare (the CRD's limit on `spec.ports`).
 const MAX_PORTS: usize = 64;
 
-/// The row's services as the workload's ports: one per distinct (internal port, protocol),
-/// in port order. An http service is TCP, named `http-<port>`; a transport service is its
-/// protocol's, named `tcp-<port>` or `udp-<port>`. Several services on one port (two http
-/// hostnames, or http and tcp transport) share the port and the first one's name.
+/// The row's services as ports: one per distinct (port, protocol), in port order, named
+/// `http-<port>`, `tcp-<port>` or `udp-<port>`. Services sharing a port share the first's name.
 pub fn ports(services: &[ServiceRow]) -> Result<Vec<ContainerPort>, RowError> {
     let mut ports: BTreeMap<(i32, &'static str), ContainerPort> = BTreeMap::new();
     for s in services {
@@ -207,8 +201,8 @@ pub struct Desired {
 }
 
 impl Desired {
-    /// `env_digest(env)`, as the Pod template carries it: on the Secret too, so a Secret that
-    /// does not hold this env is told apart without reading its values.
+    /// The env digest the Pod template carries; the Secret carries it too, so a stale Secret is
+    /// recognised without reading its values.
     pub fn env_digest(&self) -> &str {
         self.workload.spec.pod_annotations.get(ENV_DIGEST_ANNOTATION).map_or("", String::as_str)
     }
@@ -363,8 +357,7 @@ pub fn secret(desired: &Desired, field_manager: &str, owner: Option<OwnerReferen
     }
 }
 
-/// A reference from the Secret to its CR, not a controller one: the CR does not manage it,
-/// it only decides how long it lives.
+/// Not a controller reference: the CR does not manage its Secret, it only bounds its life.
 pub fn owner_reference(workload: &impl Resource<DynamicType = ()>) -> Option<OwnerReference> {
     let mut owner = workload.controller_owner_ref(&())?;
     owner.controller = None;
@@ -372,8 +365,8 @@ pub fn owner_reference(workload: &impl Resource<DynamicType = ()>) -> Option<Own
     Some(owner)
 }
 
-/// Hex SHA-256 of the env. The values are secrets; a cryptographic digest is what may be
-/// shown of them (as Helm charts show `checksum/secret`).
+/// Hex SHA-256 of the env: the values are secret, and a cryptographic digest may be shown
+/// (as Helm charts show `checksum/secret`).
 pub fn env_digest(env: &BTreeMap<String, String>) -> String {
     let mut hasher = Sha256::new();
     for (k, v) in env {
@@ -386,8 +379,8 @@ pub fn env_digest(env: &BTreeMap<String, String>) -> String {
     hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`: Manager's hostname rule, which is also a valid
-/// CR (and Deployment, and label value) name.
+/// `^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`: Manager's hostname rule, also valid as a CR,
+/// Deployment and label value name.
 pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()

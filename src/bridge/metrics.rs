@@ -30,9 +30,8 @@ pub struct Metrics {
     /// Rows of served nodes the bridge tracks, and how many of them are failing.
     pub rows: Gauge,
     pub rows_failing: Gauge,
-    /// CRs whose row is gone that the deletion guard holds, by stage: `confirmation` (found
-    /// by one full read, waiting for a second that agrees) or `approval` (confirmed, beyond
-    /// the share: waiting for an administrator).
+    /// CRs whose row is gone held by the deletion guard, by stage: `confirmation` (waiting for a
+    /// second full read to agree) or `approval` (beyond the share: waiting for an administrator).
     pub deletions_pending: Family<Labels, Gauge>,
     /// 1 while this replica holds the bridge's Lease, by Lease name.
     pub leader: Family<Labels, Gauge>,

@@ -1,10 +1,7 @@
-//! The bridge: Manager's database rows become ManagedWorkloads, and their live state flows
-//! back into the rows (docs/bridge.md). A second pipeline beside the operator's, of the same shape:
-//! rows → desired CRs → apply; CR status → row updates.
-//!
-//! Pure parts: `rows` (the data), `env`, `image`, `mapping` (row → CR and Secret), `plan`
-//! (what to do about a row, a CR, a write-back). I/O: `db` (PostgreSQL or SQLite), `cluster`
-//! (the CRs and Secrets it made), `sync` (the loop).
+//! The bridge (docs/bridge.md): Manager's database rows become ManagedWorkloads, and their
+//! live state flows back into the rows. Pure parts: `rows`, `env`, `image`, `mapping` (row →
+//! CR and Secret), `plan` (what to do). I/O: `db` (PostgreSQL or SQLite), `cluster` (the CRs
+//! and Secrets it made), `sync` (the loop).
 
 pub mod cached;
 pub mod cluster;
@@ -146,8 +143,8 @@ fn parse_address_source(s: &str) -> Result<plan::AddressSource, String> {
     }
 }
 
-/// `--service-type`: a Service type, or `none`. (A type of its own: clap reads an
-/// `Option<T>` field as "the flag may be absent", not as a value that may be none.)
+/// `--service-type`: a Service type, or `none`. Its own type because clap reads an
+/// `Option<T>` field as "the flag may be absent".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceTypeArg(pub Option<crate::resource::ServiceType>);
 
@@ -217,8 +214,8 @@ fn password(args: &BridgeArgs) -> Result<Option<String>, BridgeError> {
     Ok(std::env::var("MW_DATABASE_PASSWORD").ok().filter(|p| !p.is_empty()))
 }
 
-/// Run the bridge until SIGTERM or SIGINT: fill the caches, then (as leader, when election is
-/// on) sync. A standby keeps its caches warm, is ready and alive, and writes nothing.
+/// Run the bridge until SIGTERM or SIGINT: fill the caches, then sync while leading. A
+/// standby keeps its caches warm, reports ready and alive, and writes nothing.
 pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
     // Before anything starts: a bad entry stops the bridge, naming the flag.
     let isolation = mapping::isolation(&args.isolation_allow_from)
@@ -226,9 +223,8 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
     let election =
         args.election.election(DEFAULT_LEASE, crate::election::default_identity).map_err(BridgeError::Config)?;
     let target = db::Target { url: args.database_url.clone(), password: password(&args)? };
-    // Every write of a term (CRs, Secrets, deletions, the write-back to Manager) checks the
-    // leader's deadline: after it, refused and never sent. The election's own Lease requests
-    // and the watches use the plain clients.
+    // Every write (CRs, Secrets, deletions, the write-back to Manager) is fenced by the leader's
+    // deadline; the Lease requests and the watches use the plain clients.
     let leadership = election.as_ref().map_or_else(Leadership::unfenced, Election::leadership);
     let database = db::Database::connect(&target)?.fenced(leadership.clone());
     let clients = client::connect_all(&args.connection).await?;
@@ -270,8 +266,7 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
             confirm_after: DELETE_CONFIRM_AFTER.min(args.resync_interval),
         },
     };
-    // /healthz fails once the loop has finished no pass for longer than a healthy one can go;
-    // the clock starts now, so a start-up that hangs (a watch that never lists) counts too.
+    // The stall clock starts now, so a start-up that hangs (a watch that never lists) counts.
     let health = Arc::new(crate::telemetry::Health::with_stall_limit(sync::stall_limit(&settings)));
     crate::telemetry::serve(args.metrics_address, Arc::new(registry), health.clone())
         .await
@@ -292,13 +287,13 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
         field_manager = %args.field_manager,
         "bridge started"
     );
-    // A standby is ready once its caches are (a leader's readiness then follows its passes)
-    // and alive while it stands by: only the leader's loop makes progress to show.
+    // A standby is ready once its caches are, and alive while it stands by (it has no loop to
+    // show progress); a leader's readiness follows its passes.
     health.set_ready(true);
     let leading = Arc::new(AtomicBool::new(false));
     tokio::spawn(standby_heartbeat(health.clone(), leading.clone()));
 
-    // Each term of leadership starts afresh (a full resync first), from the shared caches.
+    // Each term starts afresh (with a full resync) from the shared caches.
     let term = |stop: watch::Receiver<bool>| {
         let bridge =
             sync::Bridge::new(database.clone(), cluster.clone(), settings.clone(), metrics.clone(), health.clone());
@@ -332,8 +327,7 @@ pub async fn run(args: BridgeArgs) -> Result<(), BridgeError> {
     Ok(())
 }
 
-/// While this replica stands by, it beats for liveness: it has no loop to show progress, and
-/// its election runs on bounded requests.
+/// A standby has no loop to show progress, so it beats for liveness on its own.
 async fn standby_heartbeat(health: Arc<crate::telemetry::Health>, leading: Arc<AtomicBool>) {
     loop {
         if !leading.load(Ordering::Relaxed) {

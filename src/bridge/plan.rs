@@ -1,5 +1,5 @@
-//! What to do about one row, one CR, one write-back: pure decisions over what was observed,
-//! so every ownership rule of docs/bridge.md ("Ownership") is unit-tested without a cluster or a database.
+//! Pure decisions for one row, one CR, one write-back, so every ownership rule of
+//! docs/bridge.md ("Ownership") is unit-tested without a cluster or a database.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
@@ -45,16 +45,15 @@ impl Existing {
         }
     }
 
-    /// Every spec field the bridge sets holds what it would set: a hand edit of one of them
-    /// (`kubectl edit` of the image) is undone; fields it does not set (`state`, `args`,
-    /// `ports`) are others' and never compared.
+    /// Every spec field the bridge sets holds what it would set, so a hand edit of one (say the
+    /// image) is undone. Fields it does not set (`state`, `args`, `ports`) are never compared.
     fn spec_matches(&self, desired: &Desired) -> bool {
         self.spec.holds(&desired.workload.spec)
     }
 }
 
-/// The row a CR stands for and that row's `createdAt`, when this bridge made the CR. The
-/// cheap part of `Existing::of`, for the passes that look at every CR (write-back).
+/// The row and `createdAt` a CR stands for, if this bridge made it. The cheap part of
+/// `Existing::of`, for passes over every CR.
 pub fn made_for<'a>(mw: &'a CachedWorkload, field_manager: &str) -> Option<(RowKey, Option<&'a str>)> {
     if !mw.made_by.bridge(field_manager) {
         return None;
@@ -69,20 +68,19 @@ pub enum Plan {
     UpToDate,
     /// No CR of that name: its Secret, then the CR, then the Secret's owner.
     Create,
-    /// Our CR, out of date, or its Secret does not serve it (gone, an earlier container's,
-    /// without its owner, or not holding the row's env): write the Secret, then the CR.
+    /// Our CR, out of date, or its Secret does not serve it (gone, an earlier container's, no
+    /// owner, or stale env): write the Secret, then the CR.
     Update,
-    /// Our CR of that name stands for another container (a re-used SQLite id, or a hostname
-    /// that moved): delete it (by UID) and create anew once it is gone.
+    /// Our CR of that name stands for another container (a re-used SQLite id, or a moved
+    /// hostname): delete it by UID and create anew once it is gone.
     Replace { uid: String },
     /// Nothing may be written for this row.
     Blocked(RowError),
 }
 
-/// Decide for one mapped row. `secret` is the bridge's env Secret of the row's name, if there
-/// is one (someone else's is the row's error before it comes here). `row_is_live(key)` tells
-/// whether another container the CR may stand for still has a row: then the hostname is that
-/// row's, and this one is the collision.
+/// Decide for one mapped row. `secret` is the bridge's env Secret of that name, if any.
+/// `row_is_live(key)` says whether the container the CR stands for still has a row: then
+/// the hostname is that row's and this row is the collision.
 pub fn plan(
     desired: &Desired,
     existing: Option<&Existing>,
@@ -118,13 +116,10 @@ pub fn plan(
     }
 }
 
-/// A row whose container runs in another namespace than its node is mapped to now: its
-/// `containerId` (`provider_id`, the `namespace/name` the bridge wrote back) names the old
-/// one. Its disk is there, and claims cannot move between namespaces: a new workload in the
-/// new namespace would start on an empty disk while the old one may still run. Held until
-/// the old workload is gone: `still_there(namespace, name)` says whether it may still exist
-/// (in a namespace this bridge does not watch, it cannot tell, and only the administrator
-/// clearing the row's `containerId` lets it go).
+/// A row whose node now maps to another namespace: its `containerId` (`namespace/name`) names
+/// the old workload, whose disk is there, and claims cannot move between namespaces. Held
+/// until the old workload is gone (`still_there`); in a namespace this bridge does not watch
+/// it cannot tell, so only clearing the row's `containerId` releases it.
 pub fn moved_from(
     provider_id: Option<&str>,
     desired: &Desired,
@@ -142,25 +137,23 @@ pub fn moved_from(
 /// `--ipv4-address`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AddressSource {
-    /// `status.address`: the load balancer's, else the Service's cluster IP, else (no
-    /// Service) the serving Pod's IP. Stable with a Service.
+    /// `status.address`: the load balancer's, else the Service's cluster IP, else the Pod IP.
+    /// Stable with a Service.
     #[default]
     Service,
     /// `status.podIP`: the serving Pod's IP (moves with every new Pod).
     Pod,
 }
 
-/// What the row's written-back columns should hold for this CR (docs/bridge.md, "What is written back"): the permanent
-/// provider id, the address (as `source` says), and no MAC (a Pod has none worth routing to).
-/// `current` is the address the row holds now.
+/// What the row's written-back columns should hold for this CR (docs/bridge.md, "What is
+/// written back"): the provider id, the address as `source` says, no MAC. `current` is the
+/// address the row holds now.
 ///
-/// The address is written once the workload serves (`Running`), and from then on follows what
-/// the operator reports without gaps: a rollout (`Updating`: the old Pod serves until the new
-/// one is Ready) writes it; a replaced Pod (`Creating` again) or a one-off restart (`Failed`
-/// for the crash-loop window) keeps it when it is unchanged, which with a Service it always
-/// is, and clears it otherwise (a new Pod's IP is written once that Pod serves). A stopped
-/// workload serves nothing: no address. A `LoadBalancer` Service's address is its load
-/// balancer's only: its cluster IP is not what an nginx outside the cluster can reach.
+/// The address is written once the workload is `Running` and during a rollout (`Updating`:
+/// the old Pod serves until the new one is Ready). A replaced Pod (`Creating`) or a restart
+/// (`Failed` in the crash-loop window) keeps it only if unchanged (always, with a Service).
+/// Stopped: no address. For a `LoadBalancer` Service only the load balancer's address counts:
+/// an nginx outside the cluster cannot reach the cluster IP.
 pub fn row_state(mw: &CachedWorkload, source: AddressSource, current: Option<&str>) -> RowState {
     let status = mw.status.as_ref();
     let provider_id =
@@ -184,11 +177,9 @@ pub fn row_state(mw: &CachedWorkload, source: AddressSource, current: Option<&st
     RowState { container_id: provider_id, ipv4_address: address, mac_address: None }
 }
 
-/// What the row's written-back columns should hold, given the CR of ours that stands for it
-/// (`None`: there is none). A row in error whose workload still exists gets that workload's
-/// address; a row with no workload gets no address (Pod IPs are reused quickly: a stale one
-/// would send the container's traffic to whichever Pod gets the IP next). The provider id
-/// stays: it is the name the workload has or will have again.
+/// The written-back columns for a row, given our CR for it (`None`: none). With no workload,
+/// no address: Pod IPs are reused quickly and a stale one would send traffic to another Pod.
+/// The provider id stays: it is the name the workload has or will have again.
 pub fn write_back_target(cr: Option<&CachedWorkload>, written: &RowState, source: AddressSource) -> RowState {
     match cr {
         Some(cr) => row_state(cr, source, written.ipv4_address.as_deref()),
@@ -196,14 +187,12 @@ pub fn write_back_target(cr: Option<&CachedWorkload>, written: &RowState, source
     }
 }
 
-/// The deletion guard (docs/bridge.md, "Deletion guard"). A CR whose row is gone is
-/// deleted only once two full reads of the database, at least `confirm_after` apart, found the
-/// same set of CRs to delete: a database in flux (a restore under way, a failover to a lagging
-/// replica) shows one read's set, not two agreeing ones. A confirmed set is deleted when it is
-/// fewer than `minimum` CRs, or at most `max_percent` of the bridge's workloads, or when every
-/// CR of it carries the approval annotation with the set's token; otherwise all of it is held,
-/// and the bridge says so. Held sets are all or nothing: approving part of one deletes nothing,
-/// so approving some CRs never shrinks the rest of a wrong database's set into the share.
+/// The deletion guard (docs/bridge.md, "Deletion guard"). CRs whose rows are gone are deleted
+/// only when two full reads, at least `confirm_after` apart, found the same set: a database in
+/// flux (a restore, a lagging replica) will not show the same set twice. A confirmed set is
+/// deleted if it is under `minimum`, within `max_percent` of the bridge's workloads, or every
+/// CR in it carries the approval token; otherwise all of it is held. All or nothing, so
+/// approving some CRs never shrinks the rest into the allowed share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeleteGuard {
     pub max_percent: u32,
@@ -224,19 +213,18 @@ pub struct Sighting {
 pub enum Judgement {
     /// Nothing to delete.
     Nothing,
-    /// Found, not confirmed: a first sighting, a set other than the earlier read's, or the
-    /// same set read again too soon. Delete nothing; read everything again at `recheck_at`.
+    /// Found, not confirmed: new, different from the last read's set, or read again too soon.
+    /// Delete nothing; read everything again at `recheck_at`.
     Unconfirmed { sighting: Sighting, recheck_at: Instant },
     /// Two reads agree, and the set is within the share or approved: delete all of it.
     Delete { sighting: Sighting },
-    /// Two reads agree, but the set is beyond the share: delete none of it until every CR of
-    /// it carries `token` (`approved` of them do now).
+    /// Two reads agree, but the set is beyond the share: delete none until every CR carries
+    /// `token` (`approved` do now).
     Held { sighting: Sighting, token: String, approved: usize },
 }
 
 impl Judgement {
-    /// The sighting to compare the next full read with: none once the set is deleted (what
-    /// a later read finds is a new set).
+    /// The sighting the next full read is compared with; none once the set is deleted.
     pub fn sighting(&self) -> Option<&Sighting> {
         match self {
             Judgement::Nothing | Judgement::Delete { .. } => None,
@@ -246,15 +234,13 @@ impl Judgement {
 }
 
 impl DeleteGuard {
-    /// Would deleting `deleting` of the `owned` workloads this bridge made stay within the
-    /// share (or below the minimum), with no approval?
+    /// Would deleting `deleting` of `owned` workloads be allowed without approval?
     pub fn within_share(&self, deleting: usize, owned: usize) -> bool {
         deleting < self.minimum || deleting.saturating_mul(100) <= owned.saturating_mul(self.max_percent as usize)
     }
 
-    /// Judge the CRs a full read found to delete at `now`: `found` maps each one's UID to the
-    /// value of its approval annotation, `earlier` is what the last full read found (the
-    /// previous judgement's sighting), `owned` how many workloads this bridge has.
+    /// Judge the CRs a full read found to delete: `found` maps each UID to its approval annotation,
+    /// `earlier` is the last read's sighting, `owned` how many workloads the bridge has.
     pub fn judge(
         &self,
         earlier: Option<&Sighting>,
@@ -288,9 +274,8 @@ impl DeleteGuard {
     }
 }
 
-/// The token that approves deleting exactly this set of CRs: the first 16 hex digits of the
-/// SHA-256 of their sorted UIDs. Bound to the set, so an approval left on a CR approves no
-/// other deletion later.
+/// The token approving exactly this set: 16 hex digits of the SHA-256 of the sorted UIDs.
+/// Bound to the set, so a leftover approval never approves a later deletion.
 pub fn approval_token(uids: &BTreeSet<String>) -> String {
     let mut hasher = Sha256::new();
     for uid in uids {
@@ -300,19 +285,15 @@ pub fn approval_token(uids: &BTreeSet<String>) -> String {
     hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// How old an env Secret without its CR (and without an owner) must be before it is deleted:
-/// older than any write of a Secret and its CR in flight.
+/// Age after which an env Secret with no CR and no owner is deleted: older than any Secret +
+/// CR write still in flight.
 pub const ORPHAN_SECRET_GRACE: SignedDuration = SignedDuration::from_mins(5);
 
-/// The env Secrets of this bridge that lost their way: labelled by `field_manager`, owned by
-/// nothing, created more than `ORPHAN_SECRET_GRACE` before `server_now`, and with no
-/// ManagedWorkload of the matching name in their namespace (a new row's Secret whose CR's
-/// create was refused or never sent: a crash, a pass timeout or a lost leadership between the
-/// writes; or a CR deleted while its Secret had no owner). `server_now` is the API server's
-/// clock: the one that stamped the Secrets' creationTimestamp (the bridge's own may be off
-/// from it by any amount).
-/// `workloads` are the (namespace, name) of the CRs that exist. Linear: one set of names,
-/// one look-up per Secret.
+/// This bridge's env Secrets with no owner, no CR of the matching name, and created more than
+/// `ORPHAN_SECRET_GRACE` before `server_now` (a crash or lost leadership between writing the
+/// Secret and its CR, or a CR deleted while its Secret had no owner). `server_now` is the API
+/// server's clock, which stamped the creationTimestamps; ours may differ. `workloads` are the
+/// (namespace, name) of existing CRs.
 pub fn orphan_secrets<'a>(
     secrets: impl IntoIterator<Item = &'a CachedSecret>,
     workloads: impl IntoIterator<Item = (String, String)>,
@@ -344,10 +325,9 @@ pub struct RowTarget {
     pub name: String,
 }
 
-/// Should this CR of ours be deleted? Only when its node is one this bridge serves (a node
-/// dropped from the configuration leaves its workloads alone) and its row is gone, or the
-/// row now belongs elsewhere (its node was mapped to another namespace, its hostname
-/// changed) so the row has, or gets, a CR of its own there.
+/// Should this CR of ours be deleted? Only if its node is one this bridge serves (a node
+/// dropped from the configuration leaves its workloads alone) and its row is gone or now
+/// belongs elsewhere (another namespace, a changed hostname), where it gets its own CR.
 pub fn is_orphan(
     existing: &Existing,
     serves_node: impl Fn(i64) -> bool,
@@ -363,7 +343,7 @@ pub fn is_orphan(
     match row(key) {
         None => true,
         Some(target) => {
-            // The id was re-used: the CR's container is gone, the new row gets its own CR.
+            // The id was re-used: the CR's container is gone; the new row gets its own CR.
             existing.created_at.as_deref().is_some_and(|c| c != target.created_at)
                 || existing.namespace.as_deref() != Some(target.namespace.as_str())
                 || existing.name != target.name

@@ -1,6 +1,5 @@
-//! Manager's rows as the bridge reads them: plain data, the same for PostgreSQL and SQLite.
-//! The SQL in `db` casts every column to a type both engines decode alike (ids and booleans
-//! to BIGINT, timestamps to Sequelize's text form), so nothing below knows the engine.
+//! Manager's rows as the bridge reads them: plain data. The SQL in `db` casts every column to
+//! a type both engines decode alike, so nothing here knows the engine.
 
 use std::collections::HashMap;
 
@@ -95,7 +94,7 @@ pub struct GrantRow {
     pub value: i64,
 }
 
-/// Approved cpu, memory and rootfs per (site, hostname, username), the latest approval winning, as
+/// Approved cpu, memory and rootfs per (site, hostname, username), latest approval winning, as
 /// Manager's `ResourceRequest.getApprovedResources` reads them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grants(HashMap<(i64, String, String), Approved>);
@@ -131,8 +130,8 @@ impl Grants {
 }
 
 /// A cheap summary of what the incremental poll cannot see by `Containers."updatedAt"`:
-/// deleted rows (count and id sum change) and changes of nodes, settings and resource
-/// requests. When it changes, the bridge runs a full resync at once.
+/// deleted rows (count and id sum) and changed nodes, settings and resource requests. When it
+/// changes, the bridge runs a full resync at once.
 #[derive(Clone, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
 pub struct Fingerprint {
     pub containers: i64,
@@ -140,8 +139,7 @@ pub struct Fingerprint {
     pub nodes_updated: Option<String>,
     pub settings_updated: Option<String>,
     pub grants_updated: Option<String>,
-    /// `"Services"` and `"TransportServices"` (a container's ports): changed, every row is read
-    /// again.
+    /// `"Services"` and `"TransportServices"` (a container's ports): changed, every row is re-read.
     pub services_updated: Option<String>,
     /// The database's clock when the fingerprint was read (`Engine::ts` form): the bound of
     /// the incremental poll that follows.

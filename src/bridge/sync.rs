@@ -1,18 +1,13 @@
 //! The bridge's loop: rows → desired CRs → apply; CR status → row updates.
 //!
 //! Each poll (default 2 s) reads a cheap fingerprint and the rows changed since the last
-//! `updatedAt` seen, maps the changed ones and applies what differs. A full resync (on a
-//! timer, or at once when the fingerprint shows a deleted row or a changed node, setting or
-//! resource request) re-reads everything and deletes the CRs whose row is gone, once the
-//! deletion guard (`plan::DeleteGuard`) lets it: a second full read agrees and the set is
-//! within the share or approved; nothing else waits for that. After each pass, and whenever
-//! a watched CR changes, the CRs' provider id and Pod IP are written back.
+//! `updatedAt` seen, and applies what differs. A full resync (on a timer, or when the
+//! fingerprint shows a deleted row or a changed node, setting or resource request) re-reads
+//! everything and deletes CRs whose rows are gone once the deletion guard allows it. After
+//! each pass, and whenever a watched CR changes, provider ids and addresses are written back.
+//! Changed rows stay pending until synced; a failed pass is retried with backoff.
 //!
-//! Nothing is lost on failure: changed rows stay pending in memory until they are synced, and
-//! a failed pass (database or API server down) is retried with exponential backoff.
-//!
-//! This file is the loop; `row` syncs one row, `deletions` decides and makes the deletes,
-//! `write_back` writes the cluster's answer to Manager's rows.
+//! Submodules: `row` syncs one row, `deletions` deletes, `write_back` writes back.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -45,11 +40,10 @@ mod write_back;
 
 use row::{Known, sync_one};
 
-/// Rows committed a little after a later `updatedAt` was already seen are still found: each
-/// incremental poll looks this far back (rows already seen unchanged cost nothing).
+/// Each incremental poll looks back this far, so a row committed just after a later
+/// `updatedAt` was seen is still found (rows seen unchanged cost nothing).
 const OVERLAP: SignedDuration = SignedDuration::from_secs(10);
-/// How soon a row blocked by the cluster (a name taken, a CR still being deleted, a unique
-/// IP) is tried again.
+/// How soon a row blocked by the cluster (a name taken, a CR still being deleted) is retried.
 const ROW_RETRY: Duration = Duration::from_secs(10);
 /// Rows mapped and synced per batch within a pass.
 const SYNC_CHUNK: usize = 256;
@@ -88,9 +82,9 @@ pub struct Settings {
     pub delete_guard: DeleteGuard,
 }
 
-/// The longest a healthy loop goes without finishing a pass or a write-back: one that runs
-/// into its time limit, then the longest backoff with its jitter (or a poll interval), twice
-/// over for room. Beyond it `/healthz` reports the loop stalled.
+/// The longest a healthy loop goes without finishing a pass or write-back (a pass hitting its
+/// time limit plus the longest backoff), doubled as a margin. Beyond it `/healthz` reports
+/// the loop stalled.
 pub fn stall_limit(settings: &Settings) -> Duration {
     (settings.pass_timeout + BACKOFF.max.mul_f64(1.2).max(settings.poll_interval)) * 2
 }
@@ -106,8 +100,8 @@ struct Tracked {
     write_back_error: Option<RowError>,
     retry_at: Option<Instant>,
     synced_at: Option<Instant>,
-    /// The `updatedAt` the bridge's last write-back to the row stamped: read back, it is the
-    /// bridge's own write, not Manager's, and does not move the watermark.
+    /// The `updatedAt` our last write-back stamped: read back, it is our own write and does not
+    /// move the watermark (`manager_stamp`).
     own_stamp: Option<String>,
 }
 
@@ -118,26 +112,24 @@ pub struct Bridge {
     /// Served node id → namespace, resolved from `Nodes` on each full resync.
     served: HashMap<i64, String>,
     defaults: DefaultEnv,
-    /// The system env defaults were read at least once (or are absent). Until then no row is
-    /// synced: syncing without them would roll every workload out without its system env.
+    /// The system env defaults were read (or are absent). Until then no row is synced, or every
+    /// workload would roll out without its system env.
     defaults_known: bool,
     defaults_error: Option<String>,
     grants: Grants,
-    /// Boxed: the table has room for up to twice the rows it holds, and an empty slot then
-    /// costs a pointer rather than a whole row.
+    /// Boxed: a hash map keeps up to twice as many slots as rows, and an empty slot then costs a
+    /// pointer instead of a whole row.
     rows: HashMap<RowKey, Box<Tracked>>,
     unmapped: HashSet<RowKey>,
-    /// Rows updated at or after this (less `OVERLAP`) are read by the next incremental poll:
-    /// the newest `updatedAt` seen, but never later than the database's clock at the read,
-    /// so a row stamped in the future (a writer whose clock runs ahead) cannot move it past
-    /// the edits that follow.
+    /// The next incremental poll reads rows updated since this (less `OVERLAP`): the newest
+    /// `updatedAt` seen, capped at the database's clock so a row stamped in the future cannot
+    /// hide the edits that follow.
     watermark: Option<Timestamp>,
     /// The database's clock at the start of the current pass.
     db_now: Option<Timestamp>,
     fingerprint: Option<Fingerprint>,
     next_full: Instant,
-    /// What the last full read found to delete, for the deletion guard to compare the next
-    /// with.
+    /// What the last full read found to delete, for the deletion guard.
     deletions: Option<Sighting>,
     /// The token of the held set last reported, so a held set is logged once, not every read.
     held: Option<String>,
@@ -145,8 +137,7 @@ pub struct Bridge {
     health: Arc<Health>,
 }
 
-/// A mapped row to sync: what it should be, what the CR cache holds of it, and whether its
-/// Secret is cached.
+/// A mapped row to sync: its desired objects, the cached CR and the cached Secret.
 type Job = (Desired, Option<Existing>, Option<Arc<CachedSecret>>);
 
 /// How one row's sync ended.
@@ -188,7 +179,6 @@ impl Bridge {
         }
     }
 
-    /// Run until `shutdown` resolves.
     pub async fn run(mut self, changed: Arc<Notify>, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut failures = 0u32;
@@ -240,17 +230,15 @@ impl Bridge {
 
     /// One pass: find changes, sync pending rows, write back.
     async fn poll(&mut self) -> Result<(), BridgeError> {
-        // Bounded: a connection that hangs without failing (no reply, no reset) would
-        // otherwise pin the pass, and with it every row, forever. Whatever the pass finished
-        // is kept (each row is recorded as its writes end); the rest stays pending for the next.
+        // Bounded: a connection that hangs without failing would otherwise stall every row forever.
+        // Rows finished so far are kept; the rest stay pending.
         let limit = self.settings.pass_timeout;
         let result = tokio::time::timeout(limit, self.pass()).await.unwrap_or(Err(BridgeError::PassTimeout { limit }));
         self.metrics.pass(result.is_ok());
         let failing = self.rows.values().filter(|t| t.error.is_some() || t.write_back_error.is_some()).count();
         self.metrics.rows.set(i64::try_from(self.rows.len()).unwrap_or(i64::MAX));
         self.metrics.rows_failing.set(i64::try_from(failing).unwrap_or(i64::MAX));
-        // Ready while passes succeed: a bridge that cannot reach its database or the API
-        // server says so on /readyz (and in its log).
+        // Ready while passes succeed, so an unreachable database or API server shows on /readyz.
         self.health.set_ready(result.is_ok());
         result
     }
@@ -398,8 +386,8 @@ impl Bridge {
         Ok(())
     }
 
-    /// Remember a row read from the database; it is pending when it is new or changed, or
-    /// when `recheck` (a full resync compares every row with the cluster again).
+    /// Remember a row read from the database; it is pending if new, changed, or `recheck` (a full
+    /// resync compares every row with the cluster again).
     fn track(&mut self, row: ContainerRow, recheck: bool) {
         let own_stamp = self.rows.get(&row.key()).and_then(|t| t.own_stamp.as_deref());
         if let Some(at) = manager_stamp(&row, own_stamp) {
@@ -486,11 +474,9 @@ impl Bridge {
             }
         }
         self.record(collisions);
-        // Mapped a chunk at a time, so a first sync of thousands of rows never holds every
-        // desired object in memory at once; the next chunk is mapped while the writes of the
-        // one before are still in flight, so the API server never idles on a chunk's tail.
-        // Each row's outcome is recorded as it comes: a pass cut short (its time limit, a
-        // failure) keeps whatever it finished.
+        // A chunk at a time, so a first sync of thousands of rows never holds every desired object
+        // at once; the next chunk is mapped while the previous one's writes are in flight. Outcomes
+        // are recorded as they come, so a pass cut short keeps what it finished.
         let cluster = self.cluster.clone();
         let sync = |(desired, cached, secret): Job| {
             let (cluster, live, deletable, fm) = (cluster.clone(), live.clone(), deletable.clone(), fm.clone());
@@ -575,9 +561,8 @@ impl Bridge {
                     t.synced_at = Some(Instant::now());
                 }
                 Outcome::Row(err) => {
-                    // A CR to replace that no full read has found to delete yet (a row that
-                    // re-uses a gone container's hostname or id, seen by an incremental
-                    // poll): the next pass reads everything, so the guard starts on it.
+                    // A CR to replace that no full read has seen yet (found by an incremental
+                    // poll): make the next pass a full one so the deletion guard starts on it.
                     if let RowError::AwaitingDeletion { uid, .. } = &err
                         && !self.deletions.as_ref().is_some_and(|s| s.uids.contains(uid))
                     {
@@ -617,12 +602,10 @@ fn report(metrics: &Metrics, key: RowKey, hostname: &str, slot: &mut Option<RowE
     *slot = Some(err);
 }
 
-/// The `updatedAt` of a row read that may move the watermark: Manager's stamp, not the
-/// bridge's own. A write-back is stamped by the database's clock, Manager's edits by Manager's:
-/// were the bridge's stamps to move the watermark, a database clock ahead of Manager's would
-/// put it past the edits Manager stamps meanwhile, and the incremental poll would miss them
-/// until the next full resync. (A row read back with the bridge's stamp but other values is
-/// still seen as changed: `track` compares the whole row.)
+/// The `updatedAt` of a row that may move the watermark: Manager's stamp, not our own. Our
+/// write-backs are stamped by the database's clock, Manager's edits by Manager's; if ours moved
+/// the watermark, a database clock running ahead could skip Manager's edits until the next
+/// full resync. (A row with our stamp but other changes is still seen: `track` compares rows.)
 fn manager_stamp(row: &ContainerRow, own_stamp: Option<&str>) -> Option<Timestamp> {
     if own_stamp == Some(row.updated_at.as_str()) {
         return None;
@@ -637,11 +620,9 @@ fn advance(watermark: Option<Timestamp>, seen: Timestamp, db_now: Option<Timesta
     Some(watermark.map_or(seen, |w| w.max(seen)))
 }
 
-/// Run jobs `concurrency` at a time without a pause between chunks: whenever one can start
-/// and none is queued, `next_chunk` is asked for more (`None`: there are no more); `done` is
-/// given each result as it comes, with `state`, and says whether to go on starting new jobs
-/// (those in flight finish either way). The chunks bound what is held at once; asking for
-/// the next while the last writes of the one before are in flight keeps the API server busy.
+/// Run jobs `concurrency` at a time with no pause between chunks: when a slot is free and the
+/// queue is empty, `next_chunk` is asked for more (`None`: done). `done` gets each result and
+/// says whether to start more (those in flight finish either way).
 async fn pipeline<S, J, F: Future>(
     state: &mut S,
     concurrency: usize,

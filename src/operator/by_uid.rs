@@ -1,8 +1,6 @@
-//! A map keyed by object UID, kept in step with a watch, re-lists included: what a re-list
-//! does not list is forgotten when it is done (`reflect::Relist`), so an object deleted during
-//! a watch gap (which comes as no event at all) is forgotten then. For what the operator keeps
-//! of a kind without caching its objects (which ReplicaSet belongs to which Deployment; the
-//! spec hash of each ManagedWorkload).
+//! A map keyed by object UID, kept in step with a watch: what a re-list does not list is
+//! forgotten when it ends (`reflect::Relist`), since a deletion during a watch gap comes as no
+//! event. For what the operator keeps of a kind without caching its objects.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -12,11 +10,9 @@ use kube::runtime::watcher;
 
 use crate::reflect::Relist;
 
-/// An object's UID as a key: the 128 bits of the UUID the API server gives every object, kept
-/// in place. As a `String`, each key of a map of thousands of workloads was an allocation of
-/// 48 bytes besides its 24. A UID that is not a UUID (only objects made by hand have one) is
-/// kept as a hash of its text, with the top bit set; a UUID's 128 bits could collide with
-/// one, never with another UUID.
+/// An object's UID as a key: the UUID's 128 bits in place (as a `String`, each key was an
+/// extra 48-byte allocation). A UID that is not a UUID (only hand-made objects) is kept as a
+/// hash of its text with the top bit set: such a hash could collide, two UUIDs never do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Uid(u128);
 
@@ -52,8 +48,8 @@ impl<V> Default for ByUid<V> {
 }
 
 impl<V: PartialEq> ByUid<V> {
-    /// Follow one watch event; `value` is what an object stands for (`None`: nothing to keep,
-    /// or no UID). Says whether an `Apply` changed the entry (a new object or a new value).
+    /// Follow one watch event; `value` is what an object maps to (`None`: nothing to keep, or no
+    /// UID). Says whether an `Apply` changed the entry.
     pub fn observe<K: Resource>(&mut self, event: &watcher::Event<K>, value: impl Fn(&K) -> Option<V>) -> bool {
         let uid = |object: &K| object.meta().uid.as_deref().map(Uid::of);
         if let Some(listed) = self.relist.observe(event, uid) {

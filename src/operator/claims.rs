@@ -1,37 +1,27 @@
-//! The claims: one PersistentVolumeClaim per entry of `spec.volumes`, its desired state
-//! built purely from the CR (and, for the size, the live claim: a claim never shrinks), and
-//! the rule that says whether a live claim is this workload's. Pure and unit-tested.
+//! The claims: one PersistentVolumeClaim per entry of `spec.volumes`, built purely from the
+//! CR (and the live claim, since a claim never shrinks), and the rule for whether a live claim
+//! is this workload's. Pure and unit-tested.
 //!
-//! Retention. A `Delete` volume's claim carries the workload as its controller, so garbage
-//! collection removes it with the workload. A `Retain` volume's claim (the default) carries
-//! no owner reference at all: nothing removes it, and the operator never deletes a claim.
+//! Retention: a `Delete` volume's claim has the workload as controller, so garbage collection
+//! removes it with the workload. A `Retain` volume's claim (the default) has no owner
+//! reference, and the operator never deletes a claim.
 //!
-//! Whose claim is it, without an owner reference? A claim is this workload's when
-//! - its controller reference is this workload (by UID), or
-//! - it has no controller reference, it carries every mark the operator puts on the claims it
-//!   makes (`app.kubernetes.io/managed-by: mw-operator`, `app.kubernetes.io/instance:
-//!   <workload>`, the annotation `opensource-server.mieweb.org/volume-of: <workload>/<volume>`,
-//!   and a server-side apply record of the operator's field manager), and it is this very
-//!   workload's or its owner's:
-//!   - it is attached to this workload: `opensource-server.mieweb.org/workload-uid` is its UID
-//!     (or, on a claim made before that mark existed, the claim is younger than the workload);
-//!   - or it was retained by a predecessor of the same owner. A Manager workload's owner is
-//!     the Manager user and node (`opensource-server.mieweb.org/owner`, `.../node-id`, which
-//!     the bridge and Manager's provider set): Manager lets anyone reuse a hostname once its
-//!     container is deleted, so user B's new `app` must never mount user A's old `app` disk,
-//!     while A re-creating `app` on that node gets the data back (a mistaken deletion can be
-//!     undone). A workload written by hand has no Manager owner: its owner is the namespace,
-//!     and a workload re-created under the same name re-attaches the claims its predecessor
-//!     retained, as a StatefulSet's Pod does.
+//! Whose is a claim? It is this workload's when its controller is this workload (by UID), or
+//! when it has no controller, carries every mark the operator puts on its claims (managed-by,
+//! instance, `volume-of: <workload>/<volume>`, an apply record of our field manager), and:
+//! - its `workload-uid` annotation is this workload's UID (on claims older than that mark:
+//!   the claim is younger than the workload); or
+//! - it was retained by a predecessor of the same owner. A Manager workload's owner is its
+//!   Manager user and node (the `owner` annotation and `node-id` label): Manager lets anyone
+//!   reuse a deleted container's hostname, so user B's new `app` must never mount user A's old
+//!   disk, while A re-creating `app` gets the data back. A hand-written workload's owner is the
+//!   namespace, so a re-created workload re-attaches its predecessor's claims, as a
+//!   StatefulSet's Pod does.
 //!
-//! A claim made by hand, by another tool, for another workload whose name produces the same
-//! claim name, or retained by another owner is never touched and never mounted: it blocks the
-//! workload (`ClaimConflict`, naming the claim, whose it is and what to do).
-//!
-//! Trust model: these marks guard against accidents and against Manager's users, not against a
-//! namespace member acting in bad faith. Whoever may create claims in the namespace can forge
-//! them all; but such a person can also mount that claim, or the workload's own, in a Pod of
-//! their own. The namespace is the trust boundary.
+//! Any other claim of that name is never touched or mounted: it blocks the workload
+//! (`ClaimConflict`). These marks guard against accidents and Manager's users, not a
+//! namespace member in bad faith (who could forge them, or mount the claim directly): the
+//! namespace is the trust boundary.
 
 use std::collections::BTreeMap;
 
@@ -46,9 +36,8 @@ use crate::names::{
     WORKLOAD_UID_ANNOTATION,
 };
 use crate::resource::{ManagedWorkload, RetentionPolicy, Volume};
-/// The claim of volume `volume` of workload `workload`: `<workload>-<volume>`. Two names that
-/// produce the same claim name (`a-b` + `c`, `a` + `b-c`) cannot both have it: the second
-/// sees a claim marked for another workload and reports a conflict.
+/// `<workload>-<volume>`. Two pairs giving the same name (`a-b` + `c`, `a` + `b-c`) cannot
+/// both have it: the second sees a claim marked for another workload, a conflict.
 pub fn claim_name(workload: &str, volume: &str) -> String {
     format!("{workload}-{volume}")
 }
@@ -57,12 +46,10 @@ fn volume_of(mw: &ManagedWorkload, volume: &Volume) -> String {
     format!("{}/{}", mw.name_any(), volume.name)
 }
 
-/// The desired claim of `volume`, ready for server-side apply. `live` is the claim as it is,
-/// if it exists: its requested size is kept when larger than the spec's (a claim never
-/// shrinks: a spec size put back down after a refused expansion, or a re-created workload
-/// asking for less than its predecessor's claim has, leaves it as it is). `replacing`: it is
-/// made where a claim of that name was just deleted, so it starts empty (`REPLACED_ANNOTATION`,
-/// kept from `live` afterwards). `None` when the CR has no UID yet.
+/// The desired claim of `volume`, ready for server-side apply; `None` when the CR has no UID
+/// yet. The live claim's size is kept when larger (a claim never shrinks, say after a refused
+/// expansion or a re-created workload asking for less). `replacing`: made where a claim of
+/// that name was just deleted, so it starts empty (`REPLACED_ANNOTATION`, kept afterwards).
 pub fn claim(
     mw: &ManagedWorkload,
     volume: &Volume,
@@ -123,7 +110,7 @@ pub fn capacity(claim: &PersistentVolumeClaim) -> Option<String> {
     claim.status.as_ref()?.capacity.as_ref()?.get("storage").map(|q| q.0.clone())
 }
 
-/// `claim` (the live claim of `volume`) is this workload's: see the module documentation.
+/// `claim` (the live claim of `volume`) is this workload's: see the module comment.
 pub fn is_own(claim: &PersistentVolumeClaim, mw: &ManagedWorkload, volume: &Volume) -> bool {
     if let Some(controller) = claim.owner_references().iter().find(|o| o.controller == Some(true)) {
         return mw.uid().is_some_and(|uid| controller.uid == uid);
@@ -131,8 +118,8 @@ pub fn is_own(claim: &PersistentVolumeClaim, mw: &ManagedWorkload, volume: &Volu
     made_by_operator(claim, mw, volume) && (attached_to(claim, mw) || owner(claim) == owner(mw))
 }
 
-/// Whose data a claim the operator made for `mw`'s name holds, when it is not `mw`'s (its
-/// owner differs): said in the conflict. None for a claim the operator did not make that way.
+/// Whose data an operator-made claim for `mw`'s name holds when it is not `mw`'s, for the
+/// conflict message. None for any other claim.
 pub fn retained_for_another(claim: &PersistentVolumeClaim, mw: &ManagedWorkload, volume: &Volume) -> Option<String> {
     if !claim.owner_references().is_empty() || !made_by_operator(claim, mw, volume) || is_own(claim, mw, volume) {
         return None;
@@ -156,8 +143,8 @@ fn made_by_operator(claim: &PersistentVolumeClaim, mw: &ManagedWorkload, volume:
             .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply"))
 }
 
-/// The claim is attached to `mw` itself: it carries its UID, or (made before that mark
-/// existed) it was made after `mw` was, so no predecessor made it.
+/// The claim carries `mw`'s UID, or (made before that mark existed) is younger than `mw`,
+/// so no predecessor made it.
 fn attached_to(claim: &PersistentVolumeClaim, mw: &ManagedWorkload) -> bool {
     match claim.annotations().get(WORKLOAD_UID_ANNOTATION) {
         Some(uid) => mw.uid().as_ref() == Some(uid),
@@ -168,8 +155,7 @@ fn attached_to(claim: &PersistentVolumeClaim, mw: &ManagedWorkload) -> bool {
     }
 }
 
-/// Who a workload's data belongs to, from its Manager identity, on the workload or on a claim
-/// made for it.
+/// Whose a workload's data is, from the Manager identity on the workload or its claim.
 #[derive(Debug, PartialEq, Eq)]
 enum Owner {
     /// A Manager user on a Manager node.
@@ -187,8 +173,8 @@ fn owner<K: Resource>(object: &K) -> Owner {
     }
 }
 
-/// A quantity in bytes, for comparing sizes (`1Gi` > `1000Mi`). Decimal and binary suffixes
-/// and exponents; None for anything else (then no comparison is made).
+/// A quantity in bytes, to compare sizes (`1Gi` > `1000Mi`). None for what it cannot parse
+/// (then no comparison is made).
 pub fn bytes(quantity: &str) -> Option<f64> {
     let q = quantity.trim();
     let split = q.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')).unwrap_or(q.len());

@@ -1,6 +1,5 @@
-//! The Deployment: the Deployment a ManagedWorkload should have, a pure function of the
-//! CR, so every rule about names, labels, replicas and the pod template is unit-tested without
-//! a cluster.
+//! The Deployment a ManagedWorkload should have: a pure function of the CR, so every rule
+//! about names, labels, replicas and the pod template is unit-tested without a cluster.
 
 use std::collections::BTreeMap;
 
@@ -55,9 +54,8 @@ impl Default for PodSettings {
 /// stop timeout (`DefaultTimeoutStopSec`, 90 s), so its services stop in order.
 pub const SYSTEM_CONTAINER_STOP_GRACE_SECONDS: i64 = 120;
 
-/// An extended resource name as Kubernetes accepts one for a container: `domain/name`, the
-/// domain not `kubernetes.io` (reserved for native resources), e.g. `nvidia.com/gpu`,
-/// `amd.com/gpu`, `gpu.intel.com/i915`.
+/// An extended resource name as Kubernetes accepts it: `domain/name`, outside the reserved
+/// `kubernetes.io` domain (e.g. `nvidia.com/gpu`, `gpu.intel.com/i915`).
 pub fn check_gpu_resource(name: &str) -> Result<String, String> {
     let label = |s: &str, allowed: &dyn Fn(u8) -> bool| {
         !s.is_empty()
@@ -84,7 +82,7 @@ pub fn check_gpu_resource(name: &str) -> Result<String, String> {
 }
 
 /// The desired Deployment, ready for server-side apply. `None` when the CR has no UID yet
-/// (it was never stored, so nothing can be owned by it).
+/// (never stored, so nothing can be owned by it).
 pub fn deployment(mw: &ManagedWorkload, settings: &PodSettings) -> Option<Deployment> {
     let owner = mw.controller_owner_ref(&())?;
     let labels = labels(mw);
@@ -99,8 +97,8 @@ pub fn deployment(mw: &ManagedWorkload, settings: &PodSettings) -> Option<Deploy
 
     let spec = &mw.spec;
     let strategy = match update_strategy(spec) {
-        // Spelled out rather than left to API defaults: fields this manager owns are removed
-        // when a later apply switches to Recreate, which rejects any rollingUpdate block.
+        // Spelled out, not left to API defaults: fields this manager owns are then removed when a
+        // later apply switches to Recreate, which rejects any rollingUpdate block.
         UpdateStrategy::RollingUpdate => DeploymentStrategy {
             type_: Some("RollingUpdate".into()),
             rolling_update: Some(RollingUpdateDeployment {
@@ -134,17 +132,16 @@ pub fn deployment(mw: &ManagedWorkload, settings: &PodSettings) -> Option<Deploy
     Some(deployment)
 }
 
-/// The rollout strategy: the spec's, else `Recreate` when a surge Pod could not or should not
+/// The rollout strategy: the spec's, else `Recreate` when a surge Pod cannot or should not
 /// run beside the old one, else `RollingUpdate`:
-/// - any volume: a ReadWriteOnce or ReadWriteOncePod claim cannot be mounted by the surge Pod
-///   while the old one holds it, and a ReadWriteMany one would get two writers on one data
-///   directory (a Manager container is a pet: its software expects to be alone on its disk);
-/// - GPUs: on a full GPU pool the surge Pod is Unschedulable while the old one holds the GPU,
-///   so every rollout would deadlock and fail at its deadline;
-/// - a system container: a whole machine, with its hostname, which is one at a time.
+/// - any volume: a ReadWriteOnce(Pod) claim cannot be mounted twice, and a ReadWriteMany one
+///   would get two writers on one disk (a Manager container expects to be alone on it);
+/// - GPUs: on a full GPU pool the surge Pod could never be scheduled, and every rollout would
+///   fail at its deadline;
+/// - a system container: a whole machine with its hostname, one at a time.
 ///
 /// An explicit `RollingUpdate` stays the user's choice where the CRD allows it (ReadWriteMany
-/// volumes only; with GPUs, for a pool with room to spare).
+/// volumes only; with GPUs, for a pool with spare capacity).
 pub fn update_strategy(spec: &ManagedWorkloadSpec) -> UpdateStrategy {
     let gpus = spec.resources.as_ref().and_then(|r| r.gpus).unwrap_or(0) > 0;
     spec.update_strategy.unwrap_or(if gpus || !spec.volumes.is_empty() || spec.system_container.is_some() {
@@ -154,9 +151,9 @@ pub fn update_strategy(spec: &ManagedWorkloadSpec) -> UpdateStrategy {
     })
 }
 
-/// The Pod's volumes: one per `spec.volumes` entry, each its claim, named as in the spec; and
-/// a system container's memory-backed directories (systemd mounts nothing itself in a
-/// container, and exits without a writable `/run`).
+/// The Pod's volumes: each `spec.volumes` entry's claim, named as in the spec, and a system
+/// container's memory-backed directories (systemd mounts nothing itself in a container and
+/// exits without a writable `/run`).
 fn pod_volumes(mw: &ManagedWorkload) -> Option<Vec<Volume>> {
     let claims = mw.spec.volumes.iter().map(|v| Volume {
         name: v.name.clone(),
@@ -174,7 +171,6 @@ fn pod_volumes(mw: &ManagedWorkload) -> Option<Vec<Volume>> {
     non_empty_vec(claims.chain(memory).collect())
 }
 
-/// The container's mounts of those volumes.
 fn volume_mounts(mw: &ManagedWorkload) -> Option<Vec<VolumeMount>> {
     let mut paths: Vec<(&str, &str)> =
         mw.spec.volumes.iter().map(|v| (v.name.as_str(), v.mount_path.as_str())).collect();
@@ -199,7 +195,6 @@ fn non_empty_vec<T>(items: Vec<T>) -> Option<Vec<T>> {
     (!items.is_empty()).then_some(items)
 }
 
-/// 1 while the workload should run, 0 when stopped.
 pub fn desired_replicas(mw: &ManagedWorkload) -> i32 {
     match mw.spec.desired_state() {
         DesiredState::Running => 1,
@@ -240,7 +235,7 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>, setting
         startup_probe: spec.startup_probe.as_deref().map(probe),
         // systemd writes to a console; without one its output is lost.
         tty: system.map(|_| true),
-        // Its last lines say why a system container could not boot (a read-only cgroup): the
+        // Its last lines say why a system container could not boot (say, a read-only cgroup); the
         // status reads them from the termination message.
         termination_message_policy: system.map(|_| "FallbackToLogsOnError".into()),
         ..Default::default()
@@ -277,8 +272,8 @@ fn pod_template(mw: &ManagedWorkload, labels: &BTreeMap<String, String>, setting
     }
 }
 
-/// Requests and limits of the container. GPUs are an extended resource: Kubernetes allows no
-/// overcommit of those, so the count is both the request and the limit.
+/// Requests and limits. GPUs are an extended resource, which cannot be overcommitted, so the
+/// count is both request and limit.
 fn resources(r: &Resources, settings: &PodSettings) -> ResourceRequirements {
     let gpus = r.gpus.filter(|&n| n > 0).map(|n| (settings.gpu_resource.clone(), Quantity(n.to_string())));
     let with_gpus = |list: Option<BTreeMap<String, Quantity>>| {
@@ -293,9 +288,9 @@ fn resources(r: &Resources, settings: &PodSettings) -> ResourceRequirements {
     }
 }
 
-/// The CR's one security context split as Kubernetes places it: who the process runs as, its
-/// volumes' group and the seccomp profile on the Pod; filesystem, privilege escalation and
-/// capabilities on the container. Nothing set, nothing emitted: the image's defaults apply.
+/// The CR's one security context split as Kubernetes places it: user, group, fsGroup and
+/// seccomp on the Pod; filesystem, privilege escalation and capabilities on the container.
+/// Nothing set, nothing emitted.
 fn security_contexts(
     sc: Option<&crate::resource::SecurityContext>,
 ) -> (Option<PodSecurityContext>, Option<SecurityContext>) {
@@ -326,7 +321,7 @@ fn security_contexts(
     )
 }
 
-/// A CR enum as Kubernetes spells it: its variants are named exactly as the API's values.
+/// A CR enum as Kubernetes spells it (variants are named exactly as the API's values).
 fn wire(value: impl std::fmt::Debug) -> String {
     format!("{value:?}")
 }
@@ -374,8 +369,8 @@ fn non_empty(list: &[String]) -> Option<Vec<String>> {
 fn env_var(var: &crate::resource::EnvVar) -> EnvVar {
     EnvVar {
         name: var.name.clone(),
-        // The API server drops an empty value (`value: ""` means unset to a Pod anyway);
-        // sending it would make the stored object differ from the applied one.
+        // The API server drops an empty value (it means unset anyway); sending it would make the
+        // stored object differ from the applied one.
         value: var.value.clone().filter(|v| !v.is_empty()),
         value_from: var.value_from.as_ref().map(|from| EnvVarSource {
             secret_key_ref: from.secret_key_ref.as_ref().map(|r| SecretKeySelector {

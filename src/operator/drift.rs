@@ -1,17 +1,12 @@
-//! Is a live owned object (a Deployment, and every kind the operator applies) already what
-//! we would apply? Answering this without a write is
-//! what keeps an idle operator from touching the API server.
-//!
-//! Two checks, both pure:
+//! Is a live owned object already what we would apply? Answering this without a write keeps
+//! an idle operator from touching the API server. Two pure checks:
 //! - the live object carries the fingerprint of the desired object (catches every change of
 //!   ours, including removed fields);
-//! - the operator's field manager still owns every field it sets, by the Deployment's own
-//!   server-side apply record (`metadata.managedFields`). Another writer who changes a field
-//!   the operator owns (`kubectl scale`, `kubectl set image`, an edited label) takes that
-//!   field over, so losing one is exactly "someone changed what we set". Values the API
-//!   server normalises (quantities, defaults, empty strings) and list entries that other
-//!   managers add (`kubectl set env`, a mutating webhook) change no ownership of ours, so they
-//!   are not drift: re-applying could not change them anyway.
+//! - the operator still owns every field it sets, by the object's server-side apply record
+//!   (`metadata.managedFields`). A writer who changes one of our fields (`kubectl scale`, an
+//!   edited label) takes it over, so a lost field is exactly "someone changed what we set".
+//!   Values the API server normalises and list entries others add (`kubectl set env`, a
+//!   webhook) leave our ownership alone: not drift, and re-applying could not undo them.
 
 use std::hash::{Hash, Hasher};
 
@@ -25,16 +20,14 @@ use super::ownership::{FIELD_MANAGER, applied_hash};
 /// A live object as drift judges it: its identity (`Resource`), the fingerprint it was
 /// applied from, and the field set the operator's server-side apply owns on it.
 pub trait Live: Resource {
-    /// The operator's own field set, or None when it has none (never applied, or its record
-    /// was removed).
+    /// The operator's own field set; None when it has none (never applied, or record removed).
     fn owned(&self) -> Option<std::borrow::Cow<'_, OwnedFields>>;
 
-    /// The fingerprint of the desired object it was last applied from (its annotation).
+    /// The fingerprint of the desired object it was last applied from.
     fn applied_hash(&self) -> Option<&str>;
 }
 
-/// Objects as the API server sends them: the operator's apply record, read from
-/// `metadata.managedFields`.
+/// Objects as the API server sends them: the apply record is read from `metadata.managedFields`.
 macro_rules! live_from_managed_fields {
     ($($kind:ty),*) => {$(
         impl Live for $kind {
@@ -60,19 +53,18 @@ pub fn up_to_date<K: Resource + Serialize, L: Live>(desired: &K, live: &L) -> bo
     same_desired(desired, live) && owns_everything(desired, live)
 }
 
-/// `live` was last applied from exactly this desired object, so any difference between them is
-/// someone else's edit (drift) rather than a change of the workload's spec.
+/// `live` was last applied from exactly this desired object, so any difference is someone
+/// else's edit, not a spec change.
 pub fn same_desired<K: Resource, L: Live>(desired: &K, live: &L) -> bool {
     applied_hash(desired).is_some() && applied_hash(desired) == live.applied_hash()
 }
 
-/// The operator's `Apply` entry in `live`'s managedFields still covers every field `desired`
-/// sets.
+/// The operator's `Apply` entry still covers every field `desired` sets.
 fn owns_everything<K: Resource + Serialize, L: Live>(desired: &K, live: &L) -> bool {
     let Some(owned) = live.owned() else { return false };
     let Ok(mut want) = serde_json::to_value(desired) else { return false };
     if let Value::Object(map) = &mut want {
-        // Never part of a field set: the type, the identity, and status (reset on apply).
+        // Never part of a field set: the type, the identity, and status.
         for key in ["apiVersion", "kind", "status"] {
             map.remove(key);
         }
@@ -85,8 +77,8 @@ fn owns_everything<K: Resource + Serialize, L: Live>(desired: &K, live: &L) -> b
     owned.covers(&want)
 }
 
-/// The fields the operator's field manager owns through server-side apply (the main resource,
-/// not a subresource), as the API server sends them (a parsed FieldsV1 tree, or its JSON text).
+/// The fields the operator owns through server-side apply on the main resource (not a
+/// subresource), as sent: a parsed FieldsV1 tree or its JSON text.
 pub fn owned_fields(live: &ObjectMeta) -> Option<&Value> {
     let entries = live.managed_fields.as_ref()?;
     let entry = entries.iter().find(|m| {
@@ -97,16 +89,14 @@ pub fn owned_fields(live: &ObjectMeta) -> Option<&Value> {
     entry.fields_v1.as_ref().map(|f| &f.0)
 }
 
-/// A field set (FieldsV1: `f:<name>` for fields, `k:<json>` for keyed list entries,
-/// `v:<json>` for set entries, `.` for the entry itself) kept as a fingerprint: the hash of
-/// every path in it, and the key fields of each keyed list. It answers what drift asks of the
-/// set (does it cover every field of the desired object?) as the set itself would, in about a
-/// third of the room of its text, which is what the caches kept before (a Deployment's is
-/// about 1 KiB).
+/// A field set (FieldsV1: `f:<name>` fields, `k:<json>` keyed list entries, `v:<json>` set
+/// entries, `.` the entry itself) kept as a fingerprint: the hash of every path, plus each
+/// keyed list's key names. It answers "does it cover every desired field?" as the set would,
+/// in about a third of the memory of its text (a Deployment's is about 1 KiB).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OwnedFields {
-    /// The hash of every path, sorted; the low bit is set when the path is owned whole (a
-    /// leaf, or an atomic struct or list).
+    /// The hash of every path, sorted; low bit set when the path is owned whole (a leaf, or an
+    /// atomic struct or list).
     paths: Box<[u64]>,
     /// For each keyed list (by the hash of its path), the names of its key fields, sorted.
     keys: Box<[(u64, KeyNames)]>,
@@ -115,12 +105,10 @@ pub struct OwnedFields {
 /// The names of a keyed list's key fields, sorted.
 type KeyNames = Box<[Box<str>]>;
 
-/// The hash of the empty path.
 const ROOT: u64 = 0;
 
 /// The hash of `segment` under the path hashed `parent`, low bit clear. SipHash with fixed
-/// keys: the same in every process; a collision (two paths, one hash) is as likely as any
-/// two u64s'.
+/// keys, so the same in every process.
 fn step(parent: u64, segment: &str) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     (parent, segment).hash(&mut h);
@@ -137,8 +125,8 @@ fn key_segment<'a>(names: impl IntoIterator<Item = &'a str>, entry: &Map<String,
 }
 
 impl OwnedFields {
-    /// The fingerprint of a field set, in either form `owned_fields` gives; None when it does
-    /// not parse.
+    /// The fingerprint of a field set in either form `owned_fields` gives; None if it does not
+    /// parse.
     pub fn of(fields: &Value) -> Option<OwnedFields> {
         let parsed: std::borrow::Cow<'_, Value> = match fields {
             Value::String(text) => std::borrow::Cow::Owned(serde_json::from_str(text).ok()?),
@@ -181,7 +169,7 @@ impl OwnedFields {
         Some(OwnedFields { paths: paths.into_boxed_slice(), keys: keys.into_boxed_slice() })
     }
 
-    /// The set contains every field of `want` (an object as JSON, less what no field set holds).
+    /// The set contains every field of `want` (JSON, less what no field set holds).
     pub fn covers(&self, want: &Value) -> bool {
         self.covers_at(ROOT, want)
     }
@@ -191,12 +179,12 @@ impl OwnedFields {
         self.paths.binary_search_by(|p| (p & !1).cmp(&path)).ok().map(|i| self.paths[i] & 1 == 1)
     }
 
-    /// `want` (found under `path`, which is in the set and has members) is covered.
+    /// `want`, found under `path` (in the set, with members), is covered.
     fn covers_at(&self, path: u64, want: &Value) -> bool {
         let child = |segment: &str, value: &Value| {
             let child = step(path, segment);
-            // A member with no children is owned as a whole: a leaf, or an atomic struct or
-            // list (a LabelSelector, an ownerReference, `command`).
+            // A member with no children is owned whole: a leaf, or an atomic struct or list (a
+            // LabelSelector, an ownerReference, `command`).
             match self.find(child) {
                 None => false,
                 Some(true) => true,

@@ -1,13 +1,11 @@
-//! Kubernetes Events, sent off the reconcile path. An Event is best effort and tells a human
-//! what happened; a reconcile that awaited each one would hold a worker for a round trip per
-//! phase change. Reconciles queue them instead, and one task per term of leadership sends them
-//! in the order they were queued (so one object's Events stay in order).
+//! Kubernetes Events, sent off the reconcile path: an Event is best effort, and awaiting each
+//! would hold a worker for a round trip. Reconciles queue them; one task per term of
+//! leadership sends them in order.
 //!
-//! The sender is the operator's own, not kube-runtime's `Recorder`: that one keeps every
-//! Event it published (the whole Event, note and object reference) for six minutes, to count
-//! repeats as a series, so a burst of thousands of new workloads held thousands of Events in
-//! memory for minutes. Here a repeat is recognised by a fingerprint, and what is kept of an
-//! Event for its series is its name and count, for at most `SERIES_MAX` Events at once.
+//! Not kube-runtime's `Recorder`, which keeps every Event it sent for six minutes to count
+//! repeats, so a burst of thousands of new workloads held thousands of Events in memory. Here
+//! a repeat is recognised by a fingerprint, and only name and count are kept, for at most
+//! `SERIES_MAX` Events.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -28,8 +26,8 @@ use tracing::warn;
 
 use crate::metrics::Metrics;
 
-/// Events queued and not yet sent. Beyond this (the API server is down or far behind) new
-/// Events are dropped and counted rather than held without bound.
+/// Events queued and not yet sent. Beyond this (API server down or far behind) new Events
+/// are dropped and counted.
 const QUEUE: usize = 4096;
 /// How long a stopping term waits for queued Events to go out.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -37,12 +35,11 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// The events API refuses a note longer than 1 kB (bytes, not characters).
 const NOTE_MAX_BYTES: usize = 1024;
 
-/// A repeat of an Event within this long is counted on the first one (its series) instead of
-/// stored again: what kube-runtime's `Recorder` and client-go's recorder do.
+/// A repeat within this long is counted on the first Event's series instead of stored again,
+/// as kube-runtime's and client-go's recorders do.
 const SERIES_TTL: SignedDuration = SignedDuration::from_mins(6);
-/// At most this many Events are remembered for their series. A phase change's Event is
-/// rarely repeated within minutes; the repeats a series is for (a `Forbidden` on every retry,
-/// a Deployment edited back again and again) are few and recent, and the oldest goes first.
+/// At most this many Events are remembered for their series, oldest dropped first. The
+/// repeats a series is for (a `Forbidden` per retry, repeated drift) are few and recent.
 pub const SERIES_MAX: usize = 512;
 /// Queues Events for the sender task.
 #[derive(Clone)]
@@ -54,15 +51,13 @@ pub struct Events {
 }
 
 /// The sender task; `drain` ends it once every `Events` handle is gone. Dropped without
-/// draining (a term that lost its leadership), it stops the task at once: an Event is a write
-/// too, and a replica that no longer leads sends none.
+/// draining (leadership lost), it stops at once: an Event is a write too.
 pub struct Sender {
     task: JoinHandle<()>,
     metrics: Arc<Metrics>,
     pending: Arc<AtomicUsize>,
 }
 
-/// Start a sender reporting as `reporter`.
 pub fn start(client: Client, reporter: Reporter, metrics: Arc<Metrics>) -> (Events, Sender) {
     let (queue, mut queued) = mpsc::channel::<(ObjectReference, Event)>(QUEUE);
     let mut publisher = Publisher { client, reporter, series: Series::default() };
@@ -110,10 +105,10 @@ impl Publisher {
     }
 }
 
-/// What a repeat shares with the Event it repeats: type, reason and action, and the object
-/// (kube-runtime's `Recorder` keys its series the same way; the note is the first one's).
+/// What a repeat shares with the Event it repeats: type, reason, action and object (as
+/// kube-runtime's `Recorder` keys series; the note is the first one's).
 fn fingerprint(ev: &Event, regarding: &ObjectReference) -> u64 {
-    // SipHash with fixed keys: the same in every process, collisions as likely as any u64's.
+    // SipHash with fixed keys: the same in every process.
     let mut h = std::hash::DefaultHasher::new();
     (matches!(ev.type_, EventType::Warning), &ev.reason, &ev.action).hash(&mut h);
     let r = regarding;
@@ -146,8 +141,8 @@ fn new_event(reporter: &Reporter, ev: &Event, regarding: &ObjectReference, now: 
     }
 }
 
-/// The Events sent in the last `SERIES_TTL`, by fingerprint: their names and counts, at most
-/// `SERIES_MAX` of them. Pure bookkeeping, the clock passed in.
+/// The Events sent in the last `SERIES_TTL`, by fingerprint, at most `SERIES_MAX`. Pure; the
+/// clock is passed in.
 #[derive(Default)]
 struct Series {
     sent: HashMap<u64, Sent>,
@@ -160,8 +155,7 @@ struct Sent {
 }
 
 impl Series {
-    /// The Event this one repeats and the count the repeat makes, if one was sent within
-    /// `SERIES_TTL`.
+    /// The Event this one repeats, and the repeat's count, if one was sent within `SERIES_TTL`.
     fn repeat(&mut self, key: u64, now: Timestamp) -> Option<(String, i32)> {
         self.sent.retain(|_, s| s.last + SERIES_TTL > now);
         self.sent.get(&key).map(|s| (s.name.clone(), s.count.saturating_add(1)))
@@ -206,8 +200,8 @@ impl Events {
 }
 
 impl Sender {
-    /// Wait (bounded) for the queued Events to be sent. Every `Events` handle must be dropped
-    /// first, or this waits the whole bound.
+    /// Wait (bounded) for the queued Events to be sent. Drop every `Events` handle first, or
+    /// this waits the whole bound.
     pub async fn drain(self) {
         self.drain_within(DRAIN).await
     }
@@ -222,7 +216,7 @@ impl Sender {
 impl Drop for Sender {
     fn drop(&mut self) {
         self.task.abort();
-        // Those queued, and the one being sent (which the API server may yet have taken).
+        // The queued ones, and the one being sent (the API server may have taken it).
         let lost = self.pending.swap(0, Ordering::Relaxed);
         if lost > 0 {
             self.metrics.events_dropped(lost as u64);

@@ -1,12 +1,9 @@
-//! The Service step of a reconcile, run before the Deployment's: `step::ensure` (the same
-//! rules as the Deployment's; a delete only of the workload's own Service, and only once
-//! `spec.service` is gone), and what it means: the Service as it now is for the status, or why
-//! it is not what it should be.
+//! The Service step of a reconcile, before the Deployment's: `step::ensure` (deleting only the
+//! workload's own Service, once `spec.service` is gone), and what it means for the status.
 //!
-//! A foreign Service of the workload's Service name is never touched: the workload is
-//! reported blocked (`ServiceConflict`) and rechecked every few seconds, so it recovers within
-//! seconds of that Service going. The Deployment step goes on meanwhile: a Service problem is
-//! no reason to stop a Pod that serves clients who reach it some other way.
+//! A foreign Service of that name is never touched: the workload is reported blocked
+//! (`ServiceConflict`) and rechecked every few seconds. The Deployment step goes on meanwhile:
+//! a Service problem is no reason to stop a Pod clients may reach some other way.
 
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -22,8 +19,7 @@ use crate::resource::ManagedWorkload;
 /// What the Service step leaves for the status.
 #[derive(Debug, Default)]
 pub struct Exposed {
-    /// The workload's own Service as it now is; None without `spec.service`, or while it is
-    /// blocked.
+    /// The workload's own Service as it now is; None without `spec.service` or while blocked.
     pub service: Option<Box<Service>>,
     /// A Service problem only a human (or time) can fix.
     pub blocked: Option<Blocked>,

@@ -1,13 +1,10 @@
 //! Whether the controller still makes progress, for `/healthz`.
 //!
-//! Every request is bounded (`client::REQUEST_TIMEOUT`, the watch timeout), so a reconcile
-//! cannot wait on the API server forever; what no timeout bounds is a reconcile wedged
-//! elsewhere (a lock, a bug that never returns) or a runtime too starved to run its tasks.
-//! Either leaves the process up and writing nothing, and only a restart ends it. So the
-//! operator is alive while a task of its own gets to run every few seconds and no reconcile
-//! has been in flight longer than `STALL_LIMIT`. A busy operator is alive (reconciles start
-//! and end); a standby is alive (none in flight); a wedged slot is not, even while other
-//! slots keep working, because its workload would never be reconciled again.
+//! Every request is bounded, so a reconcile cannot wait on the API server forever; nothing
+//! bounds a reconcile wedged elsewhere (a lock, a bug) or a runtime too starved to run tasks,
+//! and only a restart ends that. So the operator is alive while its own small task runs every
+//! few seconds and no reconcile has been in flight longer than `STALL_LIMIT`. One wedged
+//! reconcile counts even while others work: its workload would never be reconciled again.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -19,15 +16,14 @@ use tracing::{info, warn};
 use crate::client::REQUEST_TIMEOUT;
 use crate::telemetry::Health;
 
-/// How long one reconcile may run before the operator counts as stalled. A reconcile makes
-/// at most about a dozen requests one after another (up to 8 claims, the Deployment, its
-/// status), each bounded by `REQUEST_TIMEOUT`: 6 minutes against an API server that answers
-/// none of them in time. Twenty timeouts leave room for that and are still far from "never".
+/// How long one reconcile may run before the operator counts as stalled. A reconcile makes at
+/// most about a dozen sequential requests (up to 8 claims, the Deployment, its status), each
+/// bounded by `REQUEST_TIMEOUT`: 6 minutes if none is answered in time. Twenty timeouts cover
+/// that and are still far from "never".
 pub const STALL_LIMIT: Duration = Duration::from_secs(REQUEST_TIMEOUT.as_secs() * 20);
 
-/// How often the operator says it is alive, and how long `/healthz` waits for the next time
-/// before it answers 503 (`Health::with_stall_limit`): a runtime that cannot run this small
-/// task for half a minute serves nobody.
+/// How often the operator says it is alive, and how long `/healthz` waits for the next beat
+/// before answering 503: a runtime that cannot run this task for half a minute serves nobody.
 pub const BEAT: Duration = Duration::from_secs(5);
 pub const BEAT_GRACE: Duration = Duration::from_secs(30);
 
@@ -75,8 +71,7 @@ impl InFlight {
         Running { registry: self, id }
     }
 
-    /// How long the oldest reconcile in flight has been running at `now`, when it is longer
-    /// than `limit`.
+    /// How long the oldest reconcile in flight has run, if longer than `limit`.
     pub fn wedged(&self, now: Instant, limit: Duration) -> Option<Duration> {
         let oldest = self.lock().values().min().copied()?;
         let running = now.saturating_duration_since(oldest);
@@ -84,7 +79,7 @@ impl InFlight {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Instant>> {
-        // The map holds plain values: a panic elsewhere while holding it leaves it whole.
+        // The map holds plain values, so a panic while holding the lock leaves it whole.
         self.started.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

@@ -1,6 +1,6 @@
 //! What the operator remembers per workload between reconciles (failure counts, the status
-//! and Deployment it last wrote until its caches show them, when it last wrote), and when it
-//! forgets: with the workload, or after a re-list that no longer holds it.
+//! and Deployment it last wrote until its caches show them, when it last wrote). Forgotten
+//! with the workload, or after a re-list that no longer holds it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -28,20 +28,17 @@ struct PerObjectInner {
     failures: HashMap<Uid, u32>,
     /// The status last written, until the cache has caught up with it.
     written: HashMap<Uid, Written>,
-    /// The Deployment as the last apply returned it, until the cache has caught up with it:
-    /// while a watch is down (an API server outage) the cache keeps the old one, and every
-    /// retry would apply the same change again.
+    /// The Deployment as the last apply returned it, until the cache catches up: while a watch
+    /// is down the cache keeps the old one, and every retry would apply the same change again.
     applied: HashMap<Uid, CachedDeployment>,
-    /// When the operator last wrote each workload's status, to let details wait (see
-    /// `status::urgency`).
+    /// When each workload's status was last written, so details can wait (`status::urgency`).
     last_write: HashMap<Uid, Instant>,
-    /// Claim applies the API server refused (an expansion the StorageClass does not allow),
-    /// per workload and claim, so the same refused apply is not sent again before its backoff
-    /// has passed.
+    /// Refused claim applies (say, an expansion the StorageClass does not allow), per workload
+    /// and claim, so the same apply is not sent again before its backoff has passed.
     refusals: HashMap<Uid, HashMap<String, Refused>>,
-    /// Objects (kind, name) whose last apply lost its answer: the connection broke after the
-    /// request went out (an API server shutting down), so it may have been carried out, and
-    /// the cache, possibly stale after the outage, cannot tell. The next look GETs them.
+    /// Objects (kind, name) whose last apply lost its answer (the connection broke after the
+    /// request went out), so it may have been carried out and the cache cannot tell. The next
+    /// look at them is a GET.
     unanswered: HashMap<Uid, Vec<(&'static str, String)>>,
     relist: Relist<Uid>,
 }
@@ -49,7 +46,7 @@ struct PerObjectInner {
 /// A refused apply of one desired object, and when it may be tried again.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Refused {
-    /// Fingerprint of the desired object that was refused: another one is tried at once.
+    /// Fingerprint of the refused desired object: a different one is tried at once.
     pub desired: String,
     /// The API server's words.
     pub message: String,
@@ -68,9 +65,9 @@ struct Written {
     status: ManagedWorkloadStatus,
 }
 
-/// `cached` is older than `written`. resourceVersions are etcd revisions; they are compared as
-/// numbers only to order the operator's own write against its cache, and when either does not
-/// parse, only an exact match counts as caught up.
+/// `cached` is older than `written`. resourceVersions are compared as numbers only to order
+/// the operator's own write against its cache; if either does not parse, only an exact
+/// match counts as caught up.
 fn older(cached: Option<&str>, written: Option<&str>) -> bool {
     match (cached.and_then(|c| c.parse::<u64>().ok()), written.and_then(|w| w.parse::<u64>().ok())) {
         (Some(c), Some(w)) => c < w,
@@ -78,7 +75,6 @@ fn older(cached: Option<&str>, written: Option<&str>) -> bool {
     }
 }
 
-/// The key of `object` in the maps: its UID.
 fn uid(object: &impl Resource) -> Option<Uid> {
     object.meta().uid.as_deref().map(Uid::of)
 }
@@ -92,12 +88,11 @@ impl PerObject {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keep the map in step with the CR watch, once its cache has taken the event in: forget a
-    /// status write the cache now shows (most workloads' last write is followed by no
-    /// reconcile for minutes, and the status is a workload's largest part), forget deleted
-    /// workloads, and after a re-list (a watch gap may hide deletions) every workload that is
-    /// no longer listed. A re-listed object is in the cache as soon as it is listed
-    /// (`reflect`), so it is an echo too; the first list comes before any write.
+    /// Keep the maps in step with the CR watch, after its cache has taken the event: forget a
+    /// status write once the cache shows it (the status is a workload's largest part, and most
+    /// workloads see no reconcile for minutes), forget deleted workloads, and after a re-list every
+    /// workload no longer listed. A re-listed object is cached as soon as it is listed (`reflect`),
+    /// so it too shows the write.
     pub fn observe(&self, event: &watcher::Event<Workload>) {
         let mut inner = self.lock();
         if let Some(listed) = inner.relist.observe(event, uid) {
@@ -115,10 +110,9 @@ impl PerObject {
         }
     }
 
-    /// The status the CR has as far as the operator knows: the one it last wrote while the
-    /// cached CR predates that write, else the cached one. `latest` is the cache's copy now,
-    /// which may be newer than the `mw` a reconcile began with: the write it shows is then
-    /// forgotten here already (`observe`).
+    /// The status the CR has as far as the operator knows: the one last written while the cached
+    /// CR predates that write, else the cached one. `latest` is the cache's copy now, which may
+    /// be newer than the `mw` the reconcile began with.
     pub fn previous_status(
         &self,
         mw: &ManagedWorkload,
@@ -146,17 +140,17 @@ impl PerObject {
         }
     }
 
-    /// How long to hold back a status change of this urgency: none when it is urgent or the
-    /// last write (if the operator made one since it started) is long enough ago.
+    /// How long to hold back a status change of this urgency: zero if urgent or if the last
+    /// write (since this process started) is long enough ago.
     pub fn hold_back(&self, mw: &ManagedWorkload, urgency: status::Urgency) -> Duration {
         let status::Urgency::Within(delay) = urgency else { return Duration::ZERO };
         let last = uid(mw).and_then(|uid| self.lock().last_write.get(&uid).copied());
         last.map_or(Duration::ZERO, |at| delay.saturating_sub(at.elapsed()))
     }
 
-    /// The live Deployment as far as the operator knows: the one its last apply returned while
-    /// the cached one predates it, else the cached one. Nothing cached: the caller asks the
-    /// API server (it may have been deleted since), and the memo goes.
+    /// The live Deployment as far as the operator knows: the one the last apply returned while the
+    /// cached one predates it, else the cached one. Nothing cached: the caller asks the API server
+    /// (it may have been deleted), and the remembered one is dropped.
     pub fn newest_deployment(
         &self,
         mw: &ManagedWorkload,
@@ -180,15 +174,11 @@ impl PerObject {
         }
     }
 
-    /// A new term of leadership begins: forget the statuses written and when (in an earlier
-    /// term of this replica), so no status is judged by a write another leader may have
-    /// overwritten since, and no status change waits on an old write's time. The Deployments
-    /// this replica applied stay: a term often begins as the API server returns, before the
-    /// Deployment watch has re-listed, and the cache then still holds what the last apply
-    /// replaced (applying again would be a second write of one change, seen in the 30 s
-    /// outage fault test). A memo is only used while the cache is older than it, so a newer
-    /// write by another leader wins as soon as the cache shows it. Failure counts stay too:
-    /// they pace retries of the same objects.
+    /// A new term of leadership: forget the statuses written and when, since another leader may
+    /// have overwritten them. Applied Deployments stay: a term often begins as the API server
+    /// returns, before the Deployment watch re-lists, and applying again would write one change
+    /// twice. A remembered Deployment is used only while the cache is older, so another leader's
+    /// newer write wins once cached. Failure counts stay too: they pace retries.
     pub fn new_term(&self) {
         let mut inner = self.lock();
         inner.written.clear();
@@ -208,8 +198,8 @@ impl PerObject {
         }
     }
 
-    /// The refusal of `claim`'s apply, if it is still in force for this very desired object
-    /// (its fingerprint): the caller does not send it again before `retry_in` is zero.
+    /// The refusal of `claim`'s apply, if still in force for this desired object (by fingerprint),
+    /// and how long until it may be sent again.
     pub fn refusal(&self, mw: &ManagedWorkload, claim: &str, desired: &str) -> Option<(Refused, Duration)> {
         let uid = uid(mw)?;
         let mut inner = self.lock();
@@ -248,8 +238,8 @@ impl PerObject {
         }
     }
 
-    /// Whether the last apply of `kind` `name` lost its answer, and nobody has looked since.
-    /// Asked on every step: no allocation, and almost always an empty map.
+    /// Whether the last apply of `kind` `name` lost its answer and nobody has looked since.
+    /// Called on every step, so no allocation, and the map is almost always empty.
     pub fn is_unanswered(&self, mw: &ManagedWorkload, kind: &str, name: &str) -> bool {
         let inner = self.lock();
         !inner.unanswered.is_empty()
@@ -289,7 +279,7 @@ impl PerObject {
 }
 
 impl PerObjectInner {
-    /// The cache now holds `mw`: the status write it shows (or an older one) is forgotten.
+    /// The cache now holds `mw`: forget the status write it shows (or an older one).
     fn echoed(&mut self, mw: &Workload) {
         if let Some(uid) = uid(mw)
             && self.written.get(&uid).is_some_and(|w| !older(version(mw), w.version.as_deref()))

@@ -1,25 +1,10 @@
 //! The operator: watches ManagedWorkloads and what they own, and reconciles each into the
-//! objects it asks for. One module per concern:
+//! objects it asks for. `watches` fills the caches; `reconcile` takes each owned kind through
+//! `step` (observe, `plan` decides, apply, judge) and then reports the status (`status`, pure).
+//! Each owned kind has a pure builder (`deployment`, `claims`, `service`, `network_policy`);
+//! `ownership` and `drift` are shared by all. CONTRIBUTING.md lists every module.
 //!
-//! - `watches` (the seven watches, their caches, the fan-out of triggers), `pod_index`,
-//!   `slim` (what the caches keep), `memory` (what is remembered per workload), `resync`
-//!   (every workload once every 10 minutes, paced);
-//! - `reconcile`: one reconcile as a pipeline, each owned object through `step` (observe →
-//!   decide → act), then report; `context`: what every reconcile of a controller shares;
-//! - `step`: the one step every owned kind goes through (the cache or one GET, the decision,
-//!   the apply, the API server's answer judged), saying what happened as a `Verdict`, and
-//!   `Verdict::judge` saying what that means for the workload, alike for every kind;
-//! - `plan` (pure): the decision table for an owned object and what an apply's refusal means;
-//! - one module per owned kind, its desired state built purely from the CR: `deployment`,
-//!   `claims` (with `volumes`, what its step means), `service` (with `expose`),
-//!   `network_policy` (the whole kind in one file: what a new kind looks like);
-//! - shared by every owned kind: `ownership` (field manager, labels, owner, fingerprints) and
-//!   `drift` (is the live object what we would apply?);
-//! - `status` (pure): the status from what was observed; `events`: Events off the reconcile
-//!   path.
-//!
-//! This file runs it all: caches first, then (as leader, when election is on) one controller
-//! per watched scope.
+//! This file runs it all: caches first, then, while leading, one controller per watched scope.
 
 pub mod by_uid;
 pub mod claims;
@@ -83,9 +68,9 @@ pub struct Settings {
     pub pod_settings: deployment::PodSettings,
 }
 
-/// Run until SIGTERM/SIGINT: fill the caches, then (as leader, when election is on) reconcile.
-/// A standby keeps its caches warm and writes nothing; on SIGTERM in-flight reconciles finish,
-/// the Lease is released and this returns.
+/// Run until SIGTERM/SIGINT: fill the caches, then reconcile while leading. A standby keeps
+/// its caches warm and writes nothing; on SIGTERM in-flight reconciles finish and the Lease is
+/// released.
 pub async fn run(
     clients: crate::client::Clients,
     settings: Settings,
@@ -116,9 +101,8 @@ pub async fn run(
     let in_flight = Arc::new(liveness::InFlight::default());
     tokio::spawn(liveness::report(in_flight.clone(), health.clone()));
     tokio::spawn(report_health(caches.clone(), metrics.clone(), health, synced_tx));
-    // Decisions read the caches, so nothing is reconciled before they are full; and only a
-    // replica whose caches are full competes for the Lease: a new leader decides at once, and
-    // takeover time is the Lease's, not a full list's.
+    // Nothing is reconciled before the caches are full, since decisions read them; and only a
+    // replica with full caches competes for the Lease, so a new leader can act at once.
     let mut stop = shutdown.clone();
     tokio::select! {
         done = synced.wait_for(|s| *s) => if done.is_err() { return Err(Error::CacheClosed) },
@@ -129,9 +113,8 @@ pub async fn run(
     }
     let concurrency = settings.concurrency;
     let pod_settings = Arc::new(settings.pod_settings);
-    // Every write of a term (applies, status writes, Events) goes through a client that
-    // checks the leader's deadline: a write after it is refused, never sent. The election's
-    // own Lease requests and the watches use the plain clients.
+    // Every write of a term (applies, status writes, Events) is fenced by the leader's deadline;
+    // the Lease requests and the watches use the plain clients.
     let leadership = settings.election.as_ref().map_or_else(Leadership::unfenced, Election::leadership);
     let writer = leadership.client(clients.config.clone()).map_err(Error::Client)?;
     let term = |stop: watch::Receiver<bool>| {
@@ -161,15 +144,15 @@ pub async fn run(
     Ok(())
 }
 
-/// Fail fast, with a hint, when the CRD is missing or RBAC does not let the operator list
-/// ManagedWorkloads where it is told to watch, instead of retrying watches forever.
+/// Fail fast with a hint when the CRD is missing or RBAC forbids listing ManagedWorkloads,
+/// instead of retrying watches forever.
 async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Error> {
     match crate::client::may_list::<ManagedWorkload>(client, namespace).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Err(Error::CrdMissing(kube::Error::Api(status))),
         Err(err) => {
-            // The API's own message ("... is forbidden: User ... cannot list ...") says it all;
-            // the full Status debug dump would bury it.
+            // The API's own message ("... is forbidden: User ... cannot list ...") says it all; the
+            // full Status dump would bury it.
             let message = match err {
                 kube::Error::Api(status) => status.message,
                 // A TLS or connection failure is several sources down the chain.
@@ -181,11 +164,9 @@ async fn check_access(client: &Client, namespace: Option<&str>) -> Result<(), Er
 }
 
 /// Mark the process ready once every watch has synced (and say so on `synced`), and keep the
-/// workloads-by-phase gauges current (from the cache: free, and right on a standby too).
-///
-/// This is the only task that waits for the stores to become ready: kube-runtime's
-/// `wait_until_ready` wakes only the last of several concurrent waiters, so everyone else
-/// waits on `synced`.
+/// workloads-by-phase gauges current from the cache (so right on a standby too). Only this
+/// task waits on the stores: kube-runtime's `wait_until_ready` wakes only the last of several
+/// waiters, so everyone else waits on `synced`.
 async fn report_health(
     caches: Vec<Arc<Caches>>,
     metrics: Arc<Metrics>,
@@ -225,13 +206,12 @@ struct Shared {
 }
 
 /// One term of leadership for one scope: reconcile everything once, then every trigger, until
-/// `stop`; in-flight reconciles finish and queued Events are sent before this returns. Dropped
-/// instead when leadership is lost: its reconciles go with it, and so does its Events task.
+/// `stop`; in-flight reconciles finish and queued Events are sent. Dropped instead when
+/// leadership is lost, with its reconciles and Events task.
 async fn lead(shared: Shared, caches: Arc<Caches>, concurrency: u16, mut stop: watch::Receiver<bool>) {
     let Shared { client, metrics, pod_settings, in_flight } = shared;
-    // What this replica wrote in an earlier term says nothing of the workloads now: another
-    // leader may have written since. The caches alone are the truth, so the first pass
-    // rewrites every status that differs from what it derives, at once.
+    // An earlier term's memory is stale (another leader may have written since): the first pass
+    // rewrites every status that differs from what the caches derive.
     caches.objects.new_term();
     let (resync, resyncs) = mpsc::unbounded_channel();
     // Subscribed before the first full pass, so nothing between the two is missed.

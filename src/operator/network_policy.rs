@@ -1,12 +1,11 @@
-//! The NetworkPolicy: the isolation a ManagedWorkload with `spec.isolation` asks for, built
-//! purely from the CR (unit-tested without a cluster), and the kind as the owned-object step
-//! sees it. Everything else (observe, decide, apply, drift, a foreign policy of the name, the
-//! status it leads to, the removal once `spec.isolation` goes) is the step's, as for every kind.
+//! The NetworkPolicy a ManagedWorkload with `spec.isolation` asks for, built purely from the
+//! CR, and the kind as `step` sees it; everything else (observe, decide, apply, drift,
+//! conflicts, removal once `spec.isolation` goes) is the step's, as for every kind. This is
+//! what a whole owned kind looks like.
 //!
-//! The policy selects the workload's Pods and lets connections in only to the workload's
-//! ports, and only from `allowFrom`. A NetworkPolicy rule without `from` admits every source,
-//! and one without `ports` every port: with no port or no peer there is no rule at all, and
-//! nothing gets in. Egress is left alone.
+//! The policy lets connections in only to the workload's ports and only from `allowFrom`. A
+//! rule without `from` admits every source and one without `ports` every port, so with no
+//! port or no peer there is no rule at all and nothing gets in. Egress is left alone.
 
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
@@ -23,8 +22,8 @@ use super::step::{self, Flow, Owned};
 use crate::error::Error;
 use crate::resource::{ManagedWorkload, Peer, Protocol};
 
-/// The desired NetworkPolicy, named as the workload; `None` when the workload asks for no
-/// isolation, or has no UID yet (nothing can be owned by it).
+/// The desired NetworkPolicy, named as the workload; `None` when no isolation is asked for,
+/// or the CR has no UID yet.
 pub fn network_policy(mw: &ManagedWorkload) -> Option<NetworkPolicy> {
     let isolation = mw.spec.isolation.as_ref()?;
     let owner = mw.controller_owner_ref(&())?;
@@ -74,7 +73,7 @@ fn peer(peer: &Peer) -> NetworkPolicyPeer {
     }
 }
 
-/// The isolation step of a reconcile: why the policy is not what it should be, if it is not.
+/// The isolation step of a reconcile: why the policy is blocked, if it is.
 pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> Result<Flow<Option<Blocked>>, Error> {
     Ok(match step::ensure(ctx, mw, namespace, &mw.name_any(), network_policy(mw)).await? {
         Flow::Done((_, blocked)) => Flow::Done(blocked),

@@ -1,6 +1,5 @@
-//! What every object the operator owns shares, whatever its kind: the field manager it is
-//! applied under, the labels that mark it as a workload's, the controller ownerReference, and
-//! the fingerprint of the desired object it was last applied from. Pure.
+//! What every owned object shares, whatever its kind: the field manager, the labels that mark
+//! it as a workload's, the controller ownerReference, and the applied fingerprint. Pure.
 
 use std::collections::BTreeMap;
 
@@ -10,14 +9,14 @@ use crate::names::{
     APPLIED_HASH_ANNOTATION, CONTAINER_ID_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGED_LABEL, NODE_ID_LABEL,
 };
 use crate::resource::ManagedWorkload;
-/// Field manager for everything the operator applies. Stable: changing it would leave the
-/// old manager owning fields that then could never be removed.
+/// Field manager for everything the operator applies. Never change it: the old manager would
+/// keep owning fields that could then never be removed.
 pub const FIELD_MANAGER: &str = "mw-operator";
 /// `app.kubernetes.io/managed-by` value on everything this operator creates.
 pub const MANAGER_NAME: &str = "mw-operator";
 
-/// Labels on every owned object (and the Pods). Built from the CR's name and Manager identity
-/// labels only, so nothing a user sets can override them.
+/// Labels on every owned object and the Pods, built only from the CR's name and Manager
+/// identity labels, so nothing a user sets can override them.
 pub fn labels(mw: &ManagedWorkload) -> BTreeMap<String, String> {
     let mut labels = selector_labels(mw);
     labels.insert(MANAGED_BY_LABEL.into(), MANAGER_NAME.into());
@@ -29,14 +28,14 @@ pub fn labels(mw: &ManagedWorkload) -> BTreeMap<String, String> {
     labels
 }
 
-/// The labels that select the workload's Pods (a Deployment's selector is immutable once
-/// created, so only labels that never change).
+/// The labels that select the workload's Pods: only labels that never change, since a
+/// Deployment's selector is immutable.
 pub fn selector_labels(mw: &ManagedWorkload) -> BTreeMap<String, String> {
     BTreeMap::from([(INSTANCE_LABEL.to_string(), mw.name_any()), (MANAGED_LABEL.to_string(), "true".to_string())])
 }
 
-/// FNV-1a over the JSON form. Hand-rolled rather than std's hasher, whose output may change
-/// between Rust releases: a changed template hash would roll out every workload on upgrade.
+/// FNV-1a over the JSON form. Not std's hasher, whose output may change between Rust
+/// releases: a changed template hash would roll out every workload on upgrade.
 pub fn fingerprint(value: &impl serde::Serialize) -> String {
     // Serializing plain data with string keys cannot fail.
     let bytes = serde_json::to_vec(value).unwrap_or_default();
@@ -44,8 +43,7 @@ pub fn fingerprint(value: &impl serde::Serialize) -> String {
     format!("{hash:016x}")
 }
 
-/// Stamp `object` with the fingerprint of itself as it is now (call it last, once the desired
-/// object is complete).
+/// Stamp `object` with its own fingerprint (call last, once the desired object is complete).
 pub fn stamp_applied_hash<K: Resource + serde::Serialize>(object: &mut K) {
     let hash = fingerprint(&*object);
     object.meta_mut().annotations.get_or_insert_with(Default::default).insert(APPLIED_HASH_ANNOTATION.into(), hash);
@@ -56,12 +54,10 @@ pub fn applied_hash<K: Resource>(object: &K) -> Option<&str> {
     object.meta().annotations.as_ref()?.get(APPLIED_HASH_ANNOTATION).map(String::as_str)
 }
 
-/// `object` is on its way out, and nobody's to keep: it is being deleted, or its controller
-/// is a ManagedWorkload of `mw`'s name with another UID. Two workloads of one name cannot
-/// exist in one namespace at once, so that controller is a deleted predecessor, and garbage
-/// collection removes what it controlled (a `--cascade=orphan` deletion removes the
-/// reference instead, and the object is then someone else's: a conflict, never touched). A
-/// workload re-created under its old name waits for these rather than failing.
+/// `object` is on its way out: being deleted, or controlled by a ManagedWorkload of `mw`'s
+/// name with another UID, i.e. a deleted predecessor (two cannot coexist), whose objects
+/// garbage collection removes. (A `--cascade=orphan` deletion removes the reference instead,
+/// making the object someone else's: a conflict.) A re-created workload waits for these.
 pub fn is_departing<K: Resource>(object: &K, mw: &ManagedWorkload) -> bool {
     if object.meta().deletion_timestamp.is_some() {
         return true;
@@ -76,7 +72,7 @@ pub fn is_departing<K: Resource>(object: &K, mw: &ManagedWorkload) -> bool {
     })
 }
 
-/// `object` has `mw` as its controller (by UID: a re-created workload of the same name does
+/// `object` has `mw` as its controller, by UID (a re-created workload of the same name does
 /// not own its predecessor's objects).
 pub fn is_controlled_by<K: Resource>(object: &K, mw: &ManagedWorkload) -> bool {
     let uid = mw.uid();

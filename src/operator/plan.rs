@@ -1,7 +1,6 @@
-//! Decide before acting: what to do about one owned object, from the desired object and the
-//! live one the cache (or a GET) showed, and what the API server's answer to an apply means.
-//! Pure, so the whole decision table is unit-tested; `reconcile` only carries it out. Generic
-//! over the owned kind: every kind the operator applies follows the same rules.
+//! What to do about one owned object, from the desired and the live object, and what the API
+//! server's answer to an apply means. Pure, so the decision table is unit-tested, and generic:
+//! every owned kind follows the same rules.
 
 use std::time::Duration;
 
@@ -16,28 +15,24 @@ use crate::write::{Write, found_another};
 /// What to do about one owned object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// An object of that name exists and this workload does not control it: never touched;
-    /// the workload reports it.
+    /// An object of that name exists and this workload does not control it: never touched,
+    /// reported.
     Conflict,
-    /// An object of that name is on its way out (`ownership::is_departing`: a deleted
-    /// predecessor's, or being deleted): not touched, and waited for, not reported as a
-    /// failure: a workload deleted and re-created under its name is no conflict.
+    /// An object of that name is on its way out (`ownership::is_departing`): not touched and
+    /// waited for, not reported as a failure (a re-created workload is no conflict).
     Departing,
     /// Applying would change nothing: no write.
     UpToDate,
-    /// Server-side apply the desired object.
     Apply(Mode),
 }
 
-/// How to apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// Nothing of that name exists: create it, neither forced nor able to touch an object
-    /// that appears in the meantime.
+    /// Nothing of that name exists: create it, unforced, so it cannot touch an object that
+    /// appears meanwhile.
     Create,
-    /// It is ours and differs: apply forced (controllers own their fields). `drift`: it was
-    /// applied from this very desired object, so the difference is someone else's edit (worth
-    /// an Event of its own), not a change of the workload's spec.
+    /// Ours and different: apply forced (controllers own their fields). `drift`: applied from
+    /// this very desired object, so the difference is someone else's edit (worth an Event).
     Update { drift: bool },
 }
 
@@ -47,7 +42,7 @@ impl Mode {
         matches!(self, Mode::Update { .. })
     }
 
-    /// The write to send, to the live object of UID `uid` (one the decision was made on).
+    /// The write to send, bound to the UID of the live object the decision was made on.
     pub fn write(self, uid: Option<&str>) -> Write<'_> {
         match self {
             Mode::Create => Write::Create,
@@ -60,8 +55,8 @@ pub fn decide<K: Resource + Serialize, L: Live>(mw: &ManagedWorkload, desired: &
     decide_by(mw, |live| is_controlled_by(live, mw), desired, live)
 }
 
-/// `decide` for a kind whose objects can be the workload's without a controller reference
-/// (a retained claim, see `claims::is_own`): `own` says whether the live object is ours.
+/// `decide` for a kind whose objects can be the workload's without a controller reference (a
+/// retained claim, `claims::is_own`): `own` says whether the live object is ours.
 pub fn decide_by<K: Resource + Serialize, L: Live>(
     mw: &ManagedWorkload,
     own: impl Fn(&L) -> bool,
@@ -80,17 +75,14 @@ pub fn decide_by<K: Resource + Serialize, L: Live>(
 /// What the API server's refusal of an apply means.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// The write found another object than the one decided on (`write::found_another`): one
-    /// that appeared since the cache or GET said there was none, or, for an update, one
-    /// deleted and made again since. Whose it is, a fresh look tells.
+    /// The write found another object than the one decided on (`write::found_another`): one that
+    /// appeared since, or was deleted and re-made since. A fresh look tells whose it is.
     Another,
-    /// The API server refused the object built from the spec (400, 422), or admission did
-    /// (a ResourceQuota, a policy or a webhook answering 403): reported on the workload with
-    /// the server's own words and rechecked, since a freed quota or a changed policy cures it
-    /// without any change of the workload.
+    /// The API server (400, 422) or admission (a ResourceQuota, a policy, a webhook answering
+    /// 403) refused the object: reported with the server's words and rechecked, since a freed
+    /// quota or changed policy cures it without a spec change.
     Rejected(String),
-    /// Anything else (unreachable, 5xx, 429, an authorization denial an RBAC fix cures):
-    /// an error, retried with backoff.
+    /// Anything else (unreachable, 5xx, 429, an RBAC denial): an error, retried with backoff.
     Retry,
 }
 

@@ -1,4 +1,4 @@
-//! The workload's Pods, found through an index by (namespace, workload) instead of a scan of
+//! The workload's Pods, found through an index by (namespace, workload) instead of scanning
 //! every managed Pod.
 
 use std::collections::HashMap;
@@ -10,10 +10,9 @@ use kube::runtime::watcher;
 
 use super::slim::CachedPod;
 
-/// Names of the managed Pods per (namespace, workload), from the Pod watch, updated after the
-/// Pod cache. A superset: a name whose Pod is not in the cache is skipped but kept (it may
-/// be there a moment later), a relabelled one is dropped when looked up, and a re-list
-/// replaces the whole index, so names of Pods deleted during a watch gap go with it.
+/// Managed Pod names per (namespace, workload), updated after the Pod cache. A superset: a
+/// name not in the cache is skipped but kept (it may appear a moment later), a relabelled one
+/// is dropped when looked up, and a re-list replaces the whole index.
 #[derive(Default)]
 pub struct PodIndex {
     inner: Mutex<Inner>,
@@ -26,8 +25,8 @@ struct Inner {
     listing: Option<HashMap<(String, String), Names>>,
 }
 
-/// A workload's Pod names, sorted: one, or two during a rollout. A B-tree set's first node
-/// has room for eleven (280 bytes), most of what the index kept per workload.
+/// A workload's Pod names, sorted: one, or two during a rollout. Not a B-tree set: its first
+/// node takes 280 bytes.
 type Names = Vec<Box<str>>;
 
 fn insert(names: &mut HashMap<(String, String), Names>, key: (String, String), name: &str) {
@@ -75,7 +74,7 @@ impl PodIndex {
         }
     }
 
-    /// The workload's Pods from `store`, in name order (so an unchanged world reads the same).
+    /// The workload's Pods, in name order (so an unchanged world reads the same).
     pub fn pods(&self, store: &Store<CachedPod>, namespace: &str, workload: &str) -> Vec<Arc<CachedPod>> {
         let key = (namespace.to_string(), workload.to_string());
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());

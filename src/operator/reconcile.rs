@@ -1,7 +1,7 @@
-//! One reconcile, read as a pipeline: the claims (`volumes`), the Service (`expose`), the
-//! NetworkPolicy (`network_policy`) and the Deployment, each through the owned-object step
-//! (`step`: observe → decide → act → judge), then report (`status`, pure, then one status
-//! write when it differs). Only the step and the status write talk to the API server.
+//! One reconcile: claims (`volumes`), the Service (`expose`), the NetworkPolicy
+//! (`network_policy`) and the Deployment, each through `step`, then report (`status::derive`,
+//! then one status write when it differs). Only the step and the status write call the API
+//! server.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -33,21 +33,19 @@ use crate::resource::Workload;
 use crate::resource::{DesiredState, ManagedWorkload, ManagedWorkloadStatus, Phase};
 use crate::retry::Backoff;
 
-/// After a failed reconcile: 2 s, doubling per consecutive failure of the same object, up to
-/// 5 minutes.
+/// After a failed reconcile: 2 s, doubling per consecutive failure, up to 5 minutes.
 const BACKOFF: Backoff = Backoff { base: Duration::from_secs(2), max: Duration::from_secs(300) };
-/// Recheck of a workload blocked by a Deployment it does not control. That Deployment is
-/// outside the operator's label-selected watch, so nothing announces its deletion; a GET
-/// every few seconds lets the workload recover within seconds of the cause going away.
+/// Recheck of a workload blocked by a Deployment it does not control: that Deployment is
+/// outside the label-selected watch, so nothing announces its deletion.
 pub const CONFLICT_RECHECK: Duration = Duration::from_secs(5);
-/// Recheck of a workload whose cached copy is older than the workload of its name (deleted and
-/// re-created, or changed): the watch delivers what it lacks within moments.
+/// Recheck when the cached workload is older than the one of its name (re-created or
+/// changed): the watch catches up within moments.
 const SUPERSEDED_RECHECK: Duration = Duration::from_secs(1);
-/// Recheck of a workload waiting for an object of its name to be deleted (garbage collection
-/// of a deleted predecessor's objects takes moments; the watches announce most of them).
+/// Recheck while waiting for an object of its name to be deleted (garbage collection takes
+/// moments; the watches announce most of them).
 const DEPARTING_RECHECK: Duration = Duration::from_secs(2);
-/// Retry of a Deployment the API server rejected. A spec change retries at once (it is a new
-/// generation); this catches causes outside the spec (a quota, an admission policy, a webhook).
+/// Retry of a rejected Deployment. A spec change retries at once; this covers causes outside
+/// the spec (a quota, an admission policy, a webhook).
 const REJECTED_RECHECK: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -64,9 +62,8 @@ pub async fn reconcile(guard: Arc<Workload>, ctx: Arc<Context>) -> Result<Action
     timer.finish(result.is_ok());
     match &result {
         Ok(_) => ctx.caches.objects.succeeded(guard.uid().as_deref()),
-        // RBAC taken away at runtime: said on the object too (`kubectl describe` is where a
-        // workload's owner looks; error_policy logs it for the admin). Retried with backoff,
-        // so the operator recovers by itself once the permission is back.
+        // A permission removed at runtime: also said on the object (`kubectl describe` is where the
+        // owner looks). Retried with backoff, so the operator recovers once it is granted again.
         Err(err) => {
             if let (Some(message), Ok(mw)) = (err.forbidden(), &guard.0) {
                 let note = format!(
@@ -92,12 +89,12 @@ struct Acted {
 
 async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, name: &str) -> Result<Action, Error> {
     if ctx.caches.workloads_watch.freshness() == Freshness::Listing {
-        // Its end reconciles every workload, from the cache as it then is.
+        // The end of the re-list reconciles every workload from the cache as it then is.
         debug!("the workloads' watch is listing again; waiting for its end");
         return Ok(Action::await_change());
     }
-    // Deletion is garbage collection's job: the Deployment is owned by the CR. No finalizer,
-    // so an uninstalled operator can never leave CRs stuck.
+    // Deletion is garbage collection's job (the CR owns everything). No finalizer, so an
+    // uninstalled operator never leaves CRs stuck.
     if mw.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -113,8 +110,7 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         Flow::Done(claims) => claims,
         Flow::Requeue(after) => return Ok(Action::requeue(after)),
     };
-    // The Service before the Deployment, so a new workload's address (the cluster IP) is in
-    // its first status.
+    // The Service before the Deployment, so a new workload's first status has its cluster IP.
     let exposed = match expose::reconcile(ctx, mw, namespace).await? {
         Flow::Done(exposed) => exposed,
         Flow::Requeue(after) => return Ok(Action::requeue(after)),
@@ -125,9 +121,8 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         Flow::Requeue(after) => return Ok(Action::requeue(after)),
     };
     let service = exposed.service.map(|s| *s);
-    // A claim or isolation problem holds the workload where it is: it is neither started nor
-    // rolled out (its Pod would mount someone else's claim, or one on its way out, or run
-    // without the isolation it asks for); a stop is carried out.
+    // A claim or isolation problem holds the workload where it is (its Pod would mount someone
+    // else's claim, or one being deleted, or run without its isolation). A stop still goes ahead.
     let running = mw.spec.desired_state() == DesiredState::Running;
     let hold = match (&claims.blocked, &claims.deleting) {
         (Some(blocked), _) => Some(blocked.clone()),
@@ -153,7 +148,6 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         },
     )
     .await?;
-    // The Deployment as it now is, and why it is not what it should be.
     let (deployment, blocked) = match verdict.judge(ctx, mw, name) {
         Judged::Left(Held, live) => (live.filter(|d| is_controlled_by(d, mw)), None),
         Judged::Done { live, blocked, .. } => (live, blocked),
@@ -164,20 +158,16 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     report(ctx, mw, namespace, name, &desired, acted, &claims).await
 }
 
-/// The Deployment step's reason to leave the Deployment alone: a claim problem holds the
-/// workload.
+/// The Deployment step's reason to leave the Deployment alone: a claim or isolation problem
+/// holds the workload.
 struct Held;
 
-/// Whether `mw`, as the cache holds it, is no longer the workload of its name: deleted and
-/// re-created, or changed, while the cache had not yet heard. The watches are separate
-/// streams: a reconcile can see the ManagedWorkload cache still holding the deleted workload
-/// while the Deployment cache has already seen its Deployment go. Acting then would create a
-/// Deployment (Service, claims) owned by a deleted workload, which garbage collection deletes
-/// at once and the successor creates again (found by `make soak`: a Deployment write too many
-/// per re-creation). Asked, with one GET of its metadata, of a workload reconciled before
-/// whose Deployment the cache lacks (a Running or Stopped one has it), and of every workload
-/// while the workloads' watch is interrupted (`Freshness`). A failed GET answers no: the
-/// check saves a write, it never holds a workload.
+/// Whether the cached `mw` is no longer the workload of its name (re-created or changed, and
+/// the cache has not heard yet). The watches are separate streams, so the Deployment cache
+/// may already miss the Deployment of a workload the CR cache still holds; acting then would
+/// create objects for a deleted owner, which garbage collection deletes at once. One metadata
+/// GET, only for a reconciled workload whose Deployment is not cached, or while the workloads'
+/// watch is interrupted. A failed GET answers no: this check saves a write, never holds one.
 async fn is_superseded(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: &str) -> bool {
     let interrupted = ctx.caches.workloads_watch.freshness() == Freshness::Interrupted;
     if !interrupted
@@ -198,8 +188,8 @@ async fn is_superseded(ctx: &Context, mw: &ManagedWorkload, namespace: &str, nam
     }
 }
 
-/// Derive the status from what was observed and acted on, and write it when it differs from
-/// what the CR has (or, for details, once they have waited long enough).
+/// Derive the status and write it when it differs from the CR's (details once they have
+/// waited long enough).
 async fn report(
     ctx: &Context,
     mw: &ManagedWorkload,
@@ -219,8 +209,7 @@ async fn report(
     let derived = derive(ctx, mw, desired, &acted, claims, &pods, sandbox.as_deref());
     let mut held = None;
     if derived.changed() {
-        // Details wait for more changes to fold into one write; the requeue below comes back
-        // for them if nothing else does first.
+        // Details wait so more changes fold into one write; the requeue below comes back for them.
         let wait = ctx.caches.objects.hold_back(mw, derived.urgency());
         if wait.is_zero() {
             if write(ctx, mw, namespace, name, &derived).await? == Written::Superseded {
@@ -231,24 +220,19 @@ async fn report(
             held = Some(wait);
         }
     }
-    // With nothing to come back for, the workload waits for a change; `resync` visits it
-    // meanwhile, without a timer per workload.
+    // With nothing to come back for, wait for a change; `resync` visits the workload meanwhile.
     let requeue = [recheck, derived.revisit, held, claims.retry].into_iter().flatten().min();
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
-/// While the Deployment apply of a spec change is in flight, write the transition it starts
-/// (Stopping, Updating, Creating at the new generation), derived from the Deployment as it was
-/// (`acted`): one built from an older spec, which the status reads as not yet rolled out.
-/// That saves a stop or start the apply's round trip before it shows. Only a change the
-/// status has not reported yet, and only what is urgent; the report after the apply derives
-/// again and finds it written, or writes what differs (the apply failed: it says why).
+/// Write the transition a spec change starts (Stopping, Updating, Creating) while its
+/// Deployment apply is in flight, so it shows one round trip sooner. It is derived from the
+/// old Deployment, which the status reads as not yet rolled out. Only an urgent change of a
+/// generation not yet reported is written; the report after the apply corrects it if needed.
 ///
-/// Before the first Deployment exists (a new workload, or one whose Deployment was deleted),
-/// the status is derived from the Deployment being created (`acted`), without a status as the
-/// API server's answer will be: just made, its Pods not yet asked for. That is the status the
-/// report after the create would derive (`status::tests`), so a new workload's reconcile takes
-/// one round trip instead of two, and a burst of new workloads has its Deployments sooner.
+/// Before the first Deployment exists, the one being created stands in for it (no status
+/// yet, as the API server's answer will be), so a new workload's first status goes out beside
+/// its create: one round trip instead of two (`status::tests` checks they agree).
 async fn report_ahead(
     ctx: &Context,
     mw: &ManagedWorkload,
@@ -271,8 +255,8 @@ async fn report_ahead(
 
 /// The status derived from what was observed and acted on, beside the one the workload has.
 struct Derived {
-    /// The workload with the status the operator last wrote: the cache may not hold that
-    /// write yet, and a stale cache would mean a duplicate write and phase Event.
+    /// The workload with the status last written: the cache may not hold that write yet, and
+    /// comparing with it would cause a duplicate write and phase Event.
     known: ManagedWorkload,
     status: ManagedWorkloadStatus,
     /// When the same world would derive another status (`status::revisit_after`).
@@ -289,8 +273,8 @@ impl Derived {
     }
 }
 
-/// The workload's Pods: labelled as the workload's, and belonging to its Deployment's
-/// ReplicaSets (a Pod anyone could create with those labels counts for nothing).
+/// The workload's Pods: labelled as its own and owned by its Deployment's ReplicaSets
+/// (anyone could create a Pod with those labels).
 fn workload_pods(ctx: &Context, namespace: &str, name: &str, acted: &Acted) -> Vec<Pod> {
     let deployment_uid = acted.deployment.as_ref().and_then(|d| d.metadata.uid.as_deref());
     let caches = &ctx.caches;
@@ -303,10 +287,9 @@ fn workload_pods(ctx: &Context, namespace: &str, name: &str, acted: &Acted) -> V
         .collect()
 }
 
-/// Why the kubelet cannot make the sandbox of a system container's Pod, once it has failed for
-/// a while (`status::sandbox_stuck`): the newest `FailedCreatePodSandBox` Event of that Pod.
-/// One list, and only then: the Pod's status says no more than that its sandbox is not made.
-/// A failed read is no reason (the next reconcile looks again).
+/// Why the kubelet cannot make a system container's sandbox, once it has failed for a while
+/// (`status::sandbox_stuck`): the newest `FailedCreatePodSandBox` Event of the Pod, since the
+/// Pod's status does not say. A failed read gives no reason; the next reconcile looks again.
 async fn sandbox_failure(ctx: &Context, mw: &ManagedWorkload, namespace: &str, pods: &[Pod]) -> Option<String> {
     mw.spec.system_container.as_ref()?;
     let now = Time(Timestamp::now());
@@ -353,7 +336,7 @@ fn derive(
 }
 
 /// Write the derived status, remember it, and announce a phase change. Says whether the
-/// workload of that name is still the one reconciled (`status_write::Written::Superseded`).
+/// workload of that name is still the one reconciled.
 async fn write(
     ctx: &Context,
     mw: &ManagedWorkload,
@@ -379,8 +362,8 @@ async fn write(
 fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {
     let before = mw.status.as_ref().and_then(|s| s.phase);
     let Some(after) = status.phase else { return };
-    // A new workload starting is the user's own act, not news: its first Event is the phase it
-    // reaches (Running), or a failure (which is news from the start).
+    // A new workload's `Creating` is the user's own act, not news: its first Event is the phase
+    // it reaches, or a failure.
     if before == Some(after) || (before.is_none() && after == Phase::Creating) {
         debug!(to = ?after, "phase set");
         return;
@@ -396,8 +379,8 @@ fn publish(ctx: &Context, mw: &ManagedWorkload, type_: EventType, reason: &str, 
     ctx.events.send(mw.object_ref(&()), type_, reason, note);
 }
 
-/// An object that does not parse cannot be reconciled; say so once, on the object, and wait
-/// for it to change. Every other workload keeps being served.
+/// An object that does not parse cannot be reconciled: say so once on the object and wait
+/// for it to change.
 async fn report_invalid(ctx: &Context, guard: &Workload, invalid: &InvalidObject) -> Result<Action, Error> {
     warn!(error = %invalid.error, "cannot parse the ManagedWorkload; skipping it until it changes");
     let note = format!("the operator cannot read this object: {}", invalid.error);
@@ -409,7 +392,7 @@ pub fn error_policy(mw: Arc<Workload>, err: &Error, ctx: Arc<Context>) -> Action
     ctx.metrics.reconcile_failed(err.kind());
     let (namespace, name) = (mw.namespace(), mw.name_any());
     if err.is_permanent() {
-        // Retrying the same object gets the same answer; its next change is reconciled at once.
+        // Retrying gets the same answer; the object's next change is reconciled at once.
         warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), "reconcile failed permanently; waiting for the object to change");
         ctx.caches.objects.succeeded(mw.uid().as_deref());
         return Action::await_change();

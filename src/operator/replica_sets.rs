@@ -1,11 +1,8 @@
-//! Which ReplicaSets belong to which Deployment, so a Pod counts as a workload's only when it
-//! belongs to one of its Deployment's ReplicaSets. Labels alone would let anyone who can
-//! create a Pod with the workload's labels hold the workload out of `Running` or put their
-//! Pod's IP in its status (and so in Manager's routing).
-//!
-//! Kept as an index (ReplicaSet UID → its controller's UID), not a cache of ReplicaSets: a
-//! workload has up to four of them (the current one and the revision history), and this is all
-//! the operator reads of them.
+//! Which ReplicaSets belong to which Deployment, so a Pod counts as a workload's only if one
+//! of its Deployment's ReplicaSets owns it. With labels alone, anyone who can create a Pod with
+//! the workload's labels could hold it out of `Running` or put their Pod's IP in its status
+//! (and so in Manager's routing). Kept as an index (ReplicaSet UID → controller UID), not a
+//! cache of ReplicaSets: that is all the operator reads of them.
 
 use std::sync::Mutex;
 

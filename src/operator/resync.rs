@@ -1,12 +1,9 @@
-//! The steady-state resync: every workload reconciled once per `PERIOD`, spread evenly over
-//! it. Watches deliver every change; this only bounds how long a missed event could go
-//! unnoticed, and costs reads from the local cache, never a write.
+//! The steady-state resync: every workload reconciled once per `PERIOD`, spread evenly. It
+//! only bounds how long a missed watch event could go unnoticed, and reads only the cache.
 //!
-//! It keeps nothing per workload. A reconcile that asked to come back in 10 minutes would keep
-//! a timer in the controller's queue for every workload at rest (the request twice, with its
-//! four strings, a slot of the delay queue and a table entry: about 0.7 KiB each); instead,
-//! each second this reads the cache and sends the workloads whose slot it is, a workload's
-//! slot being fixed by its UID.
+//! Nothing is kept per workload: a requeue timer per resting workload would cost about
+//! 0.7 KiB each in the controller's queue. Instead, each second the cache is read and the
+//! workloads whose slot has come (fixed by UID) are sent.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
@@ -21,20 +18,18 @@ use crate::resource::Workload;
 pub const PERIOD: Duration = Duration::from_secs(600);
 /// How often the cache is read for the workloads whose slot has come.
 const TICK: Duration = Duration::from_secs(1);
-/// Slots in a period: one per tick.
 const SLOTS: u64 = PERIOD.as_secs() / TICK.as_secs();
 
-/// The slot of a period in which a workload is reconciled: the same in every period (the
-/// hasher's keys are fixed), so each workload is resynced once per period, whatever else
-/// comes and goes.
+/// A workload's slot in the period: the same in every period (the hasher's keys are fixed),
+/// so each workload is resynced once per period.
 fn slot(uid: &str) -> u64 {
     let mut hasher = DefaultHasher::new();
     uid.hash(&mut hasher);
     hasher.finish() % SLOTS
 }
 
-/// The workloads of `store` whose slot is `tick`'s. One that does not parse is left out: it
-/// waits for a change, and its reconcile would only say so again, in an Event.
+/// The workloads whose slot is `tick`'s. One that does not parse is left out: its reconcile
+/// would only repeat the Event it already got.
 fn due(store: &Store<Workload>, tick: u64) -> Vec<ObjectRef<Workload>> {
     let slot_now = tick % SLOTS;
     store
@@ -45,12 +40,11 @@ fn due(store: &Store<Workload>, tick: u64) -> Vec<ObjectRef<Workload>> {
         .collect()
 }
 
-/// Every workload of `store`, each once per `PERIOD`, a slot's worth each `TICK`, from one
-/// tick after it starts (a term begins with a reconcile of everything).
+/// Every workload, each once per `PERIOD`, a slot's worth each `TICK`, starting one tick in
+/// (a term begins by reconciling everything).
 pub fn paced(store: Store<Workload>) -> impl Stream<Item = ObjectRef<Workload>> + Send + 'static {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
-    // A stalled runtime delays the slots after it rather than sending several at once: each
-    // workload still comes once per round of the slots.
+    // A stalled runtime delays the later slots instead of sending several at once.
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let batches = futures::stream::unfold((ticks, 0u64), move |(mut ticks, tick)| {
         let store = store.clone();

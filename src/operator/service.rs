@@ -1,18 +1,12 @@
-//! The Service: the Service a ManagedWorkload with `spec.service` should have, a pure
-//! function of the CR, and what the live Service says about the workload's address. Unit-tested
-//! without a cluster.
+//! The Service a ManagedWorkload with `spec.service` should have (a pure function of the CR),
+//! and what the live Service says about the workload's address.
 //!
-//! Naming. A Service name is a DNS-1035 label (it must start with a letter), while a workload's
-//! name, like Manager's hostnames, may start with a digit. The rule, which works for every
-//! valid workload name (at most 63 characters, see resource.rs):
-//! - a name that starts with a letter is the Service's name as it is;
-//! - a name that starts with a digit gets the prefix `mw-` (`1web` → `mw-1web`); when that
-//!   would pass 63 characters, the name is cut and ends in `-` plus 8 hex digits of its
-//!   fingerprint, so two long names that share a prefix still get different Services.
-//!
-//! A workload literally named `mw-1web` and another named `1web` in the same namespace would
-//! want the same Service: whichever comes second finds a Service it does not control and is
-//! blocked (`ServiceConflict`), untouched, as with any foreign Service.
+//! Naming: a Service name must start with a letter, but a workload's name (like Manager's
+//! hostnames) may start with a digit. A name starting with a letter is used as is; one
+//! starting with a digit gets the prefix `mw-` (`1web` → `mw-1web`), and if that passes 63
+//! characters it is cut and ends in `-` plus 8 hex digits of its fingerprint, so long names
+//! sharing a prefix still differ. Workloads `mw-1web` and `1web` in one namespace would want
+//! the same Service: the second is blocked (`ServiceConflict`), as with any foreign Service.
 
 use std::collections::BTreeSet;
 
@@ -31,7 +25,7 @@ const MAX_NAME: usize = 63;
 /// Hex digits of the fingerprint that end a shortened name.
 const SHORT_HASH: usize = 8;
 
-/// The name of the Service of workload `workload` (see the module documentation).
+/// The name of the workload's Service (see the module comment).
 pub fn service_name(workload: &str) -> String {
     if workload.starts_with(|c: char| c.is_ascii_lowercase()) {
         return workload.to_string();
@@ -46,8 +40,8 @@ pub fn service_name(workload: &str) -> String {
     format!("{DIGIT_PREFIX}{}-{hash}", &workload[..keep])
 }
 
-/// The desired Service, ready for server-side apply; `None` when the workload asks for no
-/// Service, or has no UID yet (it was never stored, so nothing can be owned by it).
+/// The desired Service, ready for server-side apply; `None` when none is asked for, or the
+/// CR has no UID yet (never stored, so nothing can be owned by it).
 pub fn service(mw: &ManagedWorkload) -> Option<Service> {
     let wanted = mw.spec.service.as_ref()?;
     let owner = mw.controller_owner_ref(&())?;
@@ -81,11 +75,9 @@ pub fn service(mw: &ManagedWorkload) -> Option<Service> {
     Some(service)
 }
 
-/// The Service's ports: one per container port, the same number and protocol, targeting the
-/// container port by its name when it has one (so a renumbered container port keeps its
-/// Service port's target right), else by number. Kubernetes wants every port of a
-/// multi-port Service named: an unnamed one is called `<protocol>-<number>` (`tcp-8080`),
-/// made unique against the names the user gave.
+/// One Service port per container port, targeting it by name when it has one (so a
+/// renumbered container port stays targeted), else by number. A multi-port Service needs
+/// every port named: an unnamed one becomes `<protocol>-<number>`, unique among the names.
 fn ports(ports: &[ContainerPort]) -> Vec<ServicePort> {
     let mut taken: BTreeSet<String> = ports.iter().filter_map(|p| p.name.clone()).collect();
     ports
@@ -153,9 +145,9 @@ fn cluster_ip(service: &Service) -> Option<&str> {
 
 /// The load balancer's addresses: an IP, else a host name (AWS's ELBs have only names).
 pub fn ingress(service: &Service) -> Vec<String> {
-    // Only while the Service is a LoadBalancer: after a change to ClusterIP or NodePort its
-    // status keeps the load balancer's ingress until the cloud has torn it down, and an
-    // address on its way out must never reach clients (or Manager, through the bridge).
+    // Only while it is a LoadBalancer: after a change of type, the status keeps the old ingress
+    // until the cloud tears it down, and an address on its way out must not reach clients (or
+    // Manager, through the bridge).
     if !is_load_balancer(service) {
         return Vec::new();
     }
@@ -163,8 +155,7 @@ pub fn ingress(service: &Service) -> Vec<String> {
     ingress.into_iter().flatten().filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone())).collect()
 }
 
-/// The address clients should use to reach the workload through its Service: the load
-/// balancer's first address, else the cluster IP.
+/// The address clients should use: the load balancer's first address, else the cluster IP.
 pub fn address(service: &Service) -> Option<String> {
     ingress(service).into_iter().next().or_else(|| cluster_ip(service).map(str::to_owned))
 }

@@ -1,21 +1,14 @@
-//! What the operator's caches keep of each watched object: the fields `status`, `drift` and
-//! the watch mapping read, and nothing else. Every managed workload costs one cached CR, one
-//! Deployment and one Pod, so at thousands of workloads the rest (Pod specs, other managers'
-//! field records, image ids, termination logs) would be most of the operator's memory.
+//! What the operator's caches keep of each watched object: only the fields `status`, `drift`
+//! and the watch mapping read. Each workload costs a cached CR, Deployment and Pod, so at
+//! thousands of workloads the rest (Pod specs, other managers' field records, termination
+//! logs) would be most of the operator's memory.
 //!
-//! Vectors that keep entries are shrunk: a parsed list has up to twice the room it needs, and
-//! the dropped entries' room would stay allocated. The few labels and annotations kept are
-//! `Marks`, not maps: a map of one entry allocates a B-tree node with room for eleven (544
-//! bytes) and a copy of its key, which was a sixth of what a workload's caches kept.
-//!
-//! Deployments and Pods are cached as `CachedDeployment` and `CachedPod`: only metadata,
-//! status and what of the spec is read (the pod template's hash; the Pod's node), without the empty room a `Deployment` or `Pod` keeps for its spec (about 2 KiB
-//! each, allocated whether the spec is there or not). A reconcile turns them back into the
-//! Kubernetes types the pure parts (`status`, `drift`) read.
-//!
-//! Pure functions applied to each object as it arrives from a watch (and to the Deployment an
-//! apply returns); the tests check that a trimmed object derives exactly what the full one
-//! does.
+//! Kept vectors are shrunk to fit (a parsed list may have twice the capacity it needs). The
+//! few labels and annotations kept are `Marks`, not maps: a one-entry B-tree map allocates
+//! a 544-byte node. Deployments and Pods are cached as `CachedDeployment` and `CachedPod`,
+//! without the ~2 KiB their spec structs take even when empty; a reconcile turns cached types
+//! back into the Kubernetes types the pure parts read. The tests check that a trimmed object
+//! derives exactly what the full one does.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -42,8 +35,8 @@ use crate::resource::ManagedWorkload;
 /// Set by client-side `kubectl apply`: a copy of the whole manifest, read by kubectl only.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// What the Deployment cache holds of each Deployment (see `deployment` for what is kept). It
-/// is read from the watch as a whole Deployment and trimmed at once.
+/// What the Deployment cache holds of each Deployment (see `deployment`), trimmed as it is
+/// read from the watch.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "Deployment")]
 pub struct CachedDeployment {
@@ -79,8 +72,8 @@ impl Live for CachedDeployment {
 }
 
 impl CachedDeployment {
-    /// The trimmed Deployment, as `status` reads it (without the apply record: drift reads the
-    /// cached Deployment itself).
+    /// The trimmed Deployment, as `status` reads it (without the apply record, which drift reads
+    /// from the cached Deployment itself).
     pub fn to_deployment(&self) -> Deployment {
         Deployment {
             metadata: ObjectMeta { annotations: self.annotations.to_map(), ..self.metadata.clone() },
@@ -135,8 +128,8 @@ fn placed_on(node_name: Option<String>) -> Option<PodSpec> {
     node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() })
 }
 
-/// What the Service cache holds of each Service (see `service` for what is kept): the three
-/// spec fields it reads, without the room a whole `ServiceSpec` keeps for the other twenty.
+/// What the Service cache holds of each Service (see `service`): only the three spec fields
+/// it reads.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "Service")]
 pub struct CachedService {
@@ -180,15 +173,14 @@ impl Live for CachedService {
     }
 }
 
-/// What the claim cache holds of each claim (see `claim` for what is kept): the apply record
-/// as a fingerprint, and the one size each map holds (what it asks for, what its volume
-/// provides) as a field of its own: a map's room is most of a small claim's. A reconcile turns
-/// it back into a claim with `to_claim`.
+/// What the claim cache holds of each claim (see `claim`): the apply record as a fingerprint,
+/// and the one storage size each map would hold as a plain field (the maps would take most of
+/// a small claim's memory). `to_claim` turns it back into a claim.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(from = "PersistentVolumeClaim")]
 pub struct CachedClaim {
-    /// Without managed fields (the operator's record is `owned`, and `applied` says it
-    /// exists), labels and annotations.
+    /// Without managed fields (the operator's record is `owned`; `applied` says it exists),
+    /// labels and annotations.
     metadata: ObjectMeta,
     labels: Marks,
     annotations: Marks,
@@ -232,9 +224,8 @@ impl Live for CachedClaim {
 }
 
 impl CachedClaim {
-    /// The trimmed claim, as `claims` and `status` read it: its managed fields hold the
-    /// operator's Apply record without its field set (claims.rs asks whether the operator
-    /// applied it; drift reads the cached claim itself).
+    /// The trimmed claim, as `claims` and `status` read it. Its managed fields hold only an empty
+    /// operator Apply entry, so claims.rs can tell the operator applied it.
     pub fn to_claim(&self) -> PersistentVolumeClaim {
         let mut metadata = ObjectMeta {
             labels: self.labels.to_map(),
@@ -268,8 +259,7 @@ impl CachedClaim {
     }
 }
 
-/// The operator's own apply record as a fingerprint, and no managed fields left: the cached
-/// kinds whose drift is judged by the fingerprint keep no field set text.
+/// The operator's own apply record as a fingerprint, and no managed fields left.
 fn owned_fingerprint(meta: &mut ObjectMeta) -> Option<OwnedFields> {
     let owned = super::drift::owned_fields(meta).and_then(OwnedFields::of);
     meta.managed_fields = None;
@@ -298,10 +288,9 @@ stands_for!(CachedService, Service);
 stands_for!(CachedClaim, PersistentVolumeClaim);
 stands_for!(StatusWritten, ManagedWorkload);
 
-/// What a reconcile reads of the answer to its status write: the resourceVersion it made.
-/// Read as this rather than as a whole ManagedWorkload, whose spec, five conditions and every
-/// manager's field record would be parsed only to be dropped: the largest answer a reconcile
-/// gets, and a burst has up to `--concurrency` of them in flight at once.
+/// What a reconcile reads of its status write's answer: only the resourceVersion. Parsing the
+/// whole ManagedWorkload (spec, conditions, every field record) only to drop it would be the
+/// largest allocation of a reconcile, times `--concurrency` in a burst.
 #[derive(Clone, Debug, serde::Deserialize)]
 pub struct StatusWritten {
     #[serde(deserialize_with = "resource_version_only")]
@@ -339,9 +328,8 @@ fn template_only(template_hash: Option<String>) -> DeploymentSpec {
     }
 }
 
-/// A Deployment as the operator needs it: identity and owner, the two hashes (which spec it
-/// was applied from, which pod template it runs), the operator's own server-side apply record
-/// (how drift is told apart from normalisation, see drift.rs) and the status.
+/// A Deployment as the operator needs it: identity and owner, the two hashes, the operator's
+/// own apply record (for drift, see drift.rs) and the status.
 pub fn deployment(d: &mut Deployment) {
     let template_hash = super::deployment::current_template_hash(d).map(str::to_owned);
     d.spec = Some(template_only(template_hash));
@@ -353,7 +341,7 @@ pub fn deployment(d: &mut Deployment) {
     }
 }
 
-/// Of the server-side apply records, only the operator's own, its field set kept as text.
+/// Of the server-side apply records, keep only the operator's own, its field set as text.
 fn own_apply_only(meta: &mut ObjectMeta) {
     let own_apply = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
         m.manager.as_deref() == Some(FIELD_MANAGER)
@@ -377,11 +365,9 @@ fn own_apply_only(meta: &mut ObjectMeta) {
     }
 }
 
-/// A Service as the operator needs it: identity and owner, the fingerprint it was applied
-/// from and the operator's own apply record (drift, as for a Deployment), and what
-/// `status.service` and `status.address` report: type, cluster IP, ports (with their node
-/// ports) and the load balancer's addresses. The selector, IP families, session affinity and
-/// the rest are the operator's own or the API server's defaults, never read back.
+/// A Service as the operator needs it: identity and owner, the applied fingerprint and apply
+/// record (for drift), and what `status.service` and `status.address` report (type, cluster
+/// IP, ports, load balancer addresses). The rest is never read back.
 pub fn service(s: &mut Service) {
     keep(&mut s.metadata.annotations, SERVICE_ANNOTATIONS);
     s.metadata.labels = None;
@@ -410,16 +396,14 @@ pub fn service(s: &mut Service) {
     }
 }
 
-/// A claim as the operator needs it: identity, owner and the marks that say whose it is
-/// (see claims.rs), the operator's own apply record (drift, ownership), what it asks for and
-/// its status (phase, capacity, resize conditions).
+/// A claim as the operator needs it: identity, owner, the marks that say whose it is
+/// (claims.rs), the operator's apply record, what it asks for, and its status.
 pub fn claim(c: &mut PersistentVolumeClaim) {
     keep(&mut c.metadata.labels, CLAIM_LABELS);
     keep(&mut c.metadata.annotations, CLAIM_ANNOTATIONS);
     own_apply_only(&mut c.metadata);
     c.metadata.finalizers = None;
-    // Of the spec, what it asks for (drift reads the apply record, not the spec) and the
-    // volume it is bound to (named when it is being deleted).
+    // Of the spec, keep what it asks for and the volume it is bound to (named while deleting).
     if let Some(spec) = &mut c.spec {
         spec.selector = None;
         spec.data_source = None;
@@ -439,12 +423,10 @@ pub fn claim(c: &mut PersistentVolumeClaim) {
     }
 }
 
-/// A Pod as the operator needs it: which workload and template it belongs to, whether it is
-/// going away, and the status `status::derive` reads (phase, IP, readiness, whether the
-/// scheduler could place it, container states).
+/// A Pod as the operator needs it: its workload and template, whether it is going away, and
+/// what `status::derive` reads (phase, IP, readiness, scheduling, container states).
 pub fn pod(p: &mut Pod) {
-    // Of the spec, only the node it runs on (status/volumes.rs: whether a volume is still
-    // held on another node).
+    // Of the spec, only the node (status/volumes.rs: is a volume still held on another node?).
     p.spec = p
         .spec
         .take()
@@ -453,7 +435,7 @@ pub fn pod(p: &mut Pod) {
     p.metadata.managed_fields = None;
     keep(&mut p.metadata.labels, POD_LABELS);
     keep(&mut p.metadata.annotations, POD_ANNOTATIONS);
-    // Only the controller (its ReplicaSet), by kind and UID: what says whose Pod it is.
+    // Only the controller (its ReplicaSet), by kind and UID: that says whose Pod it is.
     if let Some(owners) = &mut p.metadata.owner_references {
         owners.retain(|o| o.controller == Some(true));
         for o in owners.iter_mut() {
@@ -467,8 +449,8 @@ pub fn pod(p: &mut Pod) {
     p.metadata.finalizers = None;
     let Some(status) = &mut p.status else { return };
     if let Some(conditions) = &mut status.conditions {
-        // Ready; PodScheduled while it says the Pod cannot be placed; and the sandbox while it
-        // is not made (status.rs reads them).
+        // Ready; PodScheduled while the Pod cannot be placed; the sandbox while not made
+        // (status.rs reads them).
         conditions.retain(|c| {
             c.type_ == "Ready"
                 || (c.status == "False" && (c.type_ == "PodScheduled" || c.type_ == super::status::SANDBOX_READY))
@@ -491,15 +473,13 @@ pub fn pod(p: &mut Pod) {
     }
 }
 
-/// A ManagedWorkload (parsed or not) as the operator needs it: all of it but the records of
-/// who wrote it.
+/// A ManagedWorkload as the operator needs it: everything but the records of who wrote it.
 pub fn workload<K: kube::Resource>(mw: &mut K) {
     mw.meta_mut().managed_fields = None;
     mw.annotations_mut().remove(LAST_APPLIED);
 }
 
-/// Of a container's status, its name, restart count, readiness and states (reasons and
-/// messages of waiting, reasons and times of termination).
+/// Of a container's status: name, restart count, readiness and states.
 fn container(cs: &mut ContainerStatus) {
     cs.image = String::new();
     cs.image_id = String::new();
@@ -514,8 +494,8 @@ fn container(cs: &mut ContainerStatus) {
     }
 }
 
-/// A termination's message is the container's termination log (up to 4 KiB): only a line
-/// the status knows to explain (`status::known_termination`) is kept of it.
+/// A termination message is the container's termination log (up to 4 KiB): keep only a line
+/// the status knows how to explain (`status::known_termination`).
 fn terminated(state: &mut ContainerState) {
     if let Some(t) = &mut state.terminated {
         t.message = t.message.as_deref().and_then(super::status::known_termination).map(String::from);
@@ -533,8 +513,7 @@ const CLAIM_LABELS: &[&str] = &[INSTANCE_LABEL, MANAGED_BY_LABEL, NODE_ID_LABEL]
 const CLAIM_ANNOTATIONS: &[&str] =
     &[APPLIED_HASH_ANNOTATION, VOLUME_OF_ANNOTATION, WORKLOAD_UID_ANNOTATION, OWNER_ANNOTATION, REPLACED_ANNOTATION];
 
-/// The labels or annotations a cached object keeps: pairs of one of its kind's kept keys
-/// (static, so not copied) and the value, in one allocation of their own size.
+/// A cached object's kept labels or annotations: (static key, value) pairs in one allocation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Marks(Box<[(&'static str, Box<str>)]>);
 

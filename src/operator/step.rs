@@ -1,11 +1,8 @@
-//! The one step every owned object goes through (the Deployment, the Service, each claim):
-//! observe (the cache, or one GET when the cache cannot tell) → decide (`plan`) → act (a
-//! create-only or forced server-side apply) → judge the API server's answer (`plan::judge`;
-//! an object that appeared while it was being created is looked up and decided on again).
-//! The step says what happened, as a `Verdict`, and `Verdict::judge` says what that means for
-//! the workload, the same way for every kind: the object as it now is, and why it is not what
-//! it should be (a conflict, a rejection, a wait). A kind says only what differs: its reasons
-//! and its conflict message (`Owned`).
+//! The one step every owned object goes through (Deployment, Service, NetworkPolicy, each
+//! claim): observe (cache, or a GET when the cache cannot tell) → decide (`plan`) → apply →
+//! judge the answer (`plan::judge`). The result is a `Verdict`; `Verdict::judge` turns it into
+//! what it means for the workload, the same way for every kind. A kind adds only its reasons
+//! and conflict message (`Owned`). See docs/architecture.md, "One reconcile".
 
 use std::borrow::Cow;
 use std::fmt::Debug;
@@ -34,8 +31,8 @@ use crate::metrics::Metrics;
 use crate::resource::ManagedWorkload;
 use crate::write::Write;
 
-/// An owned kind as the step sees it: what its cache keeps, where that cache is, how a write
-/// is made and how its failures are named.
+/// An owned kind as the step sees it: its cached form, its cache, how it is written and how
+/// its failures are named.
 pub trait Owned:
     Resource<DynamicType = (), Scope = NamespaceResourceScope>
     + k8s_openapi::Resource
@@ -50,8 +47,8 @@ pub trait Owned:
     /// What the operator's cache keeps of one.
     type Cached: Live + Resource<DynamicType = ()> + Clone + From<Self> + Send + Sync + 'static;
 
-    /// The operator's cache of the kind. Label-selected, so "not there" is either absent,
-    /// just made and not seen yet, or someone else's object of that name.
+    /// The operator's cache of the kind. Label-selected, so "not there" may mean absent, just
+    /// made, or someone else's object of that name.
     fn cache(ctx: &Context) -> &Store<Self::Cached>;
 
     /// The newest the operator knows of, given what the cache holds.
@@ -59,8 +56,8 @@ pub trait Owned:
         cached
     }
 
-    /// The write `mode` asks for, to the live object of UID `uid` (`None`: there is none):
-    /// the shared apply, unless the kind needs more.
+    /// The write `mode` asks for, to the live object of UID `uid` (`None`: none); the shared
+    /// apply unless the kind needs more.
     fn act(
         ctx: &Context,
         api: &Api<Self>,
@@ -72,16 +69,15 @@ pub trait Owned:
         apply(&ctx.metrics, api, name, desired, mode.write(uid))
     }
 
-    /// The status reasons of a conflict over one (someone else's object of its name) and of
-    /// the API server's refusal of one.
+    /// Status reasons for a conflict (someone else's object of its name) and for a refusal.
     const CONFLICT: &'static str;
     const REJECTED: &'static str;
 
     /// What the status says of a conflict over `name`: whose it is and what to do.
     fn conflict(mw: &ManagedWorkload, name: &str, live: Option<&Self::Cached>) -> String;
 
-    /// One was applied, as the API server returned it (or read, after an apply whose answer
-    /// was lost): what the kind keeps of that until its cache catches up.
+    /// An object was applied (or read after an apply whose answer was lost): what the kind keeps
+    /// of it until its cache catches up.
     fn applied(_ctx: &Context, _mw: &ManagedWorkload, _applied: &Self::Cached) {}
 }
 
@@ -100,12 +96,11 @@ pub enum Verdict<'d, K: Owned, L> {
     Applied(K, Mode),
     /// The API server refused the apply of `desired`, in its own words; the object as it was.
     Rejected { desired: Cow<'d, K>, live: Option<K::Cached>, mode: Mode, message: String },
-    /// One appeared while it was being created and was gone when looked up: look again soon.
+    /// One appeared during the create and was gone when looked up: look again soon.
     Requeue(Duration),
 }
 
-/// Where a kind's part of a reconcile leaves it: done, with what it found, or to be looked at
-/// again after a while.
+/// Where a kind's part of a reconcile leaves it: done, or look again after a while.
 pub enum Flow<T> {
     Done(T),
     Requeue(Duration),
@@ -113,8 +108,8 @@ pub enum Flow<T> {
 
 /// What a verdict means for the workload.
 pub enum Judged<C, L> {
-    /// The object as it now is (`None`: there is none the workload may use), why it is not what
-    /// it should be, and how it was written, if it was.
+    /// The object as it now is (`None`: none the workload may use), why it is blocked, and how
+    /// it was written, if it was.
     Done { live: Option<C>, blocked: Option<Blocked>, written: Option<Mode> },
     /// The kind left it alone, for its own reason.
     Left(L, Option<C>),
@@ -123,9 +118,9 @@ pub enum Judged<C, L> {
 }
 
 impl<K: Owned, L> Verdict<'_, K, L> {
-    /// Say what the verdict means for `mw`, the same way for every kind: someone else's object
-    /// blocks it (and is never touched), one on its way out is waited for, a refusal is
-    /// reported in the API server's words, and drift put back is announced.
+    /// What the verdict means for `mw`, the same for every kind: someone else's object blocks it
+    /// and is never touched, a departing one is waited for, a refusal is reported in the API
+    /// server's words, and corrected drift gets an Event.
     pub fn judge(self, ctx: &Context, mw: &ManagedWorkload, name: &str) -> Judged<K::Cached, L> {
         let done = |live, blocked, written| Judged::Done { live, blocked, written };
         match self {
@@ -139,8 +134,8 @@ impl<K: Owned, L> Verdict<'_, K, L> {
                 let applied = K::Cached::from(applied);
                 K::applied(ctx, mw, &applied);
                 info!(kind = %K::KIND, %name, verb = if mode.force() { "updated" } else { "created" }, "applied");
-                // Spec changes are announced by the phase change they cause; an edit made
-                // behind the operator's back deserves its own Event.
+                // Spec changes are announced by the phase change they cause; an edit made behind
+                // the operator's back gets its own Event.
                 if mode == (Mode::Update { drift: true }) {
                     let note = format!("{} {name} was changed outside the operator; restored", K::KIND);
                     ctx.events.send(mw.object_ref(&()), EventType::Normal, "DriftCorrected", &note);
@@ -155,12 +150,10 @@ impl<K: Owned, L> Verdict<'_, K, L> {
     }
 }
 
-/// The object a kind wants, given the live one, and what to do about it; or its reason to
-/// leave it alone.
+/// The object a kind wants given the live one, and what to do; or its reason to leave it.
 pub type Intent<'d, K, L> = Result<(Cow<'d, K>, Decision), L>;
 
-/// Carry out one object's step: observe it, then as long as `intent` wants it changed, apply
-/// and judge the answer.
+/// One object's step: observe, then while `intent` wants a change, apply and judge the answer.
 pub async fn step<'d, K: Owned, L>(
     ctx: &Context,
     mw: &ManagedWorkload,
@@ -171,9 +164,8 @@ pub async fn step<'d, K: Owned, L>(
     step_beside(ctx, mw, namespace, name, intent, |_| std::future::ready(())).await
 }
 
-/// `step`, with `beside` run while the first apply is in flight, given the object as it was
-/// before: work of the kind's that need not wait for the API server's answer (the
-/// Deployment's step writes the workload's new phase meanwhile).
+/// `step`, running `beside` while the first apply is in flight, given the object as it was
+/// before (the Deployment's step writes the new phase meanwhile).
 pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
     ctx: &Context,
     mw: &ManagedWorkload,
@@ -222,9 +214,9 @@ pub async fn step_beside<'d, K: Owned, L, F: Future<Output = ()>>(
     }
 }
 
-/// An object the workload has one of, or none (its Service, its NetworkPolicy): `desired`
-/// through the step and judged, or, when it wants none, its own one removed. The object as it
-/// now is (`None`: none, or none the workload may use) and why it is not what it should be.
+/// An object the workload has one or none of (its Service, its NetworkPolicy): `desired`
+/// through the step, or, when none is wanted, its own one removed. Returns the object as it
+/// now is (`None`: none the workload may use) and why it is blocked.
 pub async fn ensure<K: Owned>(
     ctx: &Context,
     mw: &ManagedWorkload,
@@ -247,9 +239,8 @@ pub async fn ensure<K: Owned>(
     })
 }
 
-/// The workload no longer wants its `name`: delete the one it controls, if the cache holds
-/// one. Preconditioned on its UID, so one someone made under that name since is never
-/// deleted; one that is already gone is no error.
+/// Delete the workload's own object of `name`, if the cache holds one. Bound to its UID, so
+/// one made by someone else under that name since is never deleted; already gone is no error.
 async fn remove<K: Owned>(ctx: &Context, mw: &ManagedWorkload, namespace: &str, name: &str) -> Result<(), Error> {
     let Some(cached) = K::cache(ctx).get(&ObjectRef::new(name).within(namespace)) else { return Ok(()) };
     if !is_controlled_by(&*cached, mw) || cached.meta().deletion_timestamp.is_some() {
@@ -270,13 +261,11 @@ async fn remove<K: Owned>(ctx: &Context, mw: &ManagedWorkload, namespace: &str, 
     }
 }
 
-/// The live object: the newest the operator knows of. The caches are full by now (a
-/// controller runs only once every watch has synced), but label-selected: "not there" may be
-/// absent, just made, or someone else's object of that name, which must not be touched. A
-/// workload never reconciled before (no status) has none of its own, and the create-only
-/// apply guards against anyone else's (a 409, and the step looks it up then), so no GET
-/// precedes a create. Otherwise one GET tells (a blocked workload's recheck looks, and does
-/// not try a create the API server refuses).
+/// The live object, the newest the operator knows of. The caches have synced (a controller
+/// starts only then), but they are label-selected, so "not there" may be someone else's
+/// object. A workload with no status yet has none of its own and the create-only apply
+/// guards against others' (a 409 leads to a GET), so no GET precedes its create. Otherwise
+/// one GET tells.
 async fn observe<K: Owned>(
     ctx: &Context,
     api: &Api<K>,
@@ -288,8 +277,8 @@ async fn observe<K: Owned>(
     if ctx.caches.objects.is_unanswered(mw, K::KIND, name) {
         let live = get(api, namespace, name).await?;
         ctx.caches.objects.looked_up(mw, K::KIND, name);
-        // Kept as an applied one is: the cache may stay behind it for a while yet (its watch
-        // re-lists after the API server's return), and must not undo what was learnt here.
+        // Kept like an applied object: the cache may lag behind for a while (its watch re-lists
+        // after an outage) and must not undo what was learnt here.
         if let Some(live) = &live {
             K::applied(ctx, mw, live);
         }
@@ -303,10 +292,9 @@ async fn observe<K: Owned>(
     }
 }
 
-/// The request went out and no answer came back (the connection broke while the API server
-/// had it, or the wait for its answer timed out): it may have been carried out. hyper's client
-/// says `client error (Connect)` when no connection was made; an answer of the API server's
-/// own (`kube::Error::Api`) says what happened.
+/// The request went out and no answer came (connection broke, or the wait timed out): it
+/// may have been carried out. hyper says `client error (Connect)` when no connection was
+/// made; a `kube::Error::Api` is the API server's own answer.
 fn answer_lost(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Service(_) | kube::Error::HyperError(_))
         && !crate::check::error_chain(err).contains("(Connect)")
@@ -318,11 +306,10 @@ async fn get<K: Owned>(api: &Api<K>, namespace: &str, name: &str) -> Result<Opti
     Ok(found.map(K::Cached::from))
 }
 
-/// Server-side apply `desired` as `name` under the operator's field manager, counted as a
-/// write of its kind: created only where none exists, or forced onto the live object of the
-/// UID decided on and no other (`Write`). A cache behind the API server (a watch not yet
-/// re-listed after an outage, or the Deployment an earlier apply returned) may still show an
-/// object someone has since deleted and made again under that name: theirs is never changed.
+/// Server-side apply `desired` under the operator's field manager, counted as a write of its
+/// kind: create only where none exists, or force onto the object of the UID decided on
+/// (`Write`). A lagging cache may still show an object someone has since deleted and made
+/// again under that name: theirs is never changed.
 pub async fn apply<K: Owned>(
     metrics: &Metrics,
     api: &Api<K>,
@@ -378,10 +365,9 @@ impl Owned for Service {
         &ctx.caches.services
     }
 
-    /// On drift, one step of the Service's own first: the ports are exactly the workload's. A
-    /// port someone else added or renamed by hand is theirs to server-side apply, so an apply
-    /// would leave it (and fail outright when it reuses one of ours' names); the list is set
-    /// whole first, then applied as usual.
+    /// On drift, first set the ports list whole: a port someone added or renamed by hand is
+    /// theirs under server-side apply, so an apply would leave it (or fail when it reuses one of
+    /// our names). Then apply as usual.
     async fn act(
         ctx: &Context,
         api: &Api<Service>,
@@ -393,7 +379,7 @@ impl Owned for Service {
         if mode == (Mode::Update { drift: true }) {
             let ports = desired.spec.as_ref().map(|s| s.ports.clone());
             let params = crate::client::patch_params(FIELD_MANAGER);
-            // Bound to the UID as the apply is (`Write::Update`).
+            // Bound to the UID, like the apply (`Write::Update`).
             let patch = serde_json::json!({ "metadata": { "uid": uid }, "spec": { "ports": ports } });
             let answer = api.patch(name, &params, &Patch::Merge(patch)).await;
             ctx.metrics.sent("services", "patch", &answer);

@@ -1,11 +1,9 @@
-//! The claims step of a reconcile, run before the Deployment's: the owned-object step (`step`)
-//! for each volume's claim, deciding by `plan::decide_by` with the claims' ownership
-//! rule (a server-side apply, never a delete), and what it means for the Deployment step: the
-//! workload's claims as they now are, and whether it may be started (a foreign, refused or
-//! deleting claim holds it; a predecessor's on its way out makes it wait). A refused change to
-//! a claim that exists (an expansion its StorageClass does not allow) holds nothing: the
-//! workload runs on the claim as it is, the refusal is reported on `status.volumes`, and the
-//! same apply is retried only after a growing backoff.
+//! The claims step of a reconcile, before the Deployment's: each volume's claim through
+//! `step`, decided by `plan::decide_by` with the claims' ownership rule (apply only, never
+//! delete). A foreign, refused or deleting claim holds the workload; a predecessor's claim on
+//! its way out makes it wait. A refused change to an existing claim (an expansion its
+//! StorageClass does not allow) holds nothing: the workload runs on the claim as it is, the
+//! refusal shows in `status.volumes`, and the apply is retried with a growing backoff.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -36,19 +34,18 @@ pub struct Claims {
     pub own: Vec<PersistentVolumeClaim>,
     /// A claim problem only a human (or time) can fix; the first one found.
     pub blocked: Option<Blocked>,
-    /// A claim of the workload's is being deleted: it must not be started against it.
-    /// (Boxed: a claim is large, and a requeue should not carry its room.)
+    /// A claim of the workload's is being deleted: it must not be started against it. Boxed, so
+    /// a requeue does not carry a claim-sized value.
     pub deleting: Option<Box<PersistentVolumeClaim>>,
-    /// Changes to existing claims the API server refused (claim name, its words), for
-    /// `status.volumes`; the workload goes on with the claims as they are.
+    /// Refused changes to existing claims (name, the API server's words), for `status.volumes`.
     pub refused: Vec<(String, String)>,
     /// When to look again at a refused change.
     pub retry: Option<Duration>,
 }
 
 impl Claims {
-    /// A change to claim `name` was refused: the workload goes on with `live` as it is, the
-    /// refusal is reported, and the step looks again once `wait` has passed.
+    /// A change to claim `name` was refused: go on with `live`, report it, look again after
+    /// `wait`.
     fn refused_change(&mut self, name: String, message: String, wait: Duration, live: Option<PersistentVolumeClaim>) {
         self.refused.push((name, message));
         self.retry = Some(self.retry.map_or(wait, |r| r.min(wait)));
@@ -72,9 +69,8 @@ pub async fn reconcile(ctx: &Context, mw: &ManagedWorkload, namespace: &str) -> 
 enum Leave {
     /// No claim is wanted for the volume (`claims::claim` says so).
     Unwanted,
-    /// The workload's own claim is being deleted: never applied to. An apply cannot stop a
-    /// deletion, and would only race it. (Someone else's claim being deleted is `Departing`:
-    /// waited for.)
+    /// The workload's own claim is being deleted: an apply cannot stop a deletion and would
+    /// only race it. (Someone else's departing claim is `Departing`: waited for.)
     Deleting,
     /// The same change was refused moments ago: not sent again before its backoff has passed.
     Held(Refused, Duration),
@@ -110,8 +106,8 @@ fn intent(
 }
 
 impl Claims {
-    /// Take in what the step came to for claim `name` of `volume`; when to look again, if the
-    /// step cannot go on.
+    /// Take in the step's verdict for claim `name`; returns when to look again if the step
+    /// cannot go on.
     fn take(
         &mut self,
         ctx: &Context,
@@ -158,8 +154,8 @@ impl Claims {
     }
 }
 
-/// The workload's status (as the operator last knew it) lists claim `name` as one it had: the
-/// claim is gone now, so a new one would start empty.
+/// The status as last known lists claim `name` as one the workload had: it is gone now, so
+/// a new one would start empty.
 fn existed(ctx: &Context, mw: &ManagedWorkload, name: &str) -> bool {
     let status = ctx.caches.previous_status(mw);
     status.iter().flat_map(|s| &s.volumes).any(|v| v.claim == name && v.phase.is_some())
@@ -175,9 +171,9 @@ fn announce_replacement(ctx: &Context, mw: &ManagedWorkload, name: &str) {
     ctx.events.send(mw.object_ref(&()), EventType::Warning, "ClaimReplaced", &note);
 }
 
-/// The conflict over claim `name`: one retained for another owner's earlier workload of this
-/// name, or someone else's. For a Manager container, whose spec Manager's side puts back, the
-/// way out is in Manager.
+/// The conflict message for claim `name`: retained for another owner's earlier workload of
+/// this name, or someone else's. For a Manager container the way out is in Manager (it puts
+/// the spec back).
 pub fn conflict(mw: &ManagedWorkload, name: &str, live: Option<&CachedClaim>) -> String {
     let volume = mw.spec.volumes.iter().find(|v| claims::claim_name(&mw.name_any(), &v.name) == name);
     let retained_for = live.zip(volume).and_then(|(c, v)| claims::retained_for_another(&c.to_claim(), mw, v));

@@ -1,6 +1,6 @@
 //! The watches of one scope (a namespace, or all), the caches they fill, and the fan-out of
-//! "this workload may need a reconcile" to whichever controller runs now. They run from
-//! start to exit, leader or not, so a standby is warm when it takes over.
+//! "this workload may need a reconcile" to whichever controller runs now. They run leader or
+//! not, so a standby is warm when it takes over.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -28,9 +28,7 @@ use crate::names::{MANAGED_LABEL, OWNER_ANNOTATION};
 use crate::reflect::{ReflectInPlace, watch_config};
 use crate::resource::{ManagedWorkload, Workload};
 
-/// The watches of one scope (a namespace, or all), their caches, and the fan-out of "this
-/// workload may need a reconcile" to whichever controller runs now. They run from start to
-/// exit, leader or not, so a standby is warm when it takes over.
+/// The watches and caches of one scope (see the module comment).
 pub struct Caches {
     pub namespace: Option<String>,
     pub deployments: Store<CachedDeployment>,
@@ -47,25 +45,22 @@ pub struct Caches {
     pub workloads_watch: Arc<WorkloadsWatch>,
     pub pod_index: Arc<PodIndex>,
     pub objects: Arc<PerObject>,
-    /// Workloads to reconcile, mapped from every watch. Only a leader subscribes; a
-    /// standby's sends go nowhere.
+    /// Workloads to reconcile, from every watch. Only a leader subscribes.
     pub triggers: broadcast::Sender<Trigger>,
 }
 
 /// What a watch event asks of the controller.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Trigger {
-    /// Reconcile this workload.
     One(ObjectRef<Workload>),
-    /// A watch re-listed (after an API server restart, or once its resourceVersion expired):
-    /// its cache now holds the new list, and what changed while it was away came as no event
-    /// of its own (a deletion never does). Reconcile every workload, from the caches as they
-    /// now are.
+    /// A watch re-listed (after an API server restart or an expired resourceVersion): what
+    /// changed meanwhile came as no event (a deletion never does), so reconcile every workload
+    /// from the caches as they now are.
     All,
 }
 
-/// Queued triggers per subscriber. A leader that falls this far behind reconciles everything
-/// once (see `subscribe`) instead of losing a trigger; a reconcile from the cache is cheap.
+/// Queued triggers per subscriber. A leader this far behind reconciles everything once (see
+/// `subscribe`) instead of losing a trigger.
 const TRIGGER_BUFFER: usize = 4096;
 
 impl Caches {
@@ -85,9 +80,9 @@ impl Caches {
             watcher(api::<CachedDeployment>(client, ns), managed.clone()).default_backoff().reflect_in_place(writer);
         let deployment_targets = targets(deployment_events, "deployments", owner_of);
 
-        // ReplicaSets: only which Deployment controls each (see replica_sets.rs). A new one
-        // may arrive after its first Pod, which then counts from here on: reconcile the
-        // workload (the Deployment's name is the workload's).
+        // ReplicaSets: only which Deployment controls each (replica_sets.rs). One may arrive after
+        // its first Pod, which then starts to count: reconcile the workload (same name as the
+        // Deployment).
         let replica_sets = Arc::new(ReplicaSets::default());
         let indexer = replica_sets.clone();
         let replica_set_events = watcher(api::<PartialObjectMeta<ReplicaSet>>(client, ns), managed.clone())
@@ -106,7 +101,7 @@ impl Caches {
         let (pods, writer) = reflector::store();
         let pod_index = Arc::new(PodIndex::default());
         let indexer = pod_index.clone();
-        // The index after the cache (`PodIndex`), both before the event's trigger is sent.
+        // The index is updated after the cache, both before the event's trigger is sent.
         let pod_events = watcher(api::<CachedPod>(client, ns), managed.clone())
             .default_backoff()
             .reflect_in_place(writer)
@@ -120,8 +115,7 @@ impl Caches {
             Some(ObjectRef::new(name).within(&pod.namespace()?))
         });
 
-        // Claims: by the instance label, since a retained claim has no owner reference. A claim
-        // that binds, grows or goes reconciles its workload.
+        // Claims: by the instance label, since a retained claim has no owner reference.
         let (claims, writer) = reflector::store();
         let claim_events =
             watcher(api::<CachedClaim>(client, ns), managed.clone()).default_backoff().reflect_in_place(writer);
@@ -130,20 +124,19 @@ impl Caches {
             Some(ObjectRef::new(name).within(&claim.namespace()?))
         });
 
-        // Services: by their controller, as Deployments. A load balancer's address arriving
-        // (the cloud controller writes the Service's status), a deletion or an edit reconciles
-        // the workload. kube-controller-manager's endpoint updates go to EndpointSlices, not
-        // to the Service, so a serving workload's Service is quiet.
+        // Services: by their controller. A load balancer address arriving, a deletion or an edit
+        // reconciles the workload. Endpoint updates go to EndpointSlices, so a serving workload's
+        // Service stays quiet.
         let (services, writer) = reflector::store();
         let service_events =
             watcher(api::<CachedService>(client, ns), managed.clone()).default_backoff().reflect_in_place(writer);
         let service_targets = targets(service_events, "services", owner_of);
 
-        // NetworkPolicies: by their controller. A deletion or an edit reconciles the workload.
+        // NetworkPolicies: by their controller.
         let (network_policies, writer) = reflector::store();
         let policy_events = watcher(api::<NetworkPolicy>(client, ns), managed.clone())
             .default_backoff()
-            // Only the operator's own apply record is read (drift.rs): the others are dropped.
+            // Only the operator's own apply record is read (drift.rs); drop the others.
             .modify(|p: &mut NetworkPolicy| {
                 if let Some(fields) = p.metadata.managed_fields.as_mut() {
                     fields.retain(|f| f.manager.as_deref() == Some(FIELD_MANAGER));
@@ -152,9 +145,8 @@ impl Caches {
             .reflect_in_place(writer);
         let policy_targets = targets(policy_events, "networkpolicies", owner_of);
 
-        // Our own status writes change neither generation nor labels, so they do not echo back
-        // as reconciles. DeserializeGuard: one object the operator cannot parse (say, stored under
-        // an older schema) is reported on its own instead of failing the whole watch.
+        // DeserializeGuard: one object the operator cannot parse (say, stored under an older
+        // schema) is reported on its own instead of failing the whole watch.
         let (workloads, writer) = reflector::store();
         let objects = Arc::new(PerObject::default());
         let pruner = objects.clone();
@@ -165,9 +157,8 @@ impl Caches {
             .default_backoff()
             .modify(super::slim::workload)
             .reflect_in_place(writer)
-            // After the cache has taken the event in, before its trigger is sent: how far the
-            // cache can be trusted, and what is remembered per workload (what is forgotten
-            // there, a reconcile finds in the cache: PerObject::observe).
+            // After the cache has the event, before its trigger is sent: update freshness and what
+            // is remembered per workload (PerObject::observe).
             .inspect(move |event| {
                 freshness.observe(event);
                 if let Ok(event) = event {
@@ -177,8 +168,8 @@ impl Caches {
             .filter(move |event| std::future::ready(event.as_ref().map_or(true, |e| changes.asks_for_reconcile(e))));
         let workload_targets =
             targets(workload_events, "managedworkloads", |mw: &Workload| Some(ObjectRef::from_obj(mw)));
-        // One task drives all seven watches, so their events (and cache updates) are handled
-        // one at a time in the order they arrive, as when the Controller itself polled them.
+        // One task drives all seven watches, so events and cache updates are handled one at a time
+        // in arrival order.
         let all = futures::stream::select_all([
             deployment_targets,
             replica_set_targets,
@@ -206,8 +197,7 @@ impl Caches {
         }
     }
 
-    /// The status `mw` has as far as the operator knows (`PerObject::previous_status`), with
-    /// the cache's copy of it now.
+    /// The status `mw` has as far as the operator knows (`PerObject::previous_status`).
     pub fn previous_status(&self, mw: &ManagedWorkload) -> Option<crate::resource::ManagedWorkloadStatus> {
         let latest = mw.namespace().and_then(|ns| self.workloads.get(&ObjectRef::new(&mw.name_any()).within(&ns)));
         self.objects.previous_status(mw, latest.as_ref().and_then(|l| l.0.as_ref().ok()))
@@ -224,28 +214,24 @@ impl Caches {
     }
 }
 
-/// How far the workloads' cache can be trusted, from its watch's last event. Every watch is
-/// its own stream: after an API server restart, the Service watch may have listed again and
-/// triggered reconciles while the workloads' watch still lists, its cache holding a workload
-/// deleted and re-created during the gap as it was. A reconcile from that applies objects owned
-/// by the deleted workload, which garbage collection deletes at once, and again at the next
-/// reconcile (`make soak`: up to four Deployment writes for one re-creation).
+/// How far the workloads' cache can be trusted. Each watch is its own stream: after an API
+/// server restart another watch may re-list and trigger reconciles while this one still
+/// lists, holding a workload re-created during the gap as it was. Reconciling from that
+/// creates objects for the deleted workload, which garbage collection then deletes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Freshness {
     /// Listed, and following every change since.
     Current,
-    /// Listing, the first time or again (the cache holds what it listed so far beside what it
-    /// held before the gap). Its end reconciles every workload.
+    /// Listing, the first time or again (the cache mixes new and pre-gap objects). Its end
+    /// reconciles every workload.
     Listing,
-    /// Failed, and neither listing again nor back with an event since: a watch that resumes
-    /// where it stopped says nothing until something changes, so the cache may be current, or
-    /// may miss what changed during the failure.
+    /// Failed, and not yet listing again or back with an event: a resumed watch is silent until
+    /// something changes, so the cache may be current or may miss changes.
     Interrupted,
 }
 
 impl Freshness {
-    /// Where the watch stands after `event`.
     fn after<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Freshness {
         match event {
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Freshness::Listing,
@@ -278,7 +264,7 @@ impl WorkloadsWatch {
     }
 }
 
-/// The controller a Deployment belongs to, from its controller ownerReference.
+/// The workload an owned object belongs to, from its controller ownerReference.
 fn owner_of(deployment: &impl Resource) -> Option<ObjectRef<Workload>> {
     let owner = deployment.owner_references().iter().find(|o| {
         o.controller == Some(true)
@@ -288,16 +274,12 @@ fn owner_of(deployment: &impl Resource) -> Option<ObjectRef<Workload>> {
     Some(ObjectRef::new(&owner.name).within(&deployment.namespace()?))
 }
 
-/// What one watch event means for the controller: a trigger (if any), or the watch's
-/// failure, named by resource.
+/// What one watch event means for the controller: a trigger, if any, or the watch's failure.
 type Target = Result<Option<Trigger>, (&'static str, watcher::Error)>;
 
-/// The triggers of one watch's events. An object changed or deleted triggers the workload
-/// `map` names; a re-list triggers nothing until it is done, then everything: until its end
-/// the cache still holds, beside what it has listed, objects as they were before the gap (a
-/// deleted workload in place of its successor, a Deployment already gone: they leave at
-/// InitDone, `reflect`), so a trigger earlier would reconcile from that, and nothing would
-/// come for it again.
+/// The triggers of one watch's events. A changed or deleted object triggers the workload `map`
+/// names. A re-list triggers nothing until done, then everything: until its end the cache
+/// still holds pre-gap objects (`reflect`), and a reconcile from those would not be redone.
 fn targets<K: Send + 'static>(
     events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     resource: &'static str,
@@ -317,12 +299,10 @@ fn targets<K: Send + 'static>(
         .boxed()
 }
 
-/// Which ManagedWorkload events ask for a reconcile: a new generation (the spec), new labels
-/// or a new owner (an annotation, so no new generation: a container handed to another user
-/// must move its claims to them at once, not at the next resync), and the end of a re-list. The operator's own status writes change neither, so they
-/// do not come back as reconciles; a deleted workload needs none (its objects are garbage
-/// collection's). Remembers one hash per workload UID, forgotten with the workload (or when
-/// a re-list no longer holds it).
+/// Which ManagedWorkload events ask for a reconcile: a new generation, new labels, a new owner
+/// (an annotation, so no new generation; a handed-over container's claims must move at once),
+/// and the end of a re-list. The operator's status writes change none of these, so they do
+/// not echo back. Keeps one hash per workload UID.
 #[derive(Default)]
 struct SpecChanges {
     seen: ByUid<u64>,
@@ -348,7 +328,7 @@ fn owner(mw: &Workload) -> Option<u64> {
     Some(BuildHasherDefault::<DefaultHasher>::default().hash_one(owner))
 }
 
-/// Drive the watches (which fill the caches) and send the workload each event concerns to the
+/// Drive the watches (which fill the caches) and send each event's workload to the
 /// subscribed controller, if any.
 async fn fan_out(
     events: impl futures::Stream<Item = Target>,
@@ -359,8 +339,7 @@ async fn fan_out(
     while let Some(event) = events.next().await {
         match event {
             Ok(Some(target)) => {
-                // No receiver (a standby, or between terms) is fine: a new leader starts by
-                // reconciling everything.
+                // No receiver (a standby, or between terms) is fine: a new leader reconciles all.
                 let _ = triggers.send(target);
             }
             Ok(None) => {}
@@ -372,8 +351,8 @@ async fn fan_out(
     }
 }
 
-/// The triggers from now on, as a stream; a gap (the buffer overflowed) asks for a reconcile
-/// of everything through `resync`.
+/// The triggers from now on; a gap (buffer overflow) asks for a reconcile of everything
+/// through `resync`.
 pub fn subscribe(
     triggers: &broadcast::Sender<Trigger>,
     resync: mpsc::UnboundedSender<()>,

@@ -11,7 +11,6 @@ pub(super) struct Known<'a> {
     pub(super) deletable: &'a HashSet<String>,
 }
 
-/// Sync one mapped row with the cluster.
 pub(super) async fn sync_one(
     cluster: &Cluster,
     fm: &str,
@@ -22,9 +21,8 @@ pub(super) async fn sync_one(
 ) -> Outcome {
     let mut result = try_sync_one(cluster, fm, &desired, cached, secret_cached, known).await;
     if let Err(Failure::Appeared(likely)) = &result {
-        // A create found an object of that name after all (made since the cache or the GET
-        // said there was none), or an update found another object than the one it read:
-        // whose it is, a fresh read tells (someone else's is `name_taken`/`secret_taken`).
+        // A create found an object of that name after all, or an update found another object than
+        // it read: a fresh read tells whose it is.
         debug!(likely = %likely, "an object appeared while writing; reading it again");
         result = try_sync_one(cluster, fm, &desired, None, None, known).await;
     }
@@ -84,10 +82,9 @@ async fn try_sync_one(
             found => found.map(|meta| Arc::new(CachedSecret::from(meta))),
         },
     };
-    // The API server's 409 on a create-only write (an object of that name exists after all)
-    // or on a write for a UID the object no longer has (it was deleted and made again).
-    // A write that found another object than it was for (`write::found_another`) is not
-    // the row's error yet: whose the object is, a fresh read tells.
+    // 409 on a create-only write (an object of that name exists after all) or on a write for a
+    // UID the object no longer has (re-made since). Not the row's error yet: a fresh read tells
+    // whose the object is.
     let write = |what: String, taken: RowError| {
         move |e: kube::Error| if found_another(&e) { Failure::Appeared(taken) } else { classify(e, what) }
     };
@@ -107,13 +104,11 @@ async fn try_sync_one(
             Ok(Outcome::Row(RowError::Replacing { namespace: ns.into(), name: name.into() }))
         }
         Plan::Create => {
-            // The Secret first, so no Pod of the new workload ever starts with values that are
-            // not its own: where the bridge's Secret of that name serves no CR yet (an earlier
-            // container's, its CR deleted and garbage collection behind; or one whose CR was
-            // never made), it is deleted, by its UID, before anything is written. Then the
-            // Secret, the CR (both create-only), then the Secret's owner. Should a later write
-            // not happen, the next pass finds the CR without a Secret that serves it
-            // (`Plan::Update`).
+            // The Secret first, so no Pod of the new workload starts with values not its own. A
+            // Secret of ours of that name that serves no CR yet (an earlier container's, or one
+            // whose CR was never made) is deleted by UID before anything is written. Then the
+            // Secret and the CR (both create-only), then the Secret's owner. If a later write
+            // fails, the next pass finds the CR without a serving Secret (`Plan::Update`).
             let secret = mapping::secret(d, fm, None);
             cluster.create_with_secret(&d.workload, secret, secret_uid.as_deref()).await.map_err(
                 |(step, e)| match step {
@@ -135,8 +130,8 @@ async fn try_sync_one(
             let uid = existing.and_then(|e| e.uid);
             let mut owner = d.workload.clone();
             owner.metadata.uid = uid.clone();
-            // The Secret first, so the CR never asks for an env its Secret does not hold; the
-            // one read, by its UID (or created where there is none).
+            // The Secret first, so the CR never asks for env its Secret lacks; bound to the UID
+            // read (or created where there is none).
             let secret_write = match &secret_uid {
                 Some(uid) => Write::Update { uid: Some(uid) },
                 None => Write::Create,
@@ -146,8 +141,8 @@ async fn try_sync_one(
                 .apply_secret(&secret, secret_write)
                 .await
                 .map_err(write(format!("applying Secret {ns}/{}", d.secret_name), secret_taken()))?;
-            // For the object read, by its UID: a CR deleted and made again by someone else
-            // since (a stale cache) answers 409 instead of being forced over.
+            // Bound to the UID read: a CR re-made by someone else since (a stale cache) answers 409
+            // instead of being forced over.
             cluster
                 .apply_workload(&owner, Write::Update { uid: uid.as_deref() })
                 .await
@@ -158,10 +153,9 @@ async fn try_sync_one(
     }
 }
 
-/// The row's Secret name holds someone else's Secret, made after the bridge's was deleted. A
-/// CR of this bridge's for that name would start its next Pod with their values: it is
-/// deleted, by its UID, and made again once the name is free. Its disk stays, as on any deletion of a
-/// bridged workload (the bridge's volumes are retained), and comes back with it.
+/// The row's Secret name holds someone else's Secret, made after ours was deleted. Our CR
+/// would start its next Pod with their values, so it is deleted by UID and made again once
+/// the name is free. Its disk is retained and comes back with it.
 async fn stop_using_anothers_secret(
     cluster: &Cluster,
     existing: Option<&Existing>,
@@ -182,7 +176,7 @@ async fn stop_using_anothers_secret(
 }
 
 /// The API server refusing the object (400, 422) is the row's problem and waits for the row
-/// to change; anything else (down, throttled, a 5xx) is retried with the whole pass.
+/// to change; anything else (down, throttled, 5xx) is retried with the whole pass.
 /// `operation` names the object ("applying Secret ns/x-manager-env").
 fn classify(err: kube::Error, operation: String) -> Failure {
     match err {

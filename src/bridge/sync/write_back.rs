@@ -3,18 +3,18 @@
 use super::*;
 
 impl Bridge {
-    /// Write each CR's provider id and Pod IP to its row where they differ.
+    /// Write each CR's provider id and address to its row where they differ.
     pub(super) async fn write_back(&mut self) -> Result<(), BridgeError> {
         let fm = self.settings.field_manager.clone();
         let stale_after = Instant::now() - ROW_RETRY;
         for (key, t) in self.rows.iter_mut() {
-            // A container held in the namespace its node was mapped to before runs there: its
-            // row keeps what it says, the address Manager's agent reaches it at included.
+            // A container held in its node's previous namespace runs there: its row keeps what it
+            // says, including the address Manager's agent reaches it at.
             if matches!(t.error, Some(RowError::NodeMoved { .. })) {
                 continue;
             }
-            // Also for a row in error: its workload (made from an earlier, good version of
-            // the row) may still run, and the row must follow it, not keep its last address.
+            // Also for a row in error: its workload (from an earlier, good version of the row) may
+            // still run, and the row must follow it.
             let cr = self
                 .cluster
                 .workload(&t.namespace, &t.row.hostname)

@@ -217,7 +217,7 @@ fn cached_objects_are_read_from_the_api_as_the_kubernetes_type_and_trimmed() {
     assert_eq!(d.meta().name.as_deref(), Some("w1"));
     let p: CachedPod = serde_json::from_str(include_str!("../../../tests/fixtures/cluster/pod.json")).unwrap();
     assert_eq!(p.to_pod(), trimmed(&fixture::<Pod>("pod"), super::pod));
-    // Room for a spec is what the cached types save.
+    // The cached types save the space of a spec struct.
     assert!(std::mem::size_of::<CachedDeployment>() * 3 < std::mem::size_of::<Deployment>());
     assert!(std::mem::size_of::<CachedPod>() * 2 < std::mem::size_of::<Pod>());
 }
