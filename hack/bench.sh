@@ -10,7 +10,8 @@
 #    (tests/bench_bridge.rs). The operator is not running meanwhile.
 # 2. The operator against the floor (tests/bench_operator.rs), on a control plane whose
 #    kube-controller-manager and kube-scheduler have no client-side rate limit
-#    (MW_CP_UNLIMITED_QPS=1): N = 100 and 1000 (MW_BENCH_5000=1 adds 5000) ManagedWorkloads
+#    (MW_CP_UNLIMITED_QPS=1): N = 100 and 1000 (MW_BENCH_5000=1 adds 5000; MW_BENCH_SIZES=100,
+#    any list) ManagedWorkloads
 #    applied at once vs two floors: the objects the operator would make (Deployment, Service)
 #    applied directly, and the ideal controller (the same ManagedWorkloads, with exactly the
 #    writes the contract needs made by the benchmark from precomputed bodies,
@@ -108,6 +109,7 @@ fi
 
 if [ "${MW_BENCH_OPERATOR:-1}" != 0 ]; then
   sizes="100,1000"; [ "${MW_BENCH_5000:-0}" = 0 ] || sizes="100,1000,5000"
+  sizes=${MW_BENCH_SIZES:-$sizes}
   echo "== operator, no client-side rate limit on the control plane's controllers"
   operator_bench bench unlimited "$sizes" 1
 fi

@@ -4,8 +4,9 @@
 
 use std::borrow::Cow;
 
-use kube::api::{DeleteParams, PatchParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Resource};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Which stored object an apply may change.
@@ -23,13 +24,22 @@ pub enum Write<'a> {
 }
 
 impl Write<'_> {
+    /// Server-side applies `object` as `name` under field manager `manager`, as this write says:
+    /// the one apply of the operator's owned objects and of the bridge's CRs and Secrets.
+    pub async fn apply<K>(self, api: &Api<K>, name: &str, object: &K, manager: &str) -> Result<K, kube::Error>
+    where
+        K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    {
+        api.patch(name, &self.params(manager), &Patch::Apply(self.prepare(object))).await
+    }
+
     /// Whether the apply takes fields over from other managers.
     pub fn force(self) -> bool {
         matches!(self, Write::Update { .. })
     }
 
     /// `object` as sent for this write.
-    pub fn prepare<K: Resource + Clone>(self, object: &K) -> Cow<'_, K> {
+    fn prepare<K: Resource + Clone>(self, object: &K) -> Cow<'_, K> {
         match self {
             Write::Create => {
                 let mut create_only = object.clone();
@@ -46,7 +56,7 @@ impl Write<'_> {
     }
 
     /// The apply's parameters under `manager` (`client::apply_params`), forced for an update.
-    pub fn params(self, manager: &str) -> PatchParams {
+    fn params(self, manager: &str) -> PatchParams {
         let params = crate::client::apply_params(manager);
         if self.force() { params.force() } else { params }
     }

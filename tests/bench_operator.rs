@@ -19,9 +19,9 @@
 //! one `make bench` started (its PID file in MW_BENCH_OPERATOR_PIDFILE). Figures go to
 //! target/bench/operator-$MW_BENCH_LABEL.json and are printed as Markdown.
 
-mod support;
 #[path = "bench_operator/ideal.rs"]
 mod ideal;
+mod support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -536,10 +536,8 @@ async fn operator_against_the_floor() {
             "cpu_s": run.cpu_s, "rss_kib_after": run.rss_kib, "kib_per_additional_workload": per_workload_kib,
             "cpu_by_component": {"floor": run.floor_cpu, "ideal": ideal_cpu, "operator": run.operator_cpu},
         });
-        cpu_lines.push_str(&format!(
-            "| {n} | {} |\n",
-            cpu_by_component(&[&run.floor_cpu, ideal_cpu, &run.operator_cpu])
-        ));
+        cpu_lines
+            .push_str(&format!("| {n} | {} |\n", cpu_by_component(&[&run.floor_cpu, ideal_cpu, &run.operator_cpu])));
         if let Some(ideal) = &run.ideal {
             let writes: Vec<String> =
                 ideal.writes.iter().map(|(k, v)| format!("{k} {:.2}", *v as f64 / n as f64)).collect();

@@ -1428,17 +1428,17 @@ async fn the_bridges_writes_never_take_over_a_hand_made_object() {
         Err(err) => assert!(found_another(&err), "{err:?}"),
         Ok(()) => panic!("not refused"),
     };
-    refused(cluster.apply_workload(&desired, Write::Create).await.map(|_| ()));
+    refused(cluster.apply(&desired, Write::Create, "workload_apply").await.map(|_| ()));
     // An update of the bridge's object of that name, read before this one was made.
     desired.metadata.uid = Some("4a6f1c9e-0000-4000-8000-000000000000".into());
-    refused(cluster.apply_workload(&desired, Write::Update { uid: None }).await.map(|_| ()));
+    refused(cluster.apply(&desired, Write::Update { uid: None }, "workload_apply").await.map(|_| ()));
     let mut bridge_secret = secret.clone();
     bridge_secret.metadata.namespace = Some(ns.name.clone());
     bridge_secret.metadata.labels = Some([(SYNCED_BY_LABEL.to_string(), "mw-bridge".to_string())].into());
-    refused(cluster.apply_secret(&bridge_secret, Write::Create).await.map(|_| ()));
+    refused(cluster.apply(&bridge_secret, Write::Create, "secret_apply").await.map(|_| ()));
     // Nor is an update of the bridge's Secret of that name, read before this one was made.
     let read_before = "5b7f2d0a-0000-4000-8000-000000000000";
-    refused(cluster.apply_secret(&bridge_secret, Write::Update { uid: Some(read_before) }).await.map(|_| ()));
+    refused(cluster.apply(&bridge_secret, Write::Update { uid: Some(read_before) }, "secret_apply").await.map(|_| ()));
 
     // (The operator writes its status: the bridge, nothing.)
     let now = workloads.get("app").await.unwrap();
@@ -1453,7 +1453,7 @@ async fn the_bridges_writes_never_take_over_a_hand_made_object() {
     let mut fresh = desired.clone();
     fresh.metadata.uid = None;
     fresh.metadata.name = Some("fresh".into());
-    let created = cluster.apply_workload(&fresh, Write::Create).await.expect("creating where none exists");
+    let created = cluster.apply(&fresh, Write::Create, "workload_apply").await.expect("creating where none exists");
     assert_eq!(created.labels()[SYNCED_BY_LABEL], "mw-bridge");
     // The audit log, up to that accepted write, holds no accepted write to the hand-made ones.
     let accepted = || audit::timed_accepted_writes_by("mw-bridge", &ns.name).into_iter().map(|(_, w)| w);

@@ -6,13 +6,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{PartialObjectMeta, Patch};
+use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::InitialListStrategy;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
 use tokio::sync::Notify;
 use tracing::warn;
 
@@ -147,20 +148,20 @@ impl Cluster {
         Api::<Secret>::namespaced(self.client.clone(), namespace).get_metadata_opt(name).await
     }
 
-    /// Server-side apply under the bridge's field manager, as `write` says.
-    pub async fn apply_workload(&self, mw: &ManagedWorkload, write: Write<'_>) -> Result<ManagedWorkload, kube::Error> {
-        let (namespace, name) = names(&mw.metadata);
-        let api = Api::<ManagedWorkload>::namespaced(self.client.clone(), namespace);
-        let applied = api.patch(name, &write.params(&self.field_manager), &Patch::Apply(write.prepare(mw))).await?;
-        self.metrics.wrote("workload_apply");
-        Ok(applied)
-    }
-
-    pub async fn apply_secret(&self, secret: &Secret, write: Write<'_>) -> Result<Secret, kube::Error> {
-        let (namespace, name) = names(&secret.metadata);
-        let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
-        let applied = api.patch(name, &write.params(&self.field_manager), &Patch::Apply(write.prepare(secret))).await?;
-        self.metrics.wrote("secret_apply");
+    /// Server-side apply under the bridge's field manager, as `write` says; counted by
+    /// `metric` ("workload_apply", "secret_apply").
+    pub async fn apply<K>(&self, object: &K, write: Write<'_>, metric: &'static str) -> Result<K, kube::Error>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let (namespace, name) = names(object.meta());
+        let api = Api::<K>::namespaced(self.client.clone(), namespace);
+        let applied = write.apply(&api, name, object, &self.field_manager).await?;
+        self.metrics.wrote(metric);
         Ok(applied)
     }
 
@@ -180,9 +181,9 @@ impl Cluster {
         if let Some(uid) = earlier {
             self.delete_secret(namespace, name, uid).await.map_err(|e| (CreateStep::Earlier, e))?;
         }
-        let written = self.apply_secret(&secret, Write::Create).await.map_err(|e| (CreateStep::Secret, e))?;
+        let written = self.apply(&secret, Write::Create, "secret_apply").await.map_err(|e| (CreateStep::Secret, e))?;
         let uid = written.metadata.uid.unwrap_or_default();
-        let created = match self.apply_workload(mw, Write::Create).await {
+        let created = match self.apply(mw, Write::Create, "workload_apply").await {
             Ok(created) => created,
             Err(taken) => {
                 if found_another(&taken) {
@@ -192,7 +193,9 @@ impl Cluster {
             }
         };
         secret.metadata.owner_references = owner_reference(&created).map(|owner| vec![owner]);
-        self.apply_secret(&secret, Write::Update { uid: Some(&uid) }).await.map_err(|e| (CreateStep::Owner, e))?;
+        self.apply(&secret, Write::Update { uid: Some(&uid) }, "secret_apply")
+            .await
+            .map_err(|e| (CreateStep::Owner, e))?;
         Ok(())
     }
 

@@ -317,7 +317,7 @@ pub async fn apply<K: Owned>(
     desired: &K,
     write: Write<'_>,
 ) -> Result<K, kube::Error> {
-    let answer = api.patch(name, &write.params(FIELD_MANAGER), &Patch::Apply(write.prepare(desired))).await;
+    let answer = write.apply(api, name, desired, FIELD_MANAGER).await;
     metrics.sent(K::URL_PATH_SEGMENT, "apply", &answer);
     answer
 }

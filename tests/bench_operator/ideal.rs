@@ -132,7 +132,7 @@ fn available_status() -> DeploymentStatus {
 /// (its first writes answered, its Deployment seen Available) comes second writes it.
 enum Slot {
     /// Created: the workload as created (its UID, for the write's test) and its Running status.
-    Created(ManagedWorkload, ManagedWorkloadStatus),
+    Created(Box<(ManagedWorkload, ManagedWorkloadStatus)>),
     /// Its Deployment was seen Available before its first writes were answered.
     Available,
 }
@@ -182,7 +182,7 @@ pub async fn run(ns: &TestNamespace, bodies: Vec<Bodies>) -> f64 {
                 let mut slots = slots.lock().unwrap();
                 let seen = matches!(slots.remove(&name), Some(Slot::Available));
                 if !seen {
-                    slots.insert(name, Slot::Created(mw.clone(), running.clone()));
+                    slots.insert(name, Slot::Created(Box::new((mw.clone(), running.clone()))));
                 }
                 seen
             };
@@ -203,9 +203,7 @@ where
     K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
 {
     let object = object?;
-    let params: PatchParams = Write::Create.params(FIELD_MANAGER);
-    let answer = api.patch(&object.name_any(), &params, &Patch::Apply(Write::Create.prepare(&object))).await;
-    Some(answer.expect("a create-only apply"))
+    Some(Write::Create.apply(api, &object.name_any(), &object, FIELD_MANAGER).await.expect("a create-only apply"))
 }
 
 /// The one watch: each workload whose Deployment is seen Available gets its Running status
@@ -223,7 +221,7 @@ async fn mark_ready(client: Client, deployments: Api<Deployment>, slots: Slots) 
         let created = {
             let mut slots = slots.lock().unwrap();
             match slots.remove(&d.name_any()) {
-                Some(Slot::Created(mw, running)) => Some((mw, running)),
+                Some(Slot::Created(created)) => Some(*created),
                 _ => {
                     slots.insert(d.name_any(), Slot::Available);
                     None

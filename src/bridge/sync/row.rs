@@ -138,13 +138,13 @@ async fn try_sync_one(
             };
             let secret = mapping::secret(d, fm, mapping::owner_reference(&owner));
             cluster
-                .apply_secret(&secret, secret_write)
+                .apply(&secret, secret_write, "secret_apply")
                 .await
                 .map_err(write(format!("applying Secret {ns}/{}", d.secret_name), secret_taken()))?;
             // Bound to the UID read: a CR re-made by someone else since (a stale cache) answers 409
             // instead of being forced over.
             cluster
-                .apply_workload(&owner, Write::Update { uid: uid.as_deref() })
+                .apply(&owner, Write::Update { uid: uid.as_deref() }, "workload_apply")
                 .await
                 .map_err(write(format!("applying ManagedWorkload {ns}/{name}"), name_taken()))?;
             info!("updated ManagedWorkload {ns}/{name}");
