@@ -8,9 +8,10 @@
 //! first status; then, MW_BENCH_STATUS_ROUNDS times (default 5), each variant in turn writes
 //! every one of its objects once, alternating between two statuses as the operator's Creating
 //! → Running writes do, IN_FLIGHT at once, each round starting one variant later. The API
-//! server's and etcd's CPU over each batch, less what they spend idle meanwhile, is per write
-//! that round; the table gives each variant's mean over the rounds and their range (garbage
-//! collection cycles and a shared machine make rounds differ). kube-controller-manager is
+//! server's and etcd's CPU over each batch, and the API server's allocations (its Go runtime's
+//! count, from its metrics), less what they spend idle meanwhile, are per write that round; the
+//! table gives each variant's mean over the rounds and their range (garbage collection cycles
+//! and a shared machine make rounds differ; the allocations do not). kube-controller-manager is
 //! stopped while writes are timed, so nothing else writes; no operator may run.
 //! MW_BENCH_STATUS_ONLY (comma-separated variant names) runs some variants only. The table goes
 //! to target/bench/status.md and is printed.
@@ -190,13 +191,14 @@ struct Variant {
     kind: Kind,
     method: Method,
     shape: Shape,
-    /// Managed fields cleared after the first status write, so the objects carry the status
-    /// writer's entry only.
-    one_manager: bool,
+    /// Managed fields cleared after the first status write. The API server tracks no fields
+    /// of an object that has none on an update, so this is the write without field tracking
+    /// (which no object a client applies gets).
+    no_managed_fields: bool,
 }
 
 fn variants() -> Vec<Variant> {
-    let v = |name, kind, method, shape| Variant { name, kind, method, shape, one_manager: false };
+    let v = |name, kind, method, shape| Variant { name, kind, method, shape, no_managed_fields: false };
     let shipped = Kind::Workload(Crd::Shipped);
     vec![
         v("deployment-put", Kind::Deployment, Method::Put, Shape::Kcm),
@@ -206,7 +208,7 @@ fn variants() -> Vec<Variant> {
         v("mw-apply", shipped, Method::Apply, Shape::Operator),
         v("mw-no-mirrored", shipped, Method::Operator, Shape::NoMirrored),
         v("mw-summary", shipped, Method::Operator, Shape::Summary),
-        Variant { one_manager: true, ..v("mw-one-manager", shipped, Method::Operator, Shape::Operator) },
+        Variant { no_managed_fields: true, ..v("mw-no-managed-fields", shipped, Method::Operator, Shape::Operator) },
         v("crd-no-descriptions", Kind::Workload(Crd::NoDescriptions), Method::Operator, Shape::Operator),
         v("crd-loose-status", Kind::Workload(Crd::LooseStatus), Method::Operator, Shape::Operator),
         v("crd-bare", Kind::Workload(Crd::Bare), Method::Operator, Shape::Operator),
@@ -355,8 +357,8 @@ struct Run {
     variant: Variant,
     api: Api<DynamicObject>,
     targets: Vec<Target>,
-    /// Per round: (kube-apiserver, etcd) CPU milliseconds per write.
-    rounds: Vec<(f64, f64)>,
+    /// Per round: what one write cost.
+    rounds: Vec<Cost>,
     /// Its place in the table.
     order: usize,
 }
@@ -490,9 +492,49 @@ async fn sizes(client: &Client, url: &str, name: &str) -> (usize, usize, usize) 
     (text.len(), serde_json::to_vec(&object).map_or(0, |v| v.len()), status)
 }
 
-/// CPU seconds (kube-apiserver, etcd) spent over `during`, less what they spend idle
-/// (`idle`: CPU seconds per second each) in that time.
-async fn cpu_of<T>(idle: (f64, f64), during: impl std::future::Future<Output = T>) -> (T, f64, f64) {
+/// What the API server and etcd spent: CPU milliseconds each, and the API server's allocations
+/// in KiB (deterministic where its CPU is not: the garbage collector's cycles land in one batch
+/// or another, and what they cost follows what was allocated).
+#[derive(Clone, Copy, Default)]
+struct Cost {
+    apiserver_ms: f64,
+    etcd_ms: f64,
+    allocated_kib: f64,
+}
+
+impl Cost {
+    fn scaled(self, by: f64) -> Cost {
+        Cost {
+            apiserver_ms: self.apiserver_ms * by,
+            etcd_ms: self.etcd_ms * by,
+            allocated_kib: self.allocated_kib * by,
+        }
+    }
+}
+
+/// What the API server and etcd do unasked, per second, and what reading the API server's
+/// allocations allocates (its answer is encoded after the figure is read).
+#[derive(Clone, Copy, Default)]
+struct Idle {
+    per_second: Cost,
+    scrape_kib: f64,
+}
+
+/// KiB the API server has allocated since it started (Go's count, from its metrics).
+async fn allocated_kib(client: &Client) -> f64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).expect("a GET");
+    let text = client.request_text(request).await.expect("the API server's metrics");
+    let bytes: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("go_memstats_alloc_bytes_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("go_memstats_alloc_bytes_total");
+    bytes / 1024.0
+}
+
+/// What `during` cost, less what would have been spent idle in that time.
+async fn cost_of<T>(client: &Client, idle: Idle, during: impl std::future::Future<Output = T>) -> (T, Cost) {
+    let allocated = allocated_kib(client).await;
     let before = components_cpu();
     let t = Instant::now();
     let out = during.await;
@@ -500,8 +542,15 @@ async fn cpu_of<T>(idle: (f64, f64), during: impl std::future::Future<Output = T
     tokio::time::sleep(Duration::from_millis(200)).await;
     let elapsed = t.elapsed().as_secs_f64();
     let after = components_cpu();
-    let spent = |c: &str| after.get(c).copied().unwrap_or(0.0) - before.get(c).copied().unwrap_or(0.0);
-    (out, spent("kube-apiserver") - idle.0 * elapsed, spent("etcd") - idle.1 * elapsed)
+    let allocated = allocated_kib(client).await - allocated - idle.scrape_kib;
+    let spent = |c: &str| (after.get(c).copied().unwrap_or(0.0) - before.get(c).copied().unwrap_or(0.0)) * 1000.0;
+    let idle = idle.per_second.scaled(elapsed);
+    let cost = Cost {
+        apiserver_ms: spent("kube-apiserver") - idle.apiserver_ms,
+        etcd_ms: spent("etcd") - idle.etcd_ms,
+        allocated_kib: allocated - idle.allocated_kib,
+    };
+    (out, cost)
 }
 
 /// Wait until no namespace is being deleted (an earlier run's thousands of objects being
@@ -521,11 +570,14 @@ async fn quiet() {
     .await;
 }
 
-/// The API server's and etcd's CPU seconds per second while nothing is written.
-async fn idle_rate() -> (f64, f64) {
-    let (_, a, e) = cpu_of((0.0, 0.0), tokio::time::sleep(Duration::from_secs(10))).await;
-    let secs = 10.2;
-    (a / secs, e / secs)
+/// What the API server and etcd spend while nothing is written.
+async fn idle(client: &Client) -> Idle {
+    let first = allocated_kib(client).await;
+    let scrape_kib = allocated_kib(client).await - first;
+    let t = Instant::now();
+    let ((), cost) =
+        cost_of(client, Idle { scrape_kib, ..Idle::default() }, tokio::time::sleep(Duration::from_secs(10))).await;
+    Idle { per_second: cost.scaled(1.0 / t.elapsed().as_secs_f64()), scrape_kib }
 }
 
 #[tokio::test]
@@ -613,7 +665,7 @@ async fn status_write_cost() {
         let mut run = Run { variant, api, targets, rounds: Vec::new(), order: runs.len() };
         // The first status, as the operator's `Creating`; not timed.
         run.write_all(&client, 0).await;
-        if run.variant.one_manager {
+        if run.variant.no_managed_fields {
             for t in &run.targets {
                 let clear = json!({"metadata": {"managedFields": [{}]}});
                 run.api
@@ -621,12 +673,11 @@ async fn status_write_cost() {
                     .await
                     .expect("clearing managedFields");
             }
-            // The spec's apply left no entry now; the status writer's comes back with the next write.
         }
         runs.push(run);
     }
 
-    let idle_before = idle_rate().await;
+    let idle_before = idle(&client).await;
     eprintln!("timing {rounds} rounds of writes");
     for round in 0..rounds {
         // Each round starts one variant later, so none is always timed right after another.
@@ -634,18 +685,17 @@ async fn status_write_cost() {
         runs.rotate_left(usize::from(n > 0));
         for run in &mut runs {
             let which = (round + 1) % 2;
-            let ((), apiserver, etcd) = cpu_of(idle_before, run.write_all(&client, which)).await;
-            let per = |s: f64| s * 1000.0 / run.targets.len().max(1) as f64;
-            run.rounds.push((per(apiserver), per(etcd)));
+            let ((), cost) = cost_of(&client, idle_before, run.write_all(&client, which)).await;
+            run.rounds.push(cost.scaled(1.0 / run.targets.len().max(1) as f64));
         }
     }
-    let idle_after = idle_rate().await;
+    let idle_after = idle(&client).await;
     runs.sort_by_key(|r| r.order);
 
     let mut table = format!(
         "\n## Status writes ({k} objects per variant, {rounds} rounds, {IN_FLIGHT} in flight)\n\n\
-         | variant | write | object bytes (without managedFields) | status bytes | kube-apiserver CPU per write, mean (rounds' range) | etcd CPU per write, mean |\n\
-         |---|---|---|---|---|---|\n"
+         | variant | write | object bytes (without managedFields) | status bytes | kube-apiserver CPU per write, mean (rounds' range) | its allocations per write | etcd CPU per write |\n\
+         |---|---|---|---|---|---|---|\n"
     );
     for run in &runs {
         let url = match run.variant.kind {
@@ -655,27 +705,28 @@ async fn status_write_cost() {
         let (whole, bare, status) = sizes(&client, &url, &run.targets[0].name).await;
         // The mean, not the median: the API server's garbage collection comes in cycles a round
         // may or may not catch, and it is part of what the writes cost.
-        let mean = |f: fn(&(f64, f64)) -> f64| run.rounds.iter().map(f).sum::<f64>() / run.rounds.len().max(1) as f64;
-        let spread = |f: fn(&(f64, f64)) -> f64| {
-            let v: Vec<f64> = run.rounds.iter().map(f).collect();
-            let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
-            format!("{lo:.2}–{hi:.2}")
-        };
+        let mean = |f: fn(&Cost) -> f64| run.rounds.iter().map(f).sum::<f64>() / run.rounds.len().max(1) as f64;
+        let (lo, hi) = run
+            .rounds
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(r.apiserver_ms), hi.max(r.apiserver_ms)));
         table.push_str(&format!(
-            "| {} | {} | {whole} ({bare}) | {status} | {:.2} ms ({}) | {:.2} ms |\n",
+            "| {} | {} | {whole} ({bare}) | {status} | {:.2} ms ({lo:.2}–{hi:.2}) | {:.0} KiB | {:.2} ms |\n",
             run.variant.name,
             run.variant.method.describe(),
-            mean(|r| r.0),
-            spread(|r| r.0),
-            mean(|r| r.1),
+            mean(|r| r.apiserver_ms),
+            mean(|r| r.allocated_kib),
+            mean(|r| r.etcd_ms),
         ));
     }
     table.push_str(&format!(
-        "\nIdle, subtracted: kube-apiserver {:.1} and {:.1} ms/s, etcd {:.1} and {:.1} ms/s (before and after).\n",
-        idle_before.0 * 1000.0,
-        idle_after.0 * 1000.0,
-        idle_before.1 * 1000.0,
-        idle_after.1 * 1000.0
+        "\nIdle, subtracted: kube-apiserver {:.1} and {:.1} ms/s, {:.0} and {:.0} KiB/s; etcd {:.1} and {:.1} ms/s (before and after).\n",
+        idle_before.per_second.apiserver_ms,
+        idle_after.per_second.apiserver_ms,
+        idle_before.per_second.allocated_kib,
+        idle_after.per_second.allocated_kib,
+        idle_before.per_second.etcd_ms,
+        idle_after.per_second.etcd_ms,
     ));
     stopped.start();
     drop(trimmed);
