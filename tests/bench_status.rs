@@ -11,7 +11,7 @@
 //! server's and etcd's CPU over each batch, and the API server's allocations (its Go runtime's
 //! count, from its metrics), less what they spend idle meanwhile, are per write that round; the
 //! table gives each variant's mean over the rounds and their range (garbage collection cycles
-//! and a shared machine make rounds differ; the allocations do not). kube-controller-manager is
+//! and a shared machine make rounds differ; the allocations much less). kube-controller-manager is
 //! stopped while writes are timed, so nothing else writes; no operator may run.
 //! MW_BENCH_STATUS_ONLY (comma-separated variant names) runs some variants only. The table goes
 //! to target/bench/status.md and is printed.
@@ -540,8 +540,9 @@ async fn sizes(client: &Client, url: &str, name: &str) -> (usize, usize, usize) 
 }
 
 /// What the API server and etcd spent: CPU milliseconds each, and the API server's allocations
-/// in KiB (deterministic where its CPU is not: the garbage collector's cycles land in one batch
-/// or another, and what they cost follows what was allocated).
+/// in KiB (steadier than its CPU: the garbage collector's cycles land in one batch or another,
+/// and what they cost follows what was allocated; the API server's own background work still
+/// adds some).
 #[derive(Clone, Copy, Default)]
 struct Cost {
     apiserver_ms: f64,
