@@ -8,7 +8,14 @@
 # 1. The bridge (MW_BENCH_BRIDGE=0 skips it): MW_BENCH_BRIDGE_ROWS (10,000) Manager rows in
 #    PostgreSQL → first sync, a full resync with nothing to do, row change → CR applied
 #    (tests/bench_bridge.rs). The operator is not running meanwhile.
-# 2. The operator against the floor (tests/bench_operator.rs), on a control plane whose
+# 2. Status writes (tests/bench_status.rs; MW_BENCH_STATUS=0 skips it): the API server's and
+#    etcd's CPU per status write, the operator's JSON patch of a ManagedWorkload's status beside
+#    kube-controller-manager's Deployment status update and beside variants that change one
+#    thing each (merge patch, PUT, server-side apply; fewer conditions; no managed fields; a
+#    copy of the CRD without descriptions, CEL rules, status schema or any schema, or with the
+#    status tracked field by field), 300 objects each, 5 rounds, kube-controller-manager
+#    stopped meanwhile. No operator runs.
+# 3. The operator against the floor (tests/bench_operator.rs), on a control plane whose
 #    kube-controller-manager and kube-scheduler have no client-side rate limit
 #    (MW_CP_UNLIMITED_QPS=1): N = 100 and 1000 (MW_BENCH_5000=1 adds 5000; MW_BENCH_SIZES=100,
 #    any list) ManagedWorkloads
@@ -21,8 +28,8 @@
 #    MW_BENCH_VOLUME_EACH=1 gives every workload of every size (and its floor) a volume too;
 #    MW_BENCH_SERVICE=0 leaves the Service out, MW_BENCH_VOLUMES=0 the 100 with a volume;
 #    MW_BENCH_FLOOR=0 skips the floor of each size (the memory slope with a volume each).
-#    MW_BENCH_OPERATOR=0 skips 2 and 3 (the bridge alone).
-# 3. The same convergence at N = 1000 with the control plane's default rate limits
+#    MW_BENCH_OPERATOR=0 skips 3 and 4 (the bridge and the status writes alone).
+# 4. The same convergence at N = 1000 with the control plane's default rate limits
 #    (MW_BENCH_DEFAULT_LIMITS=0 skips it).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -51,7 +58,7 @@ rm -f "$OUT"/*.md "$OUT"/*.json
 bash "$HERE/ensure-tools.sh"
 cargo build --release --locked --bin mw-operator
 # Build the benchmark binaries once, before anything is timed.
-cargo test --release --locked --no-run --test bench_bridge --test bench_operator --test heap 2>&1 | tail -1
+cargo test --release --locked --no-run --test bench_bridge --test bench_operator --test bench_status --test heap 2>&1 | tail -1
 # 0. Heap accounting: what the caches keep per workload, kind by kind (tests/heap.rs).
 cargo test --release --locked --test heap -- --nocapture 2>/dev/null | grep '^heap' | tee "$OUT/heap.md"
 
@@ -107,6 +114,15 @@ if [ "${MW_BENCH_BRIDGE:-1}" != 0 ]; then
   while "${K[@]}" get namespaces -o name | grep -q 'bench-bridge'; do sleep 1; done
 fi
 
+if [ "${MW_BENCH_STATUS:-1}" != 0 ]; then
+  echo "== status writes: the operator's, kube-controller-manager's and variants"
+  bench_test bench_status
+  cat "$OUT/status.md"
+  # Its objects and the copies of the CRD are being deleted; nothing is timed until they are gone.
+  while "${K[@]}" get namespaces -o name | grep -q 't-status-'; do sleep 1; done
+  while "${K[@]}" get crd -o name | grep -q 'statusbench.test'; do sleep 1; done
+fi
+
 if [ "${MW_BENCH_OPERATOR:-1}" != 0 ]; then
   sizes="100,1000"; [ "${MW_BENCH_5000:-0}" = 0 ] || sizes="100,1000,5000"
   sizes=${MW_BENCH_SIZES:-$sizes}
@@ -123,7 +139,7 @@ fi
 
 {
   echo "# make bench, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
-  for part in "$OUT"/heap.md "$OUT"/bridge.md "$OUT"/operator-*.md; do
+  for part in "$OUT"/heap.md "$OUT"/bridge.md "$OUT"/status.md "$OUT"/operator-*.md; do
     if [ -e "$part" ]; then cat "$part"; fi
   done
 } >"$OUT/summary.md"

@@ -80,4 +80,14 @@ mod tests {
         walk("", &schema["properties"]["status"], &mut undocumented);
         assert!(undocumented.is_empty(), "fields without a description: {undocumented:?}");
     }
+
+    #[test]
+    fn the_status_is_one_value_for_field_tracking() {
+        // The operator's managedFields entry is `f:status` alone (resource.rs says why); the
+        // conditions are still a list keyed by type.
+        let crd = serde_json::to_value(ManagedWorkload::crd()).unwrap();
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+        assert_eq!(status["x-kubernetes-map-type"], "atomic");
+        assert_eq!(status["properties"]["conditions"]["x-kubernetes-list-map-keys"], serde_json::json!(["type"]));
+    }
 }

@@ -1109,6 +1109,11 @@ pub struct ExecAction {
 /// Observed state of a ManagedWorkload, written only by the operator.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+// One value for the API server's field tracking: the operator sets the status whole, and is its
+// only writer, so its managedFields entry is `f:status` alone instead of every field of every
+// condition, which the API server converts and compares on each status write
+// (docs/performance.md, "What a status write costs").
+#[schemars(extend("x-kubernetes-map-type" = "atomic"))]
 pub struct ManagedWorkloadStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
