@@ -31,6 +31,13 @@
 #    MW_BENCH_OPERATOR=0 skips 3 and 4 (the bridge and the status writes alone).
 # 4. The same convergence at N = 1000 with the control plane's default rate limits
 #    (MW_BENCH_DEFAULT_LIMITS=0 skips it).
+# 5. Manager's container list (MW_BENCH_MANAGER=0 skips it): hack/manager-e2e.sh's pages suite
+#    (integrations/manager/e2e/pages.bench.js) on a control plane of its own with the operator
+#    running: 100, then 1,000 containers made through Manager's API on a kubernetes node and on
+#    a dummy node, GET /api/v1/sites/:id/containers timed on both (p50, p99), the provider's
+#    requests per list (audit log), the API server's CPU per list, the Manager server's RSS.
+#    Not run (a line says so) without Manager's tree (MANAGER_SRC), or without root (the dummy
+#    node's registry listens on port 443).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -63,7 +70,7 @@ cargo test --release --locked --no-run --test bench_bridge --test bench_operator
 cargo test --release --locked --test heap -- --nocapture 2>/dev/null | grep '^heap' | tee "$OUT/heap.md"
 
 cleanup() {
-  for name in bench bench-default; do bash "$CP" down "$name" >/dev/null 2>&1 || true; done
+  for name in bench bench-default bench-manager; do bash "$CP" down "$name" >/dev/null 2>&1 || true; done
   bash "$HERE/postgres.sh" down bench >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -137,9 +144,25 @@ if [ "${MW_BENCH_OPERATOR:-1}" != 0 ] && [ "${MW_BENCH_DEFAULT_LIMITS:-1}" != 0 
   operator_bench bench-default default-limits 1000 0
 fi
 
+if [ "${MW_BENCH_MANAGER:-1}" != 0 ]; then
+  echo "== Manager's container list: a kubernetes node against a dummy node"
+  control_plane bench-manager
+  bash "$CP" start-operator bench-manager "$REPO/target/release/mw-operator" >/dev/null
+  rc=0
+  MW_TEST_KUBECONFIG="$KCFG" MW_TEST_LOG_DIR="$LOGS" MW_TEST_CLUSTER=bench-manager MW_MANAGER_E2E_PG=bench-manager \
+    MW_MANAGER_E2E_SUITES=pages MW_BENCH_OUT="$OUT/manager-pages.md" \
+    bash "$HERE/manager-e2e.sh" >"$OUT/manager-pages.log" 2>&1 || rc=$?
+  case $rc in
+    0) cat "$OUT/manager-pages.md" ;;
+    3) tail -n 1 "$OUT/manager-pages.log" ;;
+    *) tail -n 40 "$OUT/manager-pages.log" >&2; echo "the Manager part failed; full output in $OUT/manager-pages.log" >&2; exit 1 ;;
+  esac
+  bash "$CP" down bench-manager >/dev/null 2>&1 || true
+fi
+
 {
   echo "# make bench, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
-  for part in "$OUT"/heap.md "$OUT"/bridge.md "$OUT"/status.md "$OUT"/operator-*.md; do
+  for part in "$OUT"/heap.md "$OUT"/bridge.md "$OUT"/status.md "$OUT"/operator-*.md "$OUT"/manager-pages.md; do
     if [ -e "$part" ]; then cat "$part"; fi
   done
 } >"$OUT/summary.md"

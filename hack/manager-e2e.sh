@@ -6,7 +6,10 @@
 # would, then, on a fresh database, integrations/manager/e2e/ui.e2e.js, which drives Manager's
 # web UI in a headless Chromium (Debian's /usr/bin/chromium, through playwright-core), and, on
 # another, integrations/manager/e2e/agent.e2e.js, which reaches containers on the real node
-# through Manager's agent (its image: hack/systemd-image.sh agent).
+# through Manager's agent (its image: hack/systemd-image.sh agent). The "pages" suite, asked for
+# by name only, is a benchmark: integrations/manager/e2e/pages.bench.js times Manager's container
+# list with 100 and 1,000 containers on a kubernetes node against a dummy node (`make bench`
+# runs it; docs/performance.md).
 #
 #   MW_TEST_KUBECONFIG=<admin kubeconfig> hack/manager-e2e.sh
 #
@@ -15,12 +18,18 @@
 #   MANAGER_SRC        Manager's tree (default: ../shared/manager/opensource-server beside the repo)
 #   MW_MANAGER_E2E_PG  the PostgreSQL's name for hack/postgres.sh (default: manager-e2e)
 #   MW_MANAGER_E2E_KEEP=1  keep the work directory and its logs
-#   MW_MANAGER_E2E_SUITES  which suites: "rest ui agent" (the default), or any of them
+#   MW_MANAGER_E2E_SUITES  which suites: "rest ui agent" (the default), or any of them, or "pages"
+#   MW_BENCH_PAGES_SIZES, MW_BENCH_PAGES_LISTS, MW_BENCH_PAGES_CONCURRENCY, MW_BENCH_OUT  the
+#                      pages benchmark's sizes (100,1000), lists per node and size (100), create
+#                      jobs in flight (8), and where its Markdown table goes (and .json beside it)
 #   MW_TEST_REAL_NODE=1 and MW_TEST_CLUSTER (default: test): the control plane's real node, for
 #                      the real-node cases and the agent suite (which skips itself without one)
 #   MW_CHROMIUM        the browser for the UI suite (default: /usr/bin/chromium; hack/ensure-tools.sh)
-# Exit status: 0 passed, 1 failed, 3 not run (no Manager tree at MANAGER_SRC: CI reports that
-# as "not run", never as passed).
+#   MW_TEST_LOG_DIR    the control plane's logs, where the pages benchmark reads the audit log
+#                      (default: `hack/controlplane.sh log-dir $MW_TEST_CLUSTER`); it reads the
+#                      API server's PID beside MW_TEST_KUBECONFIG, as hack/controlplane.sh keeps it
+# Exit status: 0 passed, 1 failed, 3 not run (no Manager tree at MANAGER_SRC, or the pages
+# benchmark without root: CI reports that as "not run", never as passed).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -40,6 +49,14 @@ case " $SUITES " in
     [ -x "$CHROMIUM" ] || { echo "manager-e2e: no browser at MW_CHROMIUM=$CHROMIUM (hack/ensure-tools.sh installs Debian's chromium)" >&2; exit 1; }
     [ -d "$REPO/integrations/manager/node_modules/playwright-core" ] ||
       { echo "manager-e2e: run \`npm ci\` in integrations/manager (playwright-core)" >&2; exit 1; } ;;
+esac
+case " $SUITES " in
+  *" pages "*)
+    # The dummy node's registry (pages.bench.js) listens on port 443: its image's host has no port.
+    if [ "$(id -u)" != 0 ]; then
+      echo "manager-e2e: NOT RUN: the pages benchmark serves a registry on localhost:443, which needs root"
+      exit "$NOT_RUN"
+    fi ;;
 esac
 PATCH="$REPO/integrations/manager/patches/manager-v2026.7.4.patch"
 AGENT_SUITE=
@@ -107,10 +124,22 @@ http.Server.prototype.listen = function (port, ...rest) {
   return listen.call(this, Number(process.env.MANAGER_PORT), '127.0.0.1', ...rest);
 };
 EOF
+# The pages benchmark's dummy node looks its image up in a registry over HTTPS: the benchmark
+# serves one on localhost:443 with this certificate, which Manager's jobs trust.
+REGISTRY_ENV=()
+case " $SUITES " in
+  *" pages "*)
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost \
+      -addext 'subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1' \
+      -keyout "$WORK/registry.key" -out "$WORK/registry.crt" 2>/dev/null
+    REGISTRY_ENV=(NODE_EXTRA_CA_CERTS="$WORK/registry.crt") ;;
+esac
 # Manager on a database of its own (each suite starts with no users: its first one to register
-# is the administrator), its logs in $WORK/NAME.
+# is the administrator), its logs in $WORK/NAME. The job runner claims a job per poll: the
+# pages benchmark's thousands of create jobs get a shorter poll.
 start_manager() {
-  local name=$1
+  local name=$1 poll=500
+  [ "$name" = pages ] && poll=100
   DB="cluster_manager_$name"
   LOGS="$WORK/$name"
   mkdir -p "$LOGS"
@@ -123,7 +152,7 @@ POSTGRES_PORT=$PG_PORT
 POSTGRES_USER=mw
 POSTGRES_PASSWORD=$(cat "$(bash "$HERE/postgres.sh" password-file "$PG")")
 POSTGRES_DATABASE=$DB
-JOB_RUNNER_POLL_MS=500
+JOB_RUNNER_POLL_MS=$poll
 MW_ROOTFS_STORAGE_CLASS=$STORAGE_CLASS
 # Manager's default container (4 cores, 4 GiB) requests a tenth of that: the real node has
 # 2 cores (its test asks for the default), as an administrator over-commits a small cluster.
@@ -142,7 +171,7 @@ EOF
   done
   [ -n "$up" ] || { log "server.js did not answer within 2 minutes"; cat "$LOGS/server.log" >&2; exit 1; }
   # The job runner after the server: the server applies the migrations.
-  (cd "$APP" && exec node job-runner.js >"$LOGS/job-runner.log" 2>&1) &
+  (cd "$APP" && exec env "${REGISTRY_ENV[@]}" node job-runner.js >"$LOGS/job-runner.log" 2>&1) &
   PIDS+=($!)
 }
 stop_manager() {
@@ -157,7 +186,8 @@ for suite in $SUITES; do
     rest) file=manager.e2e.js ;;
     ui) file=ui.e2e.js ;;
     agent) file=agent.e2e.js ;;
-    *) log "unknown suite '$suite' (MW_MANAGER_E2E_SUITES: rest, ui, agent)"; exit 1 ;;
+    pages) file=pages.bench.js ;;
+    *) log "unknown suite '$suite' (MW_MANAGER_E2E_SUITES: rest, ui, agent, pages)"; exit 1 ;;
   esac
   start_manager "$suite"
   AGENT_MANAGER_URL=
@@ -167,6 +197,18 @@ for suite in $SUITES; do
     bash "$HERE/controlplane.sh" node-import "$CLUSTER" "$(cat "$WORK/agent-image.path")"
     # The agent's Pod reaches this loopback-only Manager at the node's bridge address.
     AGENT_MANAGER_URL="http://$(bash "$HERE/controlplane.sh" node-expose "$CLUSTER" "$PORT")"
+  fi
+  if [ "$suite" = pages ]; then
+    # A benchmark, not a test: it prints its figures. The server's PID is the provider's
+    # process; the API server's PID and audit log are the control plane's.
+    log "the pages benchmark (node e2e/$file)"
+    MANAGER_URL="http://127.0.0.1:$PORT" MANAGER_LOGS="$LOGS" MANAGER_PID="${PIDS[0]}" MW_E2E_STORAGE_CLASS="$STORAGE_CLASS" \
+      MW_BENCH_AUDIT_DIR="${MW_TEST_LOG_DIR:-$(bash "$HERE/controlplane.sh" log-dir "$CLUSTER")}" \
+      MW_BENCH_APISERVER_PID_FILE="$(dirname "$MW_TEST_KUBECONFIG")/pids/kube-apiserver.pid" \
+      MW_BENCH_REGISTRY_KEY="$WORK/registry.key" MW_BENCH_REGISTRY_CERT="$WORK/registry.crt" \
+      node "$REPO/integrations/manager/e2e/$file" || failed=1
+    stop_manager
+    continue
   fi
   log "the $suite suite (node --test e2e/$file)"
   MANAGER_URL="http://127.0.0.1:$PORT" MANAGER_LOGS="$LOGS" MW_E2E_STORAGE_CLASS="$STORAGE_CLASS" MW_CHROMIUM="$CHROMIUM" \

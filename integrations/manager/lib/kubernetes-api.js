@@ -13,6 +13,7 @@ const net = require('net');
 const k8s = require('@kubernetes/client-node');
 const m = require('./mapping');
 const { KubeconfigError, loadKubeConfig, redact } = require('./kubeconfig');
+const { WorkloadCache } = require('./workload-cache');
 
 const MERGE_PATCH = k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch);
 const DELETE_TIMEOUT_MS = 60_000;
@@ -56,11 +57,7 @@ function explain(err, what, secrets = []) {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-/** The condition of `type` when it was computed for `generation` or later. */
-function conditionAt(mw, type, generation) {
-  if ((mw.status?.observedGeneration ?? -1) < generation) return undefined;
-  return (mw.status.conditions || []).find((c) => c.type === type && (c.observedGeneration ?? -1) >= generation);
-}
+const { conditionAt } = m;
 
 /**
  * The address Manager stores for a workload: `status.address`, unless it is longer than
@@ -617,35 +614,34 @@ class KubernetesApi {
    * This node's workloads, as Manager's status resolver reads a Proxmox cluster snapshot:
    * `vmid` the provider id; `status` running/stopped; `managerStatus` the word Manager shows
    * (creating, running, offline, failed) and `reason` why, from the operator's conditions.
+   * Manager asks on every read of its containers: the answer comes from the node's table, one
+   * list kept current by a watch (lib/workload-cache.js), not from a list each time.
    */
   async clusterResources(type = null) {
     if (type && type !== 'lxc') return [];
-    let list;
+    const labelSelector = `${m.NODE_ID_LABEL}=${this.node.id},${m.PROVIDER_LABEL}=${m.PROVIDER_VALUE}`;
+    const key = WorkloadCache.key(this.node.id, this.namespace, labelSelector, this.kc);
+    const items = await WorkloadCache.read(key, () => ({
+      kc: this.kc,
+      namespace: this.namespace,
+      labelSelector,
+      list: () => this.#listWorkloads(labelSelector),
+    }));
+    return items.map((item) => ({ ...item, node: this.node.name }));
+  }
+
+  async #listWorkloads(labelSelector) {
     try {
-      list = await this.custom.listNamespacedCustomObject({
+      return await this.custom.listNamespacedCustomObject({
         group: m.GROUP,
         version: m.VERSION,
         plural: m.PLURAL,
         namespace: this.namespace,
-        labelSelector: `${m.NODE_ID_LABEL}=${this.node.id},${m.PROVIDER_LABEL}=${m.PROVIDER_VALUE}`,
+        labelSelector,
       });
     } catch (err) {
       throw this.#explain(err, `listing ${this.namespace}'s workloads`);
     }
-    return list.items.map((mw) => {
-      const managerStatus = m.managerStatus(mw);
-      const generation = mw.metadata.generation;
-      const cause = conditionAt(mw, 'Stalled', generation)?.status === 'True' ? conditionAt(mw, 'Stalled', generation) : conditionAt(mw, 'Reconciling', generation);
-      return {
-        vmid: `${mw.metadata.namespace}/${mw.metadata.name}`,
-        name: mw.metadata.name,
-        type: 'lxc',
-        status: managerStatus === 'running' ? 'running' : 'stopped',
-        managerStatus,
-        reason: cause?.status === 'True' ? cause.reason : null,
-        node: this.node.name,
-      };
-    });
   }
 }
 

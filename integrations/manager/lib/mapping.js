@@ -503,6 +503,12 @@ function managerStatus(mw) {
   }
 }
 
+/** The workload's condition of `type` when it was computed for `generation` or later. */
+function conditionAt(mw, type, generation) {
+  if ((mw.status?.observedGeneration ?? -1) < generation) return undefined;
+  return (mw.status.conditions || []).find((c) => c.type === type && (c.observedGeneration ?? -1) >= generation);
+}
+
 /** "namespace/name" → {namespace, name}. */
 function parseProviderId(providerId) {
   const parts = String(providerId).split('/');
@@ -563,6 +569,7 @@ module.exports = {
   portFields,
   labels,
   managerStatus,
+  conditionAt,
   parseProviderId,
   taskId,
   parseTaskId,

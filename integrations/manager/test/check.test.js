@@ -103,7 +103,7 @@ describe('checkNode against a fake API server', () => {
     state.asked.length = 0;
     await checkNode(node, { kubeconfig: kubeconfig(url), env: ENV });
     const asked = state.asked.map((a) => `${a.namespace} ${a.group}/${a.resource} ${a.verb}`).sort();
-    const workloads = ['create', 'delete', 'get', 'list', 'patch', 'update'].map((v) => `apps opensource-server.mieweb.org/managedworkloads ${v}`);
+    const workloads = ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch'].map((v) => `apps opensource-server.mieweb.org/managedworkloads ${v}`);
     const secrets = ['create', 'get', 'update'].map((v) => `apps /secrets ${v}`);
     assert.deepEqual(asked, [...secrets, ...workloads].sort());
   });

@@ -20,6 +20,10 @@ if (!kubeconfigPath) {
   process.exit(2);
 }
 
+/** Wait until `read()`'s managerStatus words are `words`. */
+const shown = (what, read, words) =>
+  waitUntil(`clusterResources to show ${what}`, async () => (await read()).map((r) => r.managerStatus), (got) => JSON.stringify(got) === JSON.stringify(words), 10_000);
+
 // Manager's own rootfs regex (bin/create-container.js parseRootfsSizeGb).
 const rootfsSizeGb = (rootfs) => Number(/size=(\d+(?:\.\d+)?)([TGMK])?/i.exec(rootfs)[1]);
 
@@ -148,11 +152,13 @@ describe('KubernetesApi as Manager calls it', () => {
     await api.waitForTask(node.name, await api.stopLxc(node.name, providerId), 200, 60_000);
     assert.equal((await api.getLxcStatus(node.name, providerId)).status, 'stopped');
     assert.equal(await api.getLxcIpAddress(node.name, providerId), null);
-    assert.deepEqual((await api.clusterResources('lxc')).map((r) => r.managerStatus), ['offline']);
+    // Manager's pages read clusterResources from the node's table, which the watch brings up to
+    // date a moment after the write waitForTask saw.
+    await shown('offline', () => api.clusterResources('lxc'), ['offline']);
     assert.deepEqual(await cluster.pods('web'), []);
     await api.waitForTask(node.name, await api.startLxc(node.name, providerId), 200, 60_000);
     assert.equal((await api.getLxcStatus(node.name, providerId)).status, 'running');
-    assert.deepEqual((await api.clusterResources('lxc')).map((r) => r.managerStatus), ['running']);
+    await shown('running', () => api.clusterResources('lxc'), ['running']);
   });
 
   test('waitForTask fails with the workload’s reason, never a bare timeout', async () => {
@@ -163,9 +169,11 @@ describe('KubernetesApi as Manager calls it', () => {
       assert.match(err.message, /bad-image failed: ImagePullBackOff/);
       return true;
     });
-    assert.deepEqual(
-      (await api.clusterResources('lxc')).filter((r) => r.name === 'bad-image').map((r) => [r.managerStatus, r.reason]),
-      [['failed', 'ImagePullBackOff']],
+    await waitUntil(
+      'clusterResources to show it failed',
+      async () => (await api.clusterResources('lxc')).filter((r) => r.name === 'bad-image').map((r) => [r.managerStatus, r.reason]),
+      (rows) => JSON.stringify(rows) === JSON.stringify([['failed', 'ImagePullBackOff']]),
+      10_000,
     );
     // No node can host it: a wait, and the limit says what it waits on.
     const huge = await create('huge', { containerId: 104, cores: 5000, services: [] });
@@ -206,7 +214,8 @@ describe('KubernetesApi as Manager calls it', () => {
     const after = await cluster.workload('bridged');
     assert.equal(after.metadata.generation, 1, 'unchanged');
     assert.equal(await cluster.secret('bridged-manager-env'), null, 'no Secret written for it');
-    assert.deepEqual((await api.clusterResources('lxc')).map((r) => r.name), ['web'], 'not listed as Manager’s');
+    // Not listed as Manager's (and the containers the test before deleted gone from the table).
+    await waitUntil('clusterResources to list web alone', async () => (await api.clusterResources('lxc')).map((r) => r.name), (names) => names.join() === 'web', 10_000);
   });
 
   test('a node moved from the bridge: the same workload, no new generation, no rollout', async () => {

@@ -24,13 +24,20 @@ async function waitUntil(what, read, done, timeoutMs = 60_000) {
   }
 }
 
+/** `fn` on each of `items`, `width` at a time. */
+async function inBatches(items, fn, width = 16) {
+  for (let i = 0; i < items.length; i += width) await Promise.all(items.slice(i, i + width).map(fn));
+}
+
 class Cluster {
   /**
    * `storageClass`: the class's name when Manager's env must name it before it exists (two
    * clusters may share one: the first makes it). `realNode`: every Pod of the namespace goes
    * to the real node (its PodNodeSelector and PodTolerationRestriction annotations).
+   * `namespace`: this name instead of one made from `prefix` (the pages benchmark's, which the
+   * audit policy names).
    */
-  constructor(kubeconfigPath, prefix, { storageClass, capacity = '5Gi', realNode = false } = {}) {
+  constructor(kubeconfigPath, prefix, { storageClass, capacity = '5Gi', realNode = false, namespace } = {}) {
     this.kc = new k8s.KubeConfig();
     this.kc.loadFromFile(kubeconfigPath);
     this.core = this.kc.makeApiClient(k8s.CoreV1Api);
@@ -38,7 +45,7 @@ class Cluster {
     this.apps = this.kc.makeApiClient(k8s.AppsV1Api);
     this.rbac = this.kc.makeApiClient(k8s.RbacAuthorizationV1Api);
     this.storage = this.kc.makeApiClient(k8s.StorageV1Api);
-    this.namespace = `${prefix}-${process.pid}-${Date.now() % 100000}`;
+    this.namespace = namespace || `${prefix}-${process.pid}-${Date.now() % 100000}`;
     this.class = storageClass || `${this.namespace}-sc`;
     this.capacity = capacity;
     this.realNode = realNode;
@@ -74,8 +81,25 @@ class Cluster {
           if (err.code !== 409) throw err;
         },
       );
-    for (let i = 0; i < volumes; i++) {
-      const name = `${this.namespace}-pv${i}`;
+    await this.addVolumes(volumes);
+    const role = k8s.loadYaml(fs.readFileSync(path.join(__dirname, '..', 'rbac', 'role.yaml'), 'utf8'));
+    await this.rbac.createNamespacedRole({ namespace: this.namespace, body: role });
+    await this.core.createNamespacedServiceAccount({ namespace: this.namespace, body: { metadata: { name: 'manager' } } });
+    await this.rbac.createNamespacedRoleBinding({
+      namespace: this.namespace,
+      body: {
+        metadata: { name: 'manager' },
+        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: 'manager' },
+        subjects: [{ kind: 'ServiceAccount', name: 'manager', namespace: this.namespace }],
+      },
+    });
+  }
+
+  /** `count` more volumes of the class, a few created at a time. */
+  async addVolumes(count) {
+    const labels = { 'mw-operator.test/suite': 'true' };
+    const names = Array.from({ length: count }, (_, i) => `${this.namespace}-pv${this.volumes.length + i}`);
+    await inBatches(names, async (name) => {
       await this.core.createPersistentVolume({
         body: {
           metadata: { name, labels },
@@ -89,17 +113,6 @@ class Cluster {
         },
       });
       this.volumes.push(name);
-    }
-    const role = k8s.loadYaml(fs.readFileSync(path.join(__dirname, '..', 'rbac', 'role.yaml'), 'utf8'));
-    await this.rbac.createNamespacedRole({ namespace: this.namespace, body: role });
-    await this.core.createNamespacedServiceAccount({ namespace: this.namespace, body: { metadata: { name: 'manager' } } });
-    await this.rbac.createNamespacedRoleBinding({
-      namespace: this.namespace,
-      body: {
-        metadata: { name: 'manager' },
-        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: 'manager' },
-        subjects: [{ kind: 'ServiceAccount', name: 'manager', namespace: this.namespace }],
-      },
     });
   }
 
@@ -169,9 +182,9 @@ class Cluster {
   async tearDown() {
     if (process.env.MW_TEST_KEEP_NAMESPACES) return;
     await this.core.deleteNamespace({ name: this.namespace }).catch(() => {});
-    for (const pv of this.volumes) await this.core.deletePersistentVolume({ name: pv }).catch(() => {});
+    await inBatches(this.volumes, (pv) => this.core.deletePersistentVolume({ name: pv }).catch(() => {}));
     if (this.ownsClass) await this.storage.deleteStorageClass({ name: this.class }).catch(() => {});
   }
 }
 
-module.exports = { Cluster, waitUntil, sleep };
+module.exports = { Cluster, waitUntil, sleep, inBatches };
