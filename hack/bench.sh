@@ -99,7 +99,6 @@ operator_bench() { # NAME LABEL SIZES FLIPS
   # again afterwards.
   MW_BENCH_OPERATOR_PIDFILE="$pid_file" MW_BENCH_LABEL=$2 MW_BENCH_SIZES=$3 MW_BENCH_FLIPS=$4 \
     MW_BENCH_STOP_CMD="bash $CP stop-operator $name" \
-    MW_BENCH_START_CMD="bash $HERE/bench.sh start-operator $name" \
     MW_BENCH_RESTART_CMD="bash $HERE/bench.sh start-operator $name" \
     bench_test bench_operator
   cat "$OUT/operator-$2.md"

@@ -17,7 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use mw_operator::operator::ownership::{FIELD_MANAGER, applied_hash};
@@ -26,7 +26,7 @@ use mw_operator::operator::{deployment, service, status_write};
 use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, ManagedWorkloadStatus, Phase};
 use mw_operator::write::Write;
 
-use super::{IN_FLIGHT, TestNamespace, deployment_available, each, ready_and_running, until_all};
+use super::{IN_FLIGHT, TestNamespace, deployment_available, each, ready_and_running, until_all, workload_body};
 
 /// Stands in for the UID the API server gives a workload, until it has given it.
 const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
@@ -49,8 +49,7 @@ pub struct Bodies {
 /// the objects it applies, and the statuses it derives for a new Deployment and then for an
 /// Available one (its Pod's IP aside: the one watch is on Deployments, not Pods).
 pub fn bodies(namespace: &str, name: &str, spec: Value) -> Bodies {
-    let workload = json!({"apiVersion": "opensource-server.mieweb.org/v1alpha1", "kind": "ManagedWorkload",
-                          "metadata": {"name": name}, "spec": spec.clone()});
+    let workload = workload_body(name, spec.clone());
     let spec: ManagedWorkloadSpec = serde_json::from_value(spec).expect("a valid spec");
     let mut mw = ManagedWorkload::new(name, spec);
     mw.metadata.namespace = Some(namespace.into());
