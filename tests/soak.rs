@@ -14,23 +14,35 @@
 //! asserted on wall time. It fails only on a wrong result: a change that never reached its
 //! phase, or a write at rest.
 //!
-//! MW_SOAK_N (5000), MW_SOAK_MINUTES (30), MW_SOAK_CHANGE_PERCENT (10) set its size.
+//! Its rate is what the control plane itself carries: `floor` (soak/floor.rs), run first by
+//! `make soak` on a control plane of its own, finds the highest rate at which the same N
+//! workloads as plain objects, with no operator, are all rolled out; the soak runs at that
+//! rate (MW_SOAK_FLOOR names the floor's report) and prints the two side by side.
+//!
+//! MW_SOAK_N (5000) and MW_SOAK_MINUTES (30) set its size; without a floor's report,
+//! MW_SOAK_CHANGE_PERCENT (10) sets the rate.
 
 mod support;
+#[path = "soak/floor.rs"]
+mod floor;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt::Debug;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use kube::{Api, ResourceExt};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource};
 use mw_operator::resource::{ManagedWorkload, Phase};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use support::audit;
 use support::controlplane::Stopped;
 use support::operator::{Operator, free_address, service_account_kubeconfig};
-use support::procfs::memory_kib;
+use support::procfs::{memory_kib, percentile};
 use support::storage::Storage;
 use support::workload::condition_current;
 use support::{TestNamespace, eventually};
@@ -39,6 +51,8 @@ const LEASE: &str = "mw-operator";
 const IN_FLIGHT: usize = 32;
 /// A change not carried out within this long counts as stuck.
 const STUCK_AFTER: Duration = Duration::from_secs(300);
+/// How often the soak looks at its copy of the workloads (and samples the leader's memory).
+const LOOK: Duration = Duration::from_millis(500);
 
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -57,9 +71,13 @@ struct Wanted {
     stopped: bool,
 }
 
+fn image(w: &Wanted) -> &'static str {
+    if w.image { "nginx:1.28" } else { "nginx:1.27" }
+}
+
 fn spec(i: usize, w: Wanted, class: &str) -> Value {
     let mut spec = json!({
-        "image": if w.image { "nginx:1.28" } else { "nginx:1.27" },
+        "image": image(&w),
         "env": [{"name": "REVISION", "value": w.revision.to_string()}],
         "state": if w.stopped { "Stopped" } else { "Running" },
         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
@@ -82,14 +100,39 @@ fn body(name: &str, spec: Value) -> Value {
            "metadata": {"name": name}, "spec": spec})
 }
 
-/// Apply, retrying through an API server outage.
-async fn apply(api: &Api<ManagedWorkload>, name: &str, spec: Value) {
-    let body = body(name, spec);
+/// Apply `body`, retrying through an API server outage.
+async fn apply<K: Clone + DeserializeOwned + Debug>(api: &Api<K>, name: &str, body: &Value) {
     let deadline = Instant::now() + Duration::from_secs(120);
-    while let Err(e) = api.patch(name, &PatchParams::apply("soak"), &Patch::Apply(&body)).await {
+    while let Err(e) = api.patch(name, &PatchParams::apply("soak"), &Patch::Apply(body)).await {
         assert!(Instant::now() < deadline, "applying {name}: {e}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Delete `name` (gone already counts), retrying through an API server outage.
+async fn delete<K: Clone + DeserializeOwned + Debug>(api: &Api<K>, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(status)) if status.code == 404 => return,
+            Err(e) => assert!(Instant::now() < deadline, "deleting {name}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A copy of every object of `api`'s kind, kept current by one watch (which rides out API
+/// server restarts), so seeing what is done costs the API server nothing per look. The watch
+/// stops when the handle is dropped.
+fn mirror<K>(api: Api<K>) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let watch = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+    let task = tokio::spawn(watch.for_each(|_| async {}));
+    (store, task)
 }
 
 /// Ready at its generation and in the phase asked for.
@@ -184,6 +227,39 @@ struct Pending {
     since: Instant,
 }
 
+/// This minute's changes: `per_minute` distinct workloads, none in `busy` (a change still
+/// pending), each changed in `wanted` (a stopped one is started, the others get a new image,
+/// a new env, a stop or a re-create).
+fn choose(rng: &mut Lcg, wanted: &mut [Wanted], busy: &HashSet<usize>, per_minute: usize) -> Vec<(usize, Change)> {
+    let n = wanted.len();
+    let mut chosen = BTreeSet::new();
+    while chosen.len() < per_minute.min(n - busy.len()) {
+        let i = rng.below(n);
+        if !busy.contains(&i) {
+            chosen.insert(i);
+        }
+    }
+    chosen
+        .into_iter()
+        .map(|i| {
+            let w = &mut wanted[i];
+            let change = if w.stopped {
+                Change::Start
+            } else {
+                [Change::Image, Change::Env, Change::Stop, Change::Recreate][rng.below(4)]
+            };
+            match change {
+                Change::Image => w.image = !w.image,
+                Change::Env => w.revision += 1,
+                Change::Stop => w.stopped = true,
+                Change::Start => w.stopped = false,
+                Change::Recreate => {}
+            }
+            (i, change)
+        })
+        .collect()
+}
+
 /// The two (then three) operators: each one's process and audit user.
 struct Replica {
     op: Operator,
@@ -217,7 +293,16 @@ async fn leads(r: &Replica) -> bool {
 async fn soak() {
     let n = knob("MW_SOAK_N", 5000);
     let minutes = knob("MW_SOAK_MINUTES", 30).max(3);
-    let per_minute = (n * knob("MW_SOAK_CHANGE_PERCENT", 10) / 100).max(1);
+    // The floor's capacity, when `make soak` measured it; else a share of N.
+    let floor: Option<floor::Capacity> = std::env::var("MW_SOAK_FLOOR").ok().map(|path| {
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    });
+    let per_minute = match &floor {
+        Some(floor) if floor.n == n && floor.per_minute > 0 => floor.per_minute,
+        Some(floor) => panic!("the floor measured {} workloads carrying {} changes a minute: no rate for {n}", floor.n, floor.per_minute),
+        None => (n * knob("MW_SOAK_CHANGE_PERCENT", 10) / 100).max(1),
+    };
     // The faults, at fixed fractions of the run: the leader killed at 1/6, the API server
     // restarted at 2/5 and 7/10; memory judged over the last two thirds.
     let kill_at = minutes / 6;
@@ -227,6 +312,8 @@ async fn soak() {
     let ns = TestNamespace::new("soak").await;
     let storage = Storage::new(&ns, n / 3 + 1, "1Gi").await;
     let workloads = ns.api::<ManagedWorkload>();
+    let (seen, _watch) = mirror(workloads.clone());
+    let workload = |i: usize| seen.get(&ObjectRef::new(&format!("w{i}")).within(&ns.name));
     let mut replicas = vec![replica(&ns, "soak-a").await];
     replicas[0].op.wait_leader(LEASE, Duration::from_secs(120)).await;
     replicas.push(replica(&ns, "soak-b").await);
@@ -235,24 +322,18 @@ async fn soak() {
     let t0 = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
-            let (api, spec) = (workloads.clone(), spec(i, wanted[i], &storage.class));
-            async move { apply(&api, &format!("w{i}"), spec).await }
+            let (api, name) = (workloads.clone(), format!("w{i}"));
+            let body = body(&name, spec(i, wanted[i], &storage.class));
+            async move { apply(&api, &name, &body).await }
         })
         .buffer_unordered(IN_FLIGHT)
         .collect::<Vec<()>>()
         .await;
-    let all_ready = |wanted: Vec<Wanted>| {
-        let api = workloads.clone();
-        async move {
-            let list = api.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
-            let by_name: HashMap<String, &ManagedWorkload> = list.items.iter().map(|m| (m.name_any(), m)).collect();
-            let waiting = (0..wanted.len())
-                .filter(|i| !by_name.get(&format!("w{i}")).is_some_and(|m| settled(m, &wanted[*i])))
-                .count();
-            if waiting == 0 { Ok(()) } else { Err(format!("{waiting} of {} not settled", wanted.len())) }
-        }
-    };
-    eventually(&format!("{n} workloads Ready"), Duration::from_secs(1800), || all_ready(wanted.clone())).await;
+    eventually(&format!("{n} workloads Ready"), Duration::from_secs(1800), || {
+        let waiting = (0..n).filter(|&i| !workload(i).is_some_and(|m| settled(&m, &wanted[i]))).count();
+        async move { if waiting == 0 { Ok(()) } else { Err(format!("{waiting} of {n} not settled")) } }
+    })
+    .await;
     eprintln!("soak: {n} workloads Ready after {:.0} s", t0.elapsed().as_secs_f64());
 
     let since = Timestamp::now();
@@ -263,7 +344,7 @@ async fn soak() {
     let mut pending: Vec<Pending> = Vec::new();
     // Each stuck change: its workload's number and where it waits.
     let mut stuck: Vec<(usize, String)> = Vec::new();
-    let mut latest_done = Duration::ZERO;
+    let mut took: Vec<f64> = Vec::new();
     let mut rss: Vec<(Duration, f64)> = Vec::new();
     let mut events: Vec<String> = Vec::new();
     let mut leader = 0;
@@ -329,71 +410,44 @@ async fn soak() {
         }
 
         // This minute's changes: distinct workloads, none with a change still pending.
-        let busy: std::collections::HashSet<usize> = pending.iter().map(|p| p.i).collect();
-        let mut chosen = std::collections::BTreeSet::new();
-        while chosen.len() < per_minute.min(n - busy.len()) {
-            let i = rng.below(n);
-            if !busy.contains(&i) {
-                chosen.insert(i);
-            }
-        }
-        let mut work = Vec::new();
-        for &i in &chosen {
-            let w = &mut wanted[i];
-            let change = if w.stopped {
-                Change::Start
-            } else {
-                [Change::Image, Change::Env, Change::Stop, Change::Recreate][rng.below(4)]
-            };
-            match change {
-                Change::Image => w.image = !w.image,
-                Change::Env => w.revision += 1,
-                Change::Stop => w.stopped = true,
-                Change::Start => w.stopped = false,
-                Change::Recreate => {}
-            }
-            *changes.entry(change).or_default() += 1;
+        let busy: HashSet<usize> = pending.iter().map(|p| p.i).collect();
+        let chosen = choose(&mut rng, &mut wanted, &busy, per_minute);
+        for (i, change) in &chosen {
+            *changes.entry(*change).or_default() += 1;
             *per_name.entry(format!("w{i}")).or_default() += 1;
-            work.push((i, change, spec(i, *w, &storage.class)));
         }
-        futures::stream::iter(work)
-            .map(|(i, change, spec)| {
-                let api = workloads.clone();
+        let now = Instant::now();
+        futures::stream::iter(&chosen)
+            .map(|&(i, change)| {
+                let (api, name) = (workloads.clone(), format!("w{i}"));
+                let body = body(&name, spec(i, wanted[i], &storage.class));
                 async move {
-                    let name = format!("w{i}");
                     if change == Change::Recreate {
-                        let deadline = Instant::now() + Duration::from_secs(120);
-                        while let Err(e) = api.delete(&name, &DeleteParams::background()).await {
-                            assert!(Instant::now() < deadline, "deleting {name}: {e}");
-                            tokio::time::sleep(Duration::from_millis(500)).await;
-                        }
+                        delete(&api, &name).await;
                     }
-                    apply(&api, &name, spec).await;
+                    apply(&api, &name, &body).await;
                 }
             })
             .buffer_unordered(IN_FLIGHT)
             .collect::<Vec<()>>()
             .await;
-        let now = Instant::now();
-        pending.extend(chosen.iter().map(|&i| Pending { i, since: now }));
+        pending.extend(chosen.iter().map(|&(i, _)| Pending { i, since: now }));
 
         // Until the minute ends: sample the leader's memory, and see which changes are done.
         while Instant::now() < minute_end {
             rss.push((started.elapsed(), memory_kib(replicas[leader].op.pid).0));
-            if let Ok(list) = workloads.list(&ListParams::default()).await {
-                let by_name: HashMap<String, &ManagedWorkload> = list.items.iter().map(|m| (m.name_any(), m)).collect();
-                pending.retain(|p| {
-                    let done = by_name.get(&format!("w{}", p.i)).is_some_and(|m| settled(m, &wanted[p.i]));
-                    if done {
-                        latest_done = latest_done.max(p.since.elapsed());
-                    } else if p.since.elapsed() > STUCK_AFTER {
-                        stuck.push((p.i, waiting_on(by_name.get(&format!("w{}", p.i)).copied())));
-                        return false;
-                    }
-                    !done
-                });
-            }
-            tokio::time::sleep(Duration::from_secs(10).min(minute_end.saturating_duration_since(Instant::now()))).await;
+            pending.retain(|p| {
+                let current = workload(p.i);
+                let done = current.as_ref().is_some_and(|m| settled(m, &wanted[p.i]));
+                if done {
+                    took.push(p.since.elapsed().as_secs_f64());
+                } else if p.since.elapsed() > STUCK_AFTER {
+                    stuck.push((p.i, waiting_on(current.as_deref())));
+                    return false;
+                }
+                !done
+            });
+            tokio::time::sleep(LOOK.min(minute_end.saturating_duration_since(Instant::now()))).await;
         }
         eprintln!(
             "soak: minute {minute}: {} changes so far, {} pending, {} stuck, leader RSS {:.0} KiB",
@@ -406,11 +460,18 @@ async fn soak() {
     // The last changes: carried out within STUCK_AFTER, or stuck (reported with their reason).
     let last = Instant::now();
     loop {
-        let list = workloads.list(&ListParams::default()).await.expect("listing the workloads");
-        let by_name: HashMap<String, &ManagedWorkload> = list.items.iter().map(|m| (m.name_any(), m)).collect();
+        pending.retain(|p| {
+            let done = workload(p.i).is_some_and(|m| settled(&m, &wanted[p.i]));
+            if done {
+                took.push(p.since.elapsed().as_secs_f64());
+            }
+            !done
+        });
         let waiting: Vec<(usize, String)> = (0..n)
-            .filter(|i| !by_name.get(&format!("w{i}")).is_some_and(|m| settled(m, &wanted[*i])))
-            .map(|i| (i, waiting_on(by_name.get(&format!("w{i}")).copied())))
+            .filter_map(|i| {
+                let current = workload(i);
+                (!current.as_ref().is_some_and(|m| settled(m, &wanted[i]))).then(|| (i, waiting_on(current.as_deref())))
+            })
             .collect();
         if waiting.is_empty() {
             break;
@@ -419,8 +480,9 @@ async fn soak() {
             stuck.extend(waiting);
             break;
         }
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(LOOK).await;
     }
+    took.sort_by(f64::total_cmp);
     let total_changes: usize = changes.values().sum();
 
     // At rest: once nothing moves, no write for a minute, by any replica, to anything but the
@@ -458,19 +520,34 @@ async fn soak() {
     let (medians, slope) = resident_level(&timed);
     let (med_lo, med_hi) = medians.iter().fold((f64::MAX, 0f64), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
 
+    let none = "—".to_string();
+    // The floor at the rate the soak ran at (its highest carried), for the column beside.
+    let at = floor.as_ref().and_then(|f| f.at_capacity.clone());
+    let field = |key: &str| at.as_ref().map(|t| t[key].clone());
+    let floor_rate = floor.as_ref().map_or(none.clone(), |f| {
+        let tried: Vec<String> = f
+            .trials
+            .iter()
+            .map(|t| format!("{} {}", t["per_minute"], if t["carried"] == true { "carried" } else { "not" }))
+            .collect();
+        format!("{} ({:.1}% of N); tried, 3 minutes each: {}", f.per_minute, f.per_minute as f64 * 100.0 / n as f64, tried.join(", "))
+    });
+    let floor_latency = field("latency_s").map_or(none.clone(), |l| {
+        format!("{:.1} / {:.1} / {:.1} s", l[0].as_f64().unwrap_or(0.0), l[1].as_f64().unwrap_or(0.0), l[2].as_f64().unwrap_or(0.0))
+    });
+    let floor_backlog = field("backlog").map_or(none.clone(), |b| format!("{b} at each minute's end"));
     let report = format!(
         "## Soak ({date})\n\n\
-         | | |\n|---|---|\n\
-         | workloads | {n} (a third plain, a third with a Service, a third with a disk) |\n\
-         | run | {minutes} minutes, {per_minute} changes a minute |\n\
-         | changes | {total_changes} ({changes:?}) |\n\
-         | faults | {events} |\n\
-         | changes carried out | {done} of {total_changes}; stuck: {stuck_n}, waiting on {by_place:?}; the first: {stuck_head:?} |\n\
-         | slowest change seen done | {latest:.0} s (checked every 10 s) |\n\
-         | Deployment writes | {deployment_total} for {total_changes} changes ({ratio:.3} per change); workloads off one-per-change: {off_n} {off_head:?} |\n\
-         | leader RSS, last {window_min} minutes | {lo:.0}–{hi:.0} KiB (mean {mean:.0}): spread {spread:.1}% |\n\
-         | leader RSS, median of each minute, last {window_min} minutes | {med_lo:.0}–{med_hi:.0} KiB: spread {med_spread:.1}%; trend {slope:+.0} KiB per 10 minutes |\n\
-         | writes at rest (60 s) | {at_rest} |\n",
+         | | floor: the same objects, no operator | operator |\n|---|---|---|\n\
+         | workloads | {n} (a third plain, a third with a Service, a third with a disk) | the same |\n\
+         | changes a minute | {floor_rate} | {per_minute}, for {minutes} minutes: {total_changes} ({changes:?}) |\n\
+         | faults | none | {events} |\n\
+         | changes carried out | every one (that is what carried means); backlog {floor_backlog} | {done} of {total_changes}; stuck: {stuck_n}, waiting on {by_place:?}; the first: {stuck_head:?} |\n\
+         | change → seen done, p50 / p99 / max (checked every 0.5 s) | {floor_latency} | {p50:.1} / {p99:.1} / {max:.1} s |\n\
+         | Deployment writes per change | 1 (the soak's own apply) | {ratio:.3} ({deployment_total} for {total_changes}); workloads off one-per-change: {off_n} {off_head:?} |\n\
+         | leader RSS, last {window_min} minutes | — | {lo:.0}–{hi:.0} KiB (mean {mean:.0}): spread {spread:.1}% |\n\
+         | leader RSS, median of each minute, last {window_min} minutes | — | {med_lo:.0}–{med_hi:.0} KiB: spread {med_spread:.1}%; trend {slope:+.0} KiB per 10 minutes |\n\
+         | writes at rest (60 s) | — | {at_rest} |\n",
         date = Timestamp::now().strftime("%Y-%m-%d"),
         events = events.join("; "),
         done = total_changes - stuck.len(),
@@ -478,7 +555,9 @@ async fn soak() {
         by_place = stuck_by_place(&stuck),
         stuck_head =
             stuck.iter().take(10).map(|(i, place)| format!("w{i} ({}, {place})", kind(*i))).collect::<Vec<_>>(),
-        latest = latest_done.as_secs_f64(),
+        p50 = percentile(&took, 50.0),
+        p99 = percentile(&took, 99.0),
+        max = took.last().copied().unwrap_or(0.0),
         ratio = deployment_total as f64 / total_changes.max(1) as f64,
         off_n = off.len(),
         off_head = off.iter().take(10).collect::<Vec<_>>(),
