@@ -416,8 +416,7 @@ async fn soak() {
             *changes.entry(*change).or_default() += 1;
             *per_name.entry(format!("w{i}")).or_default() += 1;
         }
-        let now = Instant::now();
-        futures::stream::iter(&chosen)
+        let accepted: Vec<(usize, Instant)> = futures::stream::iter(&chosen)
             .map(|&(i, change)| {
                 let (api, name) = (workloads.clone(), format!("w{i}"));
                 let body = body(&name, spec(i, wanted[i], &storage.class));
@@ -426,12 +425,13 @@ async fn soak() {
                         delete(&api, &name).await;
                     }
                     apply(&api, &name, &body).await;
+                    (i, Instant::now())
                 }
             })
             .buffer_unordered(IN_FLIGHT)
-            .collect::<Vec<()>>()
+            .collect()
             .await;
-        pending.extend(chosen.iter().map(|&(i, _)| Pending { i, since: now }));
+        pending.extend(accepted.into_iter().map(|(i, since)| Pending { i, since }));
 
         // Until the minute ends: sample the leader's memory, and see which changes are done.
         while Instant::now() < minute_end {
@@ -543,7 +543,7 @@ async fn soak() {
          | changes a minute | {floor_rate} | {per_minute}, for {minutes} minutes: {total_changes} ({changes:?}) |\n\
          | faults | none | {events} |\n\
          | changes carried out | every one (that is what carried means); backlog {floor_backlog} | {done} of {total_changes}; stuck: {stuck_n}, waiting on {by_place:?}; the first: {stuck_head:?} |\n\
-         | change → seen done, p50 / p99 / max (checked every 0.5 s) | {floor_latency} | {p50:.1} / {p99:.1} / {max:.1} s |\n\
+         | change accepted → seen done, p50 / p99 / max (checked every 0.5 s) | {floor_latency} | {p50:.1} / {p99:.1} / {max:.1} s |\n\
          | Deployment writes per change | 1 (the soak's own apply) | {ratio:.3} ({deployment_total} for {total_changes}); workloads off one-per-change: {off_n} {off_head:?} |\n\
          | leader RSS, last {window_min} minutes | — | {lo:.0}–{hi:.0} KiB (mean {mean:.0}): spread {spread:.1}% |\n\
          | leader RSS, median of each minute, last {window_min} minutes | — | {med_lo:.0}–{med_hi:.0} KiB: spread {med_spread:.1}%; trend {slope:+.0} KiB per 10 minutes |\n\
