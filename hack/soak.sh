@@ -5,11 +5,11 @@
 #    operator would make, no operator, changed at one rate after another; the highest rate
 #    this control plane carries (every change rolled out, the backlog not growing) goes to
 #    target/soak/floor.json. MW_SOAK_FLOOR=0 skips it (the rate is then
-#    MW_SOAK_CHANGE_PERCENT, 10, of N a minute).
+#    MW_SOAK_CHANGE_PERCENT, 10, of N a minute); MW_SOAK_FLOOR=FILE uses an earlier run's.
 # 2. the operator's soak at that rate for MW_SOAK_MINUTES (30): the API server restarted twice
 #    and the leader killed once; the report, the floor beside the operator, goes to
 #    target/soak/soak.md (every sample of the leader's RSS to soak.rss.tsv beside it) and
-#    docs/performance.md holds the latest.
+#    docs/performance.md holds the latest. MW_SOAK_OPERATOR=0 stops after the floor.
 # The control plane's controllers have no client-side rate limit (MW_CP_UNLIMITED_QPS=1), as
 # in `make bench`, and its audit log keeps enough rotated files (MW_CP_AUDIT_BACKUPS) for the
 # whole run's writes to be counted.
@@ -44,11 +44,12 @@ run() {
   return "$status"
 }
 
-if [ "${MW_SOAK_FLOOR:-}" != 0 ]; then
-  rm -f target/soak/floor.json
-  run "$NAME-floor" floor::floor
-  export MW_SOAK_FLOOR="$REPO/target/soak/floor.json"
-else
-  unset MW_SOAK_FLOOR
-fi
-run "$NAME" soak
+case "${MW_SOAK_FLOOR:-}" in
+  0) unset MW_SOAK_FLOOR ;;
+  "")
+    rm -f target/soak/floor.json
+    run "$NAME-floor" floor::floor
+    export MW_SOAK_FLOOR="$REPO/target/soak/floor.json" ;;
+  *) export MW_SOAK_FLOOR=$(realpath "$MW_SOAK_FLOOR") ;; # an earlier run's report
+esac
+[ "${MW_SOAK_OPERATOR:-}" = 0 ] || run "$NAME" soak

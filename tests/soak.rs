@@ -49,7 +49,7 @@ use support::{TestNamespace, eventually};
 
 const LEASE: &str = "mw-operator";
 const IN_FLIGHT: usize = 32;
-/// A change not carried out within this long counts as stuck.
+/// A change not carried out within this long after the run's end counts as stuck.
 const STUCK_AFTER: Duration = Duration::from_secs(300);
 /// How often the soak looks at its copy of the workloads (and samples the leader's memory).
 const LOOK: Duration = Duration::from_millis(500);
@@ -100,12 +100,34 @@ fn body(name: &str, spec: Value) -> Value {
            "metadata": {"name": name}, "spec": spec})
 }
 
-/// Apply `body`, retrying through an API server outage.
-async fn apply<K: Clone + DeserializeOwned + Debug>(api: &Api<K>, name: &str, body: &Value) {
+/// Apply `body`, retrying through an API server outage; what the write made.
+async fn apply<K: Resource + Clone + DeserializeOwned + Debug>(api: &Api<K>, name: &str, body: &Value) -> Written {
     let deadline = Instant::now() + Duration::from_secs(120);
-    while let Err(e) = api.patch(name, &PatchParams::apply("soak"), &Patch::Apply(body)).await {
-        assert!(Instant::now() < deadline, "applying {name}: {e}");
+    loop {
+        match api.patch(name, &PatchParams::apply("soak"), &Patch::Apply(body)).await {
+            Ok(object) => return Written::of(&object),
+            Err(e) => assert!(Instant::now() < deadline, "applying {name}: {e}"),
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The object a change's write made: its UID and generation. The copy the soak looks at can
+/// still hold the object from before (a re-created workload's predecessor, done, with the
+/// same spec): only this object, at this generation or a later one, can show the change done.
+#[derive(Clone, Debug)]
+struct Written {
+    uid: Option<String>,
+    generation: Option<i64>,
+}
+
+impl Written {
+    fn of<K: Resource>(object: &K) -> Written {
+        Written { uid: object.meta().uid.clone(), generation: object.meta().generation }
+    }
+
+    fn shows<K: Resource>(&self, object: &K) -> bool {
+        object.meta().uid == self.uid && object.meta().generation >= self.generation
     }
 }
 
@@ -224,7 +246,25 @@ enum Change {
 
 struct Pending {
     i: usize,
+    /// When the API server accepted the change's write.
     since: Instant,
+    written: Written,
+}
+
+/// Drop the changes done from `pending`, keeping how long each took.
+fn retire(
+    pending: &mut Vec<Pending>,
+    took: &mut Vec<f64>,
+    wanted: &[Wanted],
+    workload: &dyn Fn(usize) -> Option<std::sync::Arc<ManagedWorkload>>,
+) {
+    pending.retain(|p| {
+        let done = workload(p.i).is_some_and(|m| p.written.shows(&*m) && settled(&m, &wanted[p.i]));
+        if done {
+            took.push(p.since.elapsed().as_secs_f64());
+        }
+        !done
+    });
 }
 
 /// This minute's changes: `per_minute` distinct workloads, none in `busy` (a change still
@@ -327,7 +367,7 @@ async fn soak() {
             async move { apply(&api, &name, &body).await }
         })
         .buffer_unordered(IN_FLIGHT)
-        .collect::<Vec<()>>()
+        .collect::<Vec<Written>>()
         .await;
     eventually(&format!("{n} workloads Ready"), Duration::from_secs(1800), || {
         let waiting = (0..n).filter(|&i| !workload(i).is_some_and(|m| settled(&m, &wanted[i]))).count();
@@ -342,7 +382,8 @@ async fn soak() {
     let mut changes: BTreeMap<Change, usize> = BTreeMap::new();
     let mut per_name: BTreeMap<String, usize> = BTreeMap::new();
     let mut pending: Vec<Pending> = Vec::new();
-    // Each stuck change: its workload's number and where it waits.
+    // Each change not carried out by STUCK_AFTER past the run's end: its workload's number and
+    // where it waits.
     let mut stuck: Vec<(usize, String)> = Vec::new();
     let mut took: Vec<f64> = Vec::new();
     let mut rss: Vec<(Duration, f64)> = Vec::new();
@@ -416,7 +457,7 @@ async fn soak() {
             *changes.entry(*change).or_default() += 1;
             *per_name.entry(format!("w{i}")).or_default() += 1;
         }
-        let accepted: Vec<(usize, Instant)> = futures::stream::iter(&chosen)
+        let accepted: Vec<Pending> = futures::stream::iter(&chosen)
             .map(|&(i, change)| {
                 let (api, name) = (workloads.clone(), format!("w{i}"));
                 let body = body(&name, spec(i, wanted[i], &storage.class));
@@ -424,53 +465,37 @@ async fn soak() {
                     if change == Change::Recreate {
                         delete(&api, &name).await;
                     }
-                    apply(&api, &name, &body).await;
-                    (i, Instant::now())
+                    let written = apply(&api, &name, &body).await;
+                    Pending { i, since: Instant::now(), written }
                 }
             })
             .buffer_unordered(IN_FLIGHT)
             .collect()
             .await;
-        pending.extend(accepted.into_iter().map(|(i, since)| Pending { i, since }));
+        pending.extend(accepted);
 
         // Until the minute ends: sample the leader's memory, and see which changes are done.
         while Instant::now() < minute_end {
             rss.push((started.elapsed(), memory_kib(replicas[leader].op.pid).0));
-            pending.retain(|p| {
-                let current = workload(p.i);
-                let done = current.as_ref().is_some_and(|m| settled(m, &wanted[p.i]));
-                if done {
-                    took.push(p.since.elapsed().as_secs_f64());
-                } else if p.since.elapsed() > STUCK_AFTER {
-                    stuck.push((p.i, waiting_on(current.as_deref())));
-                    return false;
-                }
-                !done
-            });
+            retire(&mut pending, &mut took, &wanted, &workload);
             tokio::time::sleep(LOOK.min(minute_end.saturating_duration_since(Instant::now()))).await;
         }
         eprintln!(
-            "soak: minute {minute}: {} changes so far, {} pending, {} stuck, leader RSS {:.0} KiB",
+            "soak: minute {minute}: {} changes so far, {} pending, leader RSS {:.0} KiB",
             changes.values().sum::<usize>(),
             pending.len(),
-            stuck.len(),
             rss.last().map_or(0.0, |(_, kib)| *kib)
         );
     }
     // The last changes: carried out within STUCK_AFTER, or stuck (reported with their reason).
     let last = Instant::now();
     loop {
-        pending.retain(|p| {
-            let done = workload(p.i).is_some_and(|m| settled(&m, &wanted[p.i]));
-            if done {
-                took.push(p.since.elapsed().as_secs_f64());
-            }
-            !done
-        });
+        retire(&mut pending, &mut took, &wanted, &workload);
         let waiting: Vec<(usize, String)> = (0..n)
             .filter_map(|i| {
                 let current = workload(i);
-                (!current.as_ref().is_some_and(|m| settled(m, &wanted[i]))).then(|| (i, waiting_on(current.as_deref())))
+                let done = current.as_ref().is_some_and(|m| settled(m, &wanted[i])) && !pending.iter().any(|p| p.i == i);
+                (!done).then(|| (i, waiting_on(current.as_deref())))
             })
             .collect();
         if waiting.is_empty() {
@@ -542,7 +567,7 @@ async fn soak() {
          | workloads | {n} (a third plain, a third with a Service, a third with a disk) | the same |\n\
          | changes a minute | {floor_rate} | {per_minute}, for {minutes} minutes: {total_changes} ({changes:?}) |\n\
          | faults | none | {events} |\n\
-         | changes carried out | every one (that is what carried means); backlog {floor_backlog} | {done} of {total_changes}; stuck: {stuck_n}, waiting on {by_place:?}; the first: {stuck_head:?} |\n\
+         | changes carried out | every one (that is what carried means); backlog {floor_backlog} | {done} of {total_changes}; slower than {after} s: {slow}; not carried out {after} s after the run: {stuck_n}, waiting on {by_place:?}; the first: {stuck_head:?} |\n\
          | change accepted → seen done, p50 / p99 / max (checked every 0.5 s) | {floor_latency} | {p50:.1} / {p99:.1} / {max:.1} s |\n\
          | Deployment writes per change | 1 (the soak's own apply) | {ratio:.3} ({deployment_total} for {total_changes}); workloads off one-per-change: {off_n} {off_head:?} |\n\
          | leader RSS, last {window_min} minutes | — | {lo:.0}–{hi:.0} KiB (mean {mean:.0}): spread {spread:.1}% |\n\
@@ -552,6 +577,8 @@ async fn soak() {
         events = events.join("; "),
         done = total_changes - stuck.len(),
         stuck_n = stuck.len(),
+        after = STUCK_AFTER.as_secs(),
+        slow = took.iter().filter(|t| **t > STUCK_AFTER.as_secs_f64()).count(),
         by_place = stuck_by_place(&stuck),
         stuck_head =
             stuck.iter().take(10).map(|(i, place)| format!("w{i} ({}, {place})", kind(*i))).collect::<Vec<_>>(),

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::support::storage::Storage;
 use super::support::{TestNamespace, eventually};
-use super::{Change, IN_FLIGHT, LOOK, Lcg, Wanted, apply, choose, delete, image, knob, mirror, percentile, spec};
+use super::{Change, IN_FLIGHT, LOOK, Lcg, Wanted, Written, apply, choose, delete, image, knob, mirror, percentile, spec};
 
 /// How long each rate is tried, in minutes.
 const TRIAL_MINUTES: usize = 3;
@@ -129,6 +129,9 @@ fn the_floor_makes_the_operators_objects_without_an_owner_and_sees_them_rolled_o
     assert!(!rolled_out(&d, &stopped), "replicas still 1");
 }
 
+/// A change not yet rolled out: its workload, when its last write was accepted, what it made.
+type Pending = (usize, Instant, Written);
+
 struct Floor {
     ns: TestNamespace,
     class: String,
@@ -140,16 +143,18 @@ struct Floor {
 }
 
 impl Floor {
-    fn done(&self, i: usize) -> bool {
+    /// Whether workload i is rolled out as wanted; after a change, only by the Deployment its
+    /// write made (`written`).
+    fn done(&self, i: usize, written: Option<&Written>) -> bool {
         self.seen
             .get(&ObjectRef::new(&format!("w{i}")).within(&self.ns.name))
-            .is_some_and(|d| rolled_out(&d, &self.wanted[i]))
+            .is_some_and(|d| written.is_none_or(|w| w.shows(&*d)) && rolled_out(&d, &self.wanted[i]))
     }
 
     /// Carry out `changes`: apply each workload's objects as now wanted; a re-create deletes
     /// its Deployment and Service first (its claim stays, as a retained volume does). Each
-    /// change with the moment the API server accepted its last write.
-    async fn act(&self, changes: &[(usize, Change)]) -> Vec<(usize, Instant)> {
+    /// change with the moment the API server accepted its last write, and what that made.
+    async fn act(&self, changes: &[(usize, Change)]) -> Vec<Pending> {
         futures::stream::iter(changes)
             .map(|&(i, change)| async move {
                 let name = format!("w{i}");
@@ -163,8 +168,8 @@ impl Floor {
                 if let Some(service) = service {
                     apply(&self.services, &name, &service).await;
                 }
-                apply(&self.deployments, &name, &deployment).await;
-                (i, Instant::now())
+                let written = apply(&self.deployments, &name, &deployment).await;
+                (i, Instant::now(), written)
             })
             .buffer_unordered(IN_FLIGHT)
             .collect()
@@ -172,9 +177,9 @@ impl Floor {
     }
 
     /// Drop the changes rolled out from `pending`, keeping how long each took.
-    fn retire(&self, pending: &mut Vec<(usize, Instant)>, took: &mut Vec<f64>) {
-        pending.retain(|&(i, since)| {
-            let done = self.done(i);
+    fn retire(&self, pending: &mut Vec<Pending>, took: &mut Vec<f64>) {
+        pending.retain(|(i, since, written)| {
+            let done = self.done(*i, Some(written));
             if done {
                 took.push(since.elapsed().as_secs_f64());
             }
@@ -183,7 +188,7 @@ impl Floor {
     }
 
     /// Wait up to `limit` for `pending` to clear; how long it took, if it did.
-    async fn drain(&self, pending: &mut Vec<(usize, Instant)>, took: &mut Vec<f64>, limit: Duration) -> Option<f64> {
+    async fn drain(&self, pending: &mut Vec<Pending>, took: &mut Vec<f64>, limit: Duration) -> Option<f64> {
         let start = Instant::now();
         loop {
             self.retire(pending, took);
@@ -198,14 +203,14 @@ impl Floor {
     }
 
     async fn trial(&mut self, per_minute: usize) -> Trial {
-        let mut pending: Vec<(usize, Instant)> = Vec::new();
+        let mut pending: Vec<Pending> = Vec::new();
         let mut took = Vec::new();
         let mut backlog = Vec::new();
         let mut writes_s = Vec::new();
         let start = Instant::now();
         for minute in 0..TRIAL_MINUTES {
             let minute_end = start + Duration::from_secs(60 * (minute as u64 + 1));
-            let busy: HashSet<usize> = pending.iter().map(|(i, _)| *i).collect();
+            let busy: HashSet<usize> = pending.iter().map(|(i, ..)| *i).collect();
             let changes = choose(&mut self.rng, &mut self.wanted, &busy, per_minute);
             let writing = Instant::now();
             pending.extend(self.act(&changes).await);
@@ -315,7 +320,7 @@ async fn floor() {
         .collect::<Vec<()>>()
         .await;
     eventually(&format!("{n} Deployments rolled out"), Duration::from_secs(1800), || {
-        let waiting = (0..n).filter(|i| !floor.done(*i)).count();
+        let waiting = (0..n).filter(|i| !floor.done(*i, None)).count();
         async move { if waiting == 0 { Ok(()) } else { Err(format!("{waiting} of {n} not rolled out")) } }
     })
     .await;
