@@ -22,9 +22,9 @@
 //! MW_SOAK_N (5000) and MW_SOAK_MINUTES (30) set its size; without a floor's report,
 //! MW_SOAK_CHANGE_PERCENT (10) sets the rate.
 
-mod support;
 #[path = "soak/floor.rs"]
 mod floor;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
@@ -340,7 +340,10 @@ async fn soak() {
     });
     let per_minute = match &floor {
         Some(floor) if floor.n == n && floor.per_minute > 0 => floor.per_minute,
-        Some(floor) => panic!("the floor measured {} workloads carrying {} changes a minute: no rate for {n}", floor.n, floor.per_minute),
+        Some(floor) => panic!(
+            "the floor measured {} workloads carrying {} changes a minute: no rate for {n}",
+            floor.n, floor.per_minute
+        ),
         None => (n * knob("MW_SOAK_CHANGE_PERCENT", 10) / 100).max(1),
     };
     // The faults, at fixed fractions of the run: the leader killed at 1/6, the API server
@@ -494,7 +497,8 @@ async fn soak() {
         let waiting: Vec<(usize, String)> = (0..n)
             .filter_map(|i| {
                 let current = workload(i);
-                let done = current.as_ref().is_some_and(|m| settled(m, &wanted[i])) && !pending.iter().any(|p| p.i == i);
+                let done =
+                    current.as_ref().is_some_and(|m| settled(m, &wanted[i])) && !pending.iter().any(|p| p.i == i);
                 (!done).then(|| (i, waiting_on(current.as_deref())))
             })
             .collect();
@@ -555,10 +559,20 @@ async fn soak() {
             .iter()
             .map(|t| format!("{} {}", t["per_minute"], if t["carried"] == true { "carried" } else { "not" }))
             .collect();
-        format!("{} ({:.1}% of N); tried, 3 minutes each: {}", f.per_minute, f.per_minute as f64 * 100.0 / n as f64, tried.join(", "))
+        format!(
+            "{} ({:.1}% of N); tried, 3 minutes each: {}",
+            f.per_minute,
+            f.per_minute as f64 * 100.0 / n as f64,
+            tried.join(", ")
+        )
     });
     let floor_latency = field("latency_s").map_or(none.clone(), |l| {
-        format!("{:.1} / {:.1} / {:.1} s", l[0].as_f64().unwrap_or(0.0), l[1].as_f64().unwrap_or(0.0), l[2].as_f64().unwrap_or(0.0))
+        format!(
+            "{:.1} / {:.1} / {:.1} s",
+            l[0].as_f64().unwrap_or(0.0),
+            l[1].as_f64().unwrap_or(0.0),
+            l[2].as_f64().unwrap_or(0.0)
+        )
     });
     let floor_backlog = field("backlog").map_or(none.clone(), |b| format!("{b} at each minute's end"));
     let report = format!(

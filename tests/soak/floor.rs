@@ -22,7 +22,9 @@ use serde_json::{Value, json};
 
 use super::support::storage::Storage;
 use super::support::{TestNamespace, eventually};
-use super::{Change, IN_FLIGHT, LOOK, Lcg, Wanted, Written, apply, choose, delete, image, knob, mirror, percentile, spec};
+use super::{
+    Change, IN_FLIGHT, LOOK, Lcg, Wanted, Written, apply, choose, delete, image, knob, mirror, percentile, spec,
+};
 
 /// How long each rate is tried, in minutes.
 const TRIAL_MINUTES: usize = 3;
@@ -119,7 +121,12 @@ fn the_floor_makes_the_operators_objects_without_an_owner_and_sees_them_rolled_o
 
     let mut d: Deployment = serde_json::from_value(deployment).unwrap();
     d.metadata.generation = Some(2);
-    d.status = Some(serde_json::from_value(json!({"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1})).unwrap());
+    d.status = Some(
+        serde_json::from_value(
+            json!({"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}),
+        )
+        .unwrap(),
+    );
     assert!(rolled_out(&d, &w));
     let newer = Wanted { revision: 1, ..w };
     assert!(!rolled_out(&d, &newer), "another env is not rolled out yet");
@@ -225,8 +232,7 @@ impl Floor {
         let drained_s = self.drain(&mut pending, &mut took, DRAIN).await;
         let recovered = drained_s.is_some() || self.drain(&mut pending, &mut took, RECOVER).await.is_some();
         took.sort_by(f64::total_cmp);
-        let carried =
-            drained_s.is_some() && backlog.last() <= backlog.first() && writes_s.iter().all(|s| *s < 60.0);
+        let carried = drained_s.is_some() && backlog.last() <= backlog.first() && writes_s.iter().all(|s| *s < 60.0);
         Trial {
             per_minute,
             writes_s,
