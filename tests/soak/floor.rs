@@ -4,8 +4,8 @@
 //! by the soak, then changed the way the soak changes workloads at one rate after another.
 //! A rate is carried when each minute's writes are accepted within the minute, the backlog
 //! (changes not yet rolled out) does not grow from its first minute to its last, and it is
-//! gone within a minute of the churn stopping. The highest
-//! rate carried is the rate the operator's soak then runs at.
+//! gone within a minute of the churn stopping. The highest rate carried is the rate the
+//! operator's soak then runs at.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
