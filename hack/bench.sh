@@ -17,9 +17,8 @@
 #    stopped meanwhile. No operator runs.
 # 3. The operator against the floor (tests/bench_operator.rs), on a control plane whose
 #    kube-controller-manager and kube-scheduler have no client-side rate limit
-#    (MW_CP_UNLIMITED_QPS=1): N = 100 and 1000 (MW_BENCH_5000=1 adds 5000; MW_BENCH_SIZES=100,
-#    any list) ManagedWorkloads
-#    applied at once vs two floors: the objects the operator would make (Deployment, Service)
+#    (MW_CP_UNLIMITED_QPS=1): N = 100 and 1000 (MW_BENCH_5000=1 adds 5000; MW_BENCH_SIZES,
+#    e.g. 1000,5000, any list) ManagedWorkloads applied at once vs two floors: the objects the operator would make (Deployment, Service)
 #    applied directly, and the ideal controller (the same ManagedWorkloads, with exactly the
 #    writes the contract needs made by the benchmark from precomputed bodies,
 #    tests/bench_operator/ideal.rs; MW_BENCH_IDEAL=0 skips it); 60 s steady state; 200
@@ -146,7 +145,7 @@ fi
 if [ "${MW_BENCH_MANAGER:-1}" != 0 ]; then
   echo "== Manager's container list: a kubernetes node against a dummy node"
   control_plane bench-manager
-  bash "$CP" start-operator bench-manager "$REPO/target/release/mw-operator" >/dev/null
+  start_operator bench-manager
   rc=0
   MW_TEST_KUBECONFIG="$KCFG" MW_TEST_LOG_DIR="$LOGS" MW_TEST_CLUSTER=bench-manager MW_MANAGER_E2E_PG=bench-manager \
     MW_MANAGER_E2E_SUITES=pages MW_BENCH_OUT="$OUT/manager-pages.md" \

@@ -131,6 +131,21 @@ impl Written {
     }
 }
 
+#[test]
+fn a_change_shows_only_on_the_object_its_write_made() {
+    let object = |uid: &str, generation| {
+        let mut d = k8s_openapi::api::apps::v1::Deployment::default();
+        d.metadata.uid = Some(uid.into());
+        d.metadata.generation = Some(generation);
+        d
+    };
+    let written = Written::of(&object("new", 2));
+    assert!(written.shows(&object("new", 2)));
+    assert!(written.shows(&object("new", 3)), "a later generation carries it too");
+    assert!(!written.shows(&object("new", 1)), "the copy from before the write");
+    assert!(!written.shows(&object("old", 5)), "a re-created workload's predecessor");
+}
+
 /// Delete `name` (gone already counts), retrying through an API server outage.
 async fn delete<K: Clone + DeserializeOwned + Debug>(api: &Api<K>, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -146,15 +161,15 @@ async fn delete<K: Clone + DeserializeOwned + Debug>(api: &Api<K>, name: &str) {
 
 /// A copy of every object of `api`'s kind, kept current by one watch (which rides out API
 /// server restarts), so seeing what is done costs the API server nothing per look. The watch
-/// stops when the handle is dropped.
-fn mirror<K>(api: Api<K>) -> (Store<K>, tokio::task::JoinHandle<()>)
+/// runs until the test ends.
+fn mirror<K>(api: Api<K>) -> Store<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
     let watch = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
-    let task = tokio::spawn(watch.for_each(|_| async {}));
-    (store, task)
+    tokio::spawn(watch.for_each(|_| async {}));
+    store
 }
 
 /// Ready at its generation and in the phase asked for.
@@ -244,22 +259,19 @@ enum Change {
     Recreate,
 }
 
+/// A change not yet seen done.
 struct Pending {
+    /// Its workload.
     i: usize,
-    /// When the API server accepted the change's write.
+    /// When the API server accepted the change's (last) write.
     since: Instant,
     written: Written,
 }
 
-/// Drop the changes done from `pending`, keeping how long each took.
-fn retire(
-    pending: &mut Vec<Pending>,
-    took: &mut Vec<f64>,
-    wanted: &[Wanted],
-    workload: &dyn Fn(usize) -> Option<std::sync::Arc<ManagedWorkload>>,
-) {
+/// Drop the changes `done` says are done from `pending`, keeping how long each took.
+fn retire(pending: &mut Vec<Pending>, took: &mut Vec<f64>, done: impl Fn(&Pending) -> bool) {
     pending.retain(|p| {
-        let done = workload(p.i).is_some_and(|m| p.written.shows(&*m) && settled(&m, &wanted[p.i]));
+        let done = done(p);
         if done {
             took.push(p.since.elapsed().as_secs_f64());
         }
@@ -355,7 +367,7 @@ async fn soak() {
     let ns = TestNamespace::new("soak").await;
     let storage = Storage::new(&ns, n / 3 + 1, "1Gi").await;
     let workloads = ns.api::<ManagedWorkload>();
-    let (seen, _watch) = mirror(workloads.clone());
+    let seen = mirror(workloads.clone());
     let workload = |i: usize| seen.get(&ObjectRef::new(&format!("w{i}")).within(&ns.name));
     let mut replicas = vec![replica(&ns, "soak-a").await];
     replicas[0].op.wait_leader(LEASE, Duration::from_secs(120)).await;
@@ -480,7 +492,9 @@ async fn soak() {
         // Until the minute ends: sample the leader's memory, and see which changes are done.
         while Instant::now() < minute_end {
             rss.push((started.elapsed(), memory_kib(replicas[leader].op.pid).0));
-            retire(&mut pending, &mut took, &wanted, &workload);
+            retire(&mut pending, &mut took, |p| {
+                workload(p.i).is_some_and(|m| p.written.shows(&*m) && settled(&m, &wanted[p.i]))
+            });
             tokio::time::sleep(LOOK.min(minute_end.saturating_duration_since(Instant::now()))).await;
         }
         eprintln!(
@@ -493,7 +507,9 @@ async fn soak() {
     // The last changes: carried out within STUCK_AFTER, or stuck (reported with their reason).
     let last = Instant::now();
     loop {
-        retire(&mut pending, &mut took, &wanted, &workload);
+        retire(&mut pending, &mut took, |p| {
+            workload(p.i).is_some_and(|m| p.written.shows(&*m) && settled(&m, &wanted[p.i]))
+        });
         let waiting: Vec<(usize, String)> = (0..n)
             .filter_map(|i| {
                 let current = workload(i);

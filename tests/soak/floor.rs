@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 use super::support::storage::Storage;
 use super::support::{TestNamespace, eventually};
 use super::{
-    Change, IN_FLIGHT, LOOK, Lcg, Wanted, Written, apply, choose, delete, image, knob, mirror, percentile, spec,
+    Change, IN_FLIGHT, LOOK, Lcg, Pending, Wanted, Written, apply, choose, delete, image, knob, mirror, percentile,
+    retire, spec,
 };
 
 /// How long each rate is tried, in minutes.
@@ -136,9 +137,6 @@ fn the_floor_makes_the_operators_objects_without_an_owner_and_sees_them_rolled_o
     assert!(!rolled_out(&d, &stopped), "replicas still 1");
 }
 
-/// A change not yet rolled out: its workload, when its last write was accepted, what it made.
-type Pending = (usize, Instant, Written);
-
 struct Floor {
     ns: TestNamespace,
     class: String,
@@ -176,7 +174,7 @@ impl Floor {
                     apply(&self.services, &name, &service).await;
                 }
                 let written = apply(&self.deployments, &name, &deployment).await;
-                (i, Instant::now(), written)
+                Pending { i, since: Instant::now(), written }
             })
             .buffer_unordered(IN_FLIGHT)
             .collect()
@@ -185,13 +183,7 @@ impl Floor {
 
     /// Drop the changes rolled out from `pending`, keeping how long each took.
     fn retire(&self, pending: &mut Vec<Pending>, took: &mut Vec<f64>) {
-        pending.retain(|(i, since, written)| {
-            let done = self.done(*i, Some(written));
-            if done {
-                took.push(since.elapsed().as_secs_f64());
-            }
-            !done
-        });
+        retire(pending, took, |p| self.done(p.i, Some(&p.written)));
     }
 
     /// Wait up to `limit` for `pending` to clear; how long it took, if it did.
@@ -217,7 +209,7 @@ impl Floor {
         let start = Instant::now();
         for minute in 0..TRIAL_MINUTES {
             let minute_end = start + Duration::from_secs(60 * (minute as u64 + 1));
-            let busy: HashSet<usize> = pending.iter().map(|(i, ..)| *i).collect();
+            let busy: HashSet<usize> = pending.iter().map(|p| p.i).collect();
             let changes = choose(&mut self.rng, &mut self.wanted, &busy, per_minute);
             let writing = Instant::now();
             pending.extend(self.act(&changes).await);
@@ -294,7 +286,7 @@ async fn floor() {
     let storage = Storage::new(&ns, n / 3 + 1, "1Gi").await;
     let (deployments, services, claims) =
         (ns.api::<Deployment>(), ns.api::<Service>(), ns.api::<PersistentVolumeClaim>());
-    let (seen, _watch) = mirror(deployments.clone());
+    let seen = mirror(deployments.clone());
     let mut floor = Floor {
         class: storage.class.clone(),
         deployments,

@@ -19,6 +19,9 @@
 // - The watch's connection never keeps a process alive: a process that reads once (a job, the
 //   README's check) ends when its work does.
 // - One table per node and credentials: a new kubeconfig (a rotated token) starts its own.
+// - The watch is a plain request, not @kubernetes/client-node's Watch (1.x): that one's
+//   connection (node-fetch, through an agent it makes and keeps to itself) cannot be told not
+//   to hold the process open, and it drops an event it cannot parse without a word.
 
 const crypto = require('crypto');
 const http = require('http');
