@@ -74,8 +74,19 @@ async fn all_converged(ns: &TestNamespace, names: &[String], image: &str, timeou
 }
 
 fn exactly_once(counts: &std::collections::BTreeMap<String, usize>, names: &[String], what: &str) {
-    let wrong: Vec<_> = names.iter().filter(|n| counts.get(*n) != Some(&1)).map(|n| (n, counts.get(n))).collect();
-    assert!(wrong.is_empty(), "{what}: every Deployment written exactly once, but: {wrong:?}");
+    written(counts, names, 1..=1, what);
+}
+
+/// Each of `names`' Deployments written a number of `times` in the audit log's `counts`.
+fn written(
+    counts: &std::collections::BTreeMap<String, usize>,
+    names: &[String],
+    times: std::ops::RangeInclusive<usize>,
+    what: &str,
+) {
+    let count = |n: &String| counts.get(n).copied().unwrap_or(0);
+    let wrong: Vec<_> = names.iter().map(|n| (n, count(n))).filter(|(_, c)| !times.contains(c)).collect();
+    assert!(wrong.is_empty(), "{what}: every Deployment written {times:?} times, but (name, writes): {wrong:?}");
 }
 
 /// Two operators confined to the test namespace, `a` leading (on `config_a`, with `a_args`)
@@ -580,9 +591,8 @@ async fn operator_and_workloads(label: &str, count: usize) -> (TestNamespace, Op
     (ns, op, user, names)
 }
 
-/// One operator through a fault: `pending` workloads changed just before it, `after` changed
-/// once it is over. Each pending change is applied exactly once, and the process never
-/// restarted.
+/// One operator through a fault: five workloads changed just before it, five changed
+/// once it is over. Each change is applied once, none twice, and the process never restarted.
 /// `settle_first`: let the rollouts of the changes made before the outage finish before it
 /// starts, where kwok would otherwise stall them (see the two callers).
 async fn survives(label: &str, component: &'static str, down_for: Duration, settle_first: bool) {
@@ -607,7 +617,17 @@ async fn survives(label: &str, component: &'static str, down_for: Duration, sett
     all_converged(&ns, &names, "nginx:1.27", Duration::from_secs(180)).await;
     eprintln!("{label}: {component} down for {down_for:?}; all converged {:?} after it stopped", outage.elapsed());
     assert!(op.running(), "the operator process restarted or died; log: {}", op.log.display());
-    exactly_once(&deployment_writes_since(&[&user], &ns.name, changed_at), &names, label);
+    let counts = deployment_writes_since(&[&user], &ns.name, changed_at);
+    if settle_first {
+        exactly_once(&counts, &names, label);
+    } else {
+        // The API server records a write in the audit log only after etcd has it, so a write
+        // in flight when it was SIGKILLed can be made with no record (the operator's re-list
+        // then finds that Deployment done and rightly writes nothing): none twice, but one of
+        // those changed before may show no write at all. CI met this once (w03, 2026-12-07).
+        written(&counts, before, 0..=1, label);
+        exactly_once(&counts, after, label);
+    }
     let deployments = ns.api::<Deployment>().list(&ListParams::default()).await.unwrap();
     assert_eq!(deployments.items.len(), names.len());
     let restarts = op.metric("mw_operator_watch_restarts_total{resource=\"managedworkloads\"}").await;
