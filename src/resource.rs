@@ -1184,6 +1184,11 @@ impl Phase {
             Phase::Failed => "Failed",
         }
     }
+
+    /// On the way somewhere: a rollout, a start or a stop under way.
+    pub fn in_transition(self) -> bool {
+        matches!(self, Phase::Creating | Phase::Updating | Phase::Stopping)
+    }
 }
 
 impl ManagedWorkloadSpec {

@@ -361,13 +361,10 @@ async fn write(
 
 fn announce_phase_change(ctx: &Context, mw: &ManagedWorkload, status: &ManagedWorkloadStatus) {
     let before = mw.status.as_ref().and_then(|s| s.phase);
-    let Some(after) = status.phase else { return };
-    // A new workload's `Creating` is the user's own act, not news: its first Event is the phase
-    // it reaches, or a failure.
-    if before == Some(after) || (before.is_none() && after == Phase::Creating) {
-        debug!(to = ?after, "phase set");
+    let Some(after) = status::phase_news(mw.status.as_ref(), status) else {
+        debug!(from = ?before, to = ?status.phase, "phase set");
         return;
-    }
+    };
     let ready = status.conditions.iter().find(|c| c.type_ == status::READY);
     let note = ready.map(|c| c.message.as_str()).unwrap_or(after.as_str());
     let type_ = if after == Phase::Failed { EventType::Warning } else { EventType::Normal };

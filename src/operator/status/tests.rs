@@ -1620,3 +1620,33 @@ fn a_sandbox_the_kubelet_cannot_make_says_why() {
     let cached = crate::operator::slim::CachedPod::from(p.clone()).to_pod();
     assert!(sandbox_stuck(&cached, &at(1005)), "{:?}", cached.status.and_then(|s| s.conditions));
 }
+
+/// An Event for each phase the user did not just ask for, none for the transition their own
+/// spec change started.
+#[test]
+fn phase_news_leaves_out_the_transition_a_spec_change_started() {
+    let status = |phase: Phase, generation: i64| ManagedWorkloadStatus {
+        phase: Some(phase),
+        observed_generation: Some(generation),
+        ..Default::default()
+    };
+    let news = |before: Option<(Phase, i64)>, after: (Phase, i64)| {
+        phase_news(before.map(|(p, g)| status(p, g)).as_ref(), &status(after.0, after.1))
+    };
+    use Phase::*;
+    // A new workload: Creating is the user's act; Running is news.
+    assert_eq!(news(None, (Creating, 1)), None);
+    assert_eq!(news(Some((Creating, 1)), (Running, 1)), Some(Running));
+    // A stop, a start and an update: only where each ends.
+    assert_eq!(news(Some((Running, 1)), (Stopping, 2)), None);
+    assert_eq!(news(Some((Stopping, 2)), (Stopped, 2)), Some(Stopped));
+    assert_eq!(news(Some((Stopped, 2)), (Creating, 3)), None);
+    assert_eq!(news(Some((Running, 3)), (Updating, 4)), None);
+    assert_eq!(news(Some((Updating, 4)), (Failed, 4)), Some(Failed));
+    // The same transitions with no spec change: nobody asked, so they are news.
+    assert_eq!(news(Some((Running, 4)), (Creating, 4)), Some(Creating), "a replaced Pod");
+    assert_eq!(news(Some((Running, 4)), (Updating, 4)), Some(Updating), "someone else's rollout");
+    // A failure is news whatever started it; an unchanged phase never is.
+    assert_eq!(news(None, (Failed, 1)), Some(Failed));
+    assert_eq!(news(Some((Running, 4)), (Running, 5)), None);
+}
