@@ -22,8 +22,9 @@
 #    applied directly, and the ideal controller (the same ManagedWorkloads, with exactly the
 #    writes the contract needs made by the benchmark from precomputed bodies,
 #    tests/bench_operator/ideal.rs; MW_BENCH_IDEAL=0 skips it); 60 s steady state; 200
-#    start/stop flips vs the same flips on those plain Deployments; an operator restart; 100
-#    workloads with a volume vs their floor.
+#    stops vs the same flips on those plain Deployments; an operator restart; 200 stops of
+#    other workloads by the ideal controller (the stops' floor); 100 workloads with a volume
+#    vs their floor.
 #    MW_BENCH_VOLUME_EACH=1 gives every workload of every size (and its floor) a volume too;
 #    MW_BENCH_SERVICE=0 leaves the Service out, MW_BENCH_VOLUMES=0 the 100 with a volume;
 #    MW_BENCH_FLOOR=0 skips the floor of each size (the memory slope with a volume each).

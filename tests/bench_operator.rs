@@ -440,6 +440,23 @@ fn ready_and_running(mw: &ManagedWorkload) -> bool {
     condition_current(mw, "Ready", "True") && mw.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
 }
 
+/// A user's stop: `spec.state` patched to Stopped.
+fn stop_patch() -> Value {
+    json!({"spec": {"state": "Stopped"}})
+}
+
+/// A stop is seen once the workload's status shows `Stopping` or `Stopped` at the generation
+/// the stop made, its target in `targets`.
+fn stopped_at(targets: HashMap<String, i64>) -> impl Fn(&ManagedWorkload, usize) -> bool + Send + Sync + 'static {
+    move |mw, _| {
+        let Some(&target) = targets.get(&mw.name_any()) else { return false };
+        mw.metadata.generation >= Some(target)
+            && mw.status.as_ref().is_some_and(|s| {
+                s.observed_generation >= Some(target) && matches!(s.phase, Some(Phase::Stopping | Phase::Stopped))
+            })
+    }
+}
+
 /// Flip `FLIPS` objects one by one, 50 ms apart; latency from each flip to `done`.
 async fn flips<K, P, D>(api: Api<K>, names: Vec<String>, patch: P, done: D) -> Vec<f64>
 where
@@ -592,24 +609,11 @@ async fn operator_against_the_floor() {
         let names: Vec<String> = (0..FLIPS.min(n)).map(|i| format!("w{i}")).collect();
         let writes_before = writes(&ns.name);
         let workloads = ns.api::<ManagedWorkload>();
-        let generations: HashMap<String, i64> = {
+        let targets: HashMap<String, i64> = {
             let list = workloads.list(&Default::default()).await.unwrap();
-            list.items.iter().map(|mw| (mw.name_any(), mw.metadata.generation.unwrap_or(0))).collect()
+            list.items.iter().map(|mw| (mw.name_any(), mw.metadata.generation.unwrap_or(0) + 1)).collect()
         };
-        let op = flips(
-            workloads,
-            names.clone(),
-            |_| json!({"spec": {"state": "Stopped"}}),
-            move |mw: &ManagedWorkload, _| {
-                let target = generations.get(&mw.name_any()).copied().unwrap_or(0) + 1;
-                mw.metadata.generation >= Some(target)
-                    && mw.status.as_ref().is_some_and(|s| {
-                        s.observed_generation >= Some(target)
-                            && matches!(s.phase, Some(Phase::Stopping | Phase::Stopped))
-                    })
-            },
-        )
-        .await;
+        let op = flips(workloads, names.clone(), |_| stop_patch(), stopped_at(targets)).await;
         let flip_writes = total(&writes(&ns.name)) - total(&writes_before);
         let floor_ns = TestNamespace::new("floor-flips").await;
         let deployments = floor_ns.api::<Deployment>();
@@ -645,6 +649,27 @@ async fn operator_against_the_floor() {
         let after = total(&writes(&ns.name)) - before;
         report["restart_30s_writes"] = json!(after);
         table.push_str(&format!("Operator restart, 30 s to resync {n}: {after} writes.\n"));
+    }
+
+    // The stops' own floor: the same stops of as many other workloads, with the writes a stop
+    // needs made by the ideal controller (ideal.rs) while the operator is stopped. It counts
+    // the user's patch of the workload too, which the plain Deployments' scale leaves out.
+    // The operator, started again, then finishes those stops (their `Stopped`).
+    let others: Vec<String> = (FLIPS..2 * FLIPS).filter(|i| *i < n).map(|i| format!("w{i}")).collect();
+    if with_flips && with_ideal() && !others.is_empty() {
+        operator_command("MW_BENCH_STOP_CMD");
+        let took = ideal::stops(ns, others).await;
+        operator_command("MW_BENCH_RESTART_CMD");
+        operator_idle().await;
+        let (i50, i99) = (percentile(&took, 50.0), percentile(&took, 99.0));
+        let op99 = report["flips"]["p99_s"].as_f64().unwrap_or(0.0);
+        report["flips"]["ideal_p50_s"] = json!(i50);
+        report["flips"]["ideal_p99_s"] = json!(i99);
+        table.push_str(&format!(
+            "Stops' contract floor ({} other workloads stopped by the ideal controller: the user's patch, then the Deployment's scale-down and the `Stopping` status, both from one watch): p50 {i50:.3} s, p99 {i99:.3} s; the operator's p99 is {:.3} s above it (goal: at most 0.100 s).\n",
+            took.len(),
+            op99 - i99
+        ));
     }
 
     // Volumes: more workloads, each with a claim the control plane binds to a volume of its

@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 use mw_operator::operator::ownership::{FIELD_MANAGER, applied_hash};
 use mw_operator::operator::status::{self, Observed};
 use mw_operator::operator::{deployment, service, status_write};
-use mw_operator::resource::{ManagedWorkload, ManagedWorkloadSpec, ManagedWorkloadStatus, Phase};
+use mw_operator::resource::{DesiredState, ManagedWorkload, ManagedWorkloadSpec, ManagedWorkloadStatus, Phase};
 use mw_operator::write::Write;
 
 use super::{IN_FLIGHT, TestNamespace, deployment_available, each, ready_and_running, until_all, workload_body};
@@ -57,19 +57,7 @@ pub fn bodies(namespace: &str, name: &str, spec: Value) -> Bodies {
     mw.metadata.generation = Some(1);
     let deployment = deployment::deployment(&mw, &Default::default()).expect("a desired Deployment");
     let service = service::service(&mw);
-    let now = Time(Timestamp::from_second(Timestamp::now().as_second()).expect("a time"));
-    fn observed<'a>(deployment: &'a Deployment, pod: Option<&'a Pod>, service: Option<&'a Service>) -> Observed<'a> {
-        Observed {
-            desired_hash: applied_hash(deployment).unwrap_or_default(),
-            deployment: Some(deployment),
-            pods: pod.into_iter().collect(),
-            blocked: None,
-            claims: Vec::new(),
-            refused: &[],
-            service,
-            sandbox: None,
-        }
-    }
+    let now = now();
     let creating = status::derive(&mw, &observed(&deployment, None, None), &now);
     mw.status = Some(creating.clone());
     let mut available = deployment.clone();
@@ -236,6 +224,104 @@ async fn mark_ready(client: Client, deployments: Api<Deployment>, slots: Slots) 
     }
 }
 
+/// One stop's writes, built before the clock starts: the Deployment scaled to 0 (the
+/// operator's own apply of the stopped workload's Deployment, to the stored one's UID) and the
+/// `Stopping` status at the new generation, derived from the Deployment as it was.
+struct Stop {
+    workload: ManagedWorkload,
+    deployment: Deployment,
+    stopping: ManagedWorkloadStatus,
+}
+
+/// The writes that stop `mw`, whose Deployment is `live`, and the generation the stop makes.
+fn stop(mut mw: ManagedWorkload, live: &Deployment) -> (i64, Stop) {
+    mw.spec.state = Some(DesiredState::Stopped);
+    let generation = mw.metadata.generation.unwrap_or(0) + 1;
+    mw.metadata.generation = Some(generation);
+    let mut deployment = deployment::deployment(&mw, &Default::default()).expect("a desired Deployment");
+    deployment.metadata.uid = live.metadata.uid.clone();
+    let mut observed = observed(&deployment, None, None);
+    observed.deployment = Some(live);
+    let stopping = status::derive(&mw, &observed, &now());
+    (generation, Stop { workload: mw, deployment, stopping })
+}
+
+/// The contract's floor for stops: `names`' workloads (Running) each stopped by the user's
+/// patch of `spec.state`, and from one watch, on ManagedWorkloads, exactly the writes a stop
+/// needs made at once: the Deployment's scale-down beside the `Stopping` status. Timed as the
+/// operator's stops are (`super::flips`): the seconds from each patch until the status shows
+/// the new phase at the new generation.
+pub async fn stops(ns: &TestNamespace, names: Vec<String>) -> Vec<f64> {
+    let (workloads, deployments) = (ns.api::<ManagedWorkload>(), ns.api::<Deployment>());
+    let (mut bodies, mut targets) = (HashMap::new(), HashMap::new());
+    for name in &names {
+        let mw = workloads.get(name).await.expect("the workload");
+        let live = deployments.get(name).await.expect("its Deployment");
+        let (generation, stop) = stop(mw, &live);
+        bodies.insert(name.clone(), (generation, stop));
+        targets.insert(name.clone(), generation);
+    }
+    let controller = tokio::spawn(stop_on_sight(ns.client.clone(), workloads.clone(), deployments, bodies));
+    let took = super::flips(workloads, names, |_| super::stop_patch(), super::stopped_at(targets)).await;
+    controller.abort();
+    took
+}
+
+/// The one watch of the stop floor: each workload seen at its stop's generation gets its two
+/// writes, together, IN_FLIGHT stops at a time.
+async fn stop_on_sight(
+    client: Client,
+    workloads: Api<ManagedWorkload>,
+    deployments: Api<Deployment>,
+    mut bodies: HashMap<String, (i64, Stop)>,
+) {
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut stream = std::pin::pin!(watcher(workloads, watcher::Config::default()));
+    loop {
+        let Ok(Some(watcher::Event::Apply(mw) | watcher::Event::InitApply(mw))) = stream.try_next().await else {
+            continue;
+        };
+        let name = mw.name_any();
+        let Some((generation, _)) = bodies.get(&name) else { continue };
+        if mw.metadata.generation < Some(*generation) {
+            continue; // not stopped yet
+        }
+        let Some((_, stop)) = bodies.remove(&name) else { continue };
+        let (client, deployments) = (client.clone(), deployments.clone());
+        let slot = in_flight.clone().acquire_owned().await.expect("open");
+        tokio::spawn(async move {
+            let uid = stop.deployment.metadata.uid.clone();
+            let scale =
+                Write::Update { uid: uid.as_deref() }.apply(&deployments, &name, &stop.deployment, FIELD_MANAGER);
+            let status = status_write::write(&client, &stop.workload, &stop.stopping);
+            let (scaled, written) = tokio::join!(scale, status);
+            scaled.expect("the scale-down");
+            written.expect("the Stopping status");
+            drop(slot);
+        });
+    }
+}
+
+/// A time as the operator writes them: whole seconds.
+fn now() -> Time {
+    Time(Timestamp::from_second(Timestamp::now().as_second()).expect("a time"))
+}
+
+/// What the status rules see: `deployment` as the desired one and as the stored one, `pod` and
+/// `service` if any.
+fn observed<'a>(deployment: &'a Deployment, pod: Option<&'a Pod>, service: Option<&'a Service>) -> Observed<'a> {
+    Observed {
+        desired_hash: applied_hash(deployment).unwrap_or_default(),
+        deployment: Some(deployment),
+        pods: pod.into_iter().collect(),
+        blocked: None,
+        claims: Vec::new(),
+        refused: &[],
+        service,
+        sandbox: None,
+    }
+}
+
 /// The bodies must describe what they stand for, or the floor measures something else.
 #[test]
 fn the_statuses_are_the_operators_creating_then_running() {
@@ -244,4 +330,23 @@ fn the_statuses_are_the_operators_creating_then_running() {
     assert_eq!(b.running.phase, Some(Phase::Running));
     let ready = b.running.conditions.iter().find(|c| c.type_ == "Ready").expect("a Ready condition");
     assert_eq!(ready.status, "True");
+}
+
+/// A stop's bodies: the Deployment at 0 replicas, the status `Stopping` at the new generation.
+#[test]
+fn a_stop_scales_to_zero_beside_stopping() {
+    let b = bodies("ns", "w0", super::spec(0));
+    let mut mw = ManagedWorkload::new("w0", serde_json::from_value(super::spec(0)).expect("a valid spec"));
+    mw.metadata.namespace = Some("ns".into());
+    mw.metadata.uid = Some(PLACEHOLDER_UID.into());
+    mw.metadata.generation = Some(1);
+    mw.status = Some(b.running);
+    let mut live = b.deployment;
+    live.metadata.generation = Some(1);
+    live.status = Some(available_status());
+    let (generation, stop) = stop(mw, &live);
+    assert_eq!(generation, 2);
+    assert_eq!(stop.deployment.spec.and_then(|s| s.replicas), Some(0));
+    assert_eq!(stop.stopping.phase, Some(Phase::Stopping));
+    assert_eq!(stop.stopping.observed_generation, Some(2));
 }

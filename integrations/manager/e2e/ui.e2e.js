@@ -253,6 +253,12 @@ describe("Manager's web UI, patched: kubernetes nodes and their containers", () 
     await user.getByRole('textbox', { name: 'Hostname' }).fill(hostname);
     await choose(user, 'Template', 'Custom…');
     await user.getByLabel('Custom image').fill(image);
+    // Leaving the field looks the image up (its ports, from the registry), and the form is
+    // disabled until the answer: a click meanwhile is lost, as a user's would be. kwok's images
+    // are in no registry, so the look-up fails, after as long as DNS takes (6 s seen): wait
+    // for its message first.
+    await user.getByLabel('Custom image').blur();
+    await user.getByText(/Fetch metadata" to try again|Loaded metadata/).waitFor({ timeout: STEP_MS });
     await user.getByRole('button', { name: 'Create container' }).click();
     // Manager shows the create job.
     await user.waitForURL(/\/jobs\/\d+/, { timeout: STEP_MS * 2 });
