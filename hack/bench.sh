@@ -21,16 +21,19 @@
 #    e.g. 1000,5000, any list) ManagedWorkloads applied at once vs two floors: the objects the operator would make (Deployment, Service)
 #    applied directly, and the ideal controller (the same ManagedWorkloads, with exactly the
 #    writes the contract needs made by the benchmark from precomputed bodies,
-#    tests/bench_operator/ideal.rs; MW_BENCH_IDEAL=0 skips it); 60 s steady state; 200
-#    stops vs the same flips on those plain Deployments; an operator restart; 200 stops of
-#    other workloads by the ideal controller (the stops' floor); 100 workloads with a volume
-#    vs their floor.
+#    tests/bench_operator/ideal.rs; MW_BENCH_IDEAL=0 skips it); and vs its controller-runtime
+#    peer (hack/peer: the same contract written as most Go operators are, built once into
+#    ~/.cache/mw-operator/bin by `hack/controlplane.sh peer-build`, run on the same workloads
+#    as user mw-peer, tests/bench_operator/peer.rs; MW_BENCH_PEER=0 skips it); 60 s steady
+#    state; 200 stops vs the same flips on those plain Deployments; an operator restart; 200
+#    stops of other workloads by the ideal controller (the stops' floor); 100 workloads with a
+#    volume vs their floor.
 #    MW_BENCH_VOLUME_EACH=1 gives every workload of every size (and its floor) a volume too;
 #    MW_BENCH_SERVICE=0 leaves the Service out, MW_BENCH_VOLUMES=0 the 100 with a volume;
 #    MW_BENCH_FLOOR=0 skips the floor of each size (the memory slope with a volume each).
 #    MW_BENCH_OPERATOR=0 skips 3 and 4 (the bridge and the status writes alone).
-# 4. The same convergence at N = 1000 with the control plane's default rate limits
-#    (MW_BENCH_DEFAULT_LIMITS=0 skips it).
+# 4. The same convergence at N = 1000 with the control plane's default rate limits, the ideal
+#    controller and the peer beside it again (MW_BENCH_DEFAULT_LIMITS=0 skips it).
 # 5. Manager's container list (MW_BENCH_MANAGER=0 skips it): hack/manager-e2e.sh's pages suite
 #    (integrations/manager/e2e/pages.bench.js) on a control plane of its own with the operator
 #    running: 100, then 1,000 containers made through Manager's API on a kubernetes node and on
@@ -66,6 +69,9 @@ bash "$HERE/ensure-tools.sh"
 cargo build --release --locked --bin mw-operator
 # Build the benchmark binaries once, before anything is timed.
 cargo test --release --locked --no-run --test bench_bridge --test bench_operator --test bench_status --test heap 2>&1 | tail -1
+# The controller-runtime peer too (cached outside the repository by its sources' hash).
+PEER=
+if [ "${MW_BENCH_PEER:-1}" != 0 ] && [ "${MW_BENCH_OPERATOR:-1}" != 0 ]; then PEER=$(bash "$CP" peer-build); fi
 # 0. Heap accounting: what the caches keep per workload, kind by kind (tests/heap.rs).
 cargo test --release --locked --test heap -- --nocapture 2>/dev/null | grep '^heap' | tee "$OUT/heap.md"
 
@@ -95,9 +101,10 @@ operator_bench() { # NAME LABEL SIZES FLIPS
   local name=$1 pid_file
   pid_file="$(dirname "$KCFG")/pids/operator.pid"
   start_operator "$name"
-  # The ideal controller's run stops the operator (it watches every namespace) and starts it
-  # again afterwards.
-  MW_BENCH_OPERATOR_PIDFILE="$pid_file" MW_BENCH_LABEL=$2 MW_BENCH_SIZES=$3 MW_BENCH_FLIPS=$4 \
+  if [ -n "$PEER" ]; then bash "$CP" install-peer "$name"; fi
+  # The ideal controller's and the peer's runs stop the operator (it watches every namespace)
+  # and start it again afterwards. An empty MW_BENCH_PEER: no peer run.
+  MW_BENCH_OPERATOR_PIDFILE="$pid_file" MW_BENCH_LABEL=$2 MW_BENCH_SIZES=$3 MW_BENCH_FLIPS=$4 MW_BENCH_PEER="$PEER" \
     MW_BENCH_STOP_CMD="bash $CP stop-operator $name" \
     MW_BENCH_RESTART_CMD="bash $HERE/bench.sh start-operator $name" \
     bench_test bench_operator

@@ -21,6 +21,10 @@
 #   hack/controlplane.sh start-component NAME COMPONENT  start it again with the same flags and
 #                                         ports (waits for the API server to be ready again)
 #   hack/controlplane.sh bin-dir          print the directory holding the binaries
+#   hack/controlplane.sh peer-build       build (or reuse) the controller-runtime peer (hack/peer)
+#                                         `make bench` compares the operator with; prints its path
+#   hack/controlplane.sh install-peer NAME  its ClusterRole (hack/peer/role.yaml) bound to user
+#                                         mw-peer, the identity of peer.kubeconfig
 #   hack/controlplane.sh node-build|node-up NAME|node-down NAME|node-status NAME|
 #                        node-namespace NAME NS|node-import NAME ARCHIVE|node-expose NAME PORT|images
 #                                         the real node (kubelet, kube-proxy, containerd,
@@ -237,6 +241,9 @@ EXT
     sign operator "/CN=mw-operator" client.ext
     # The bridge under test, likewise bound only to config/rbac/bridge-*.yaml.
     sign bridge "/CN=mw-bridge" client.ext
+    # The benchmark's controller-runtime peer (hack/peer), bound only to hack/peer/role.yaml,
+    # so the audit log tells its writes apart.
+    sign peer "/CN=mw-peer" client.ext
     # The API server's identity toward kubelets (kubectl logs and exec on the real node).
     sign kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" client.ext
     openssl genrsa -out sa.key 2048 2>/dev/null
@@ -370,7 +377,7 @@ cmd_up() {
   etcd_port=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
   kcm_port=$(free_port); sched_port=$(free_port); kwok_port=$(free_port)
   local server="https://127.0.0.1:$api_port"
-  for who in admin controller-manager scheduler kwok operator bridge; do
+  for who in admin controller-manager scheduler kwok operator bridge peer; do
     write_kubeconfig "$state/$who.kubeconfig" "$who" "$server" "$pki"
   done
   mv "$state/admin.kubeconfig" "$state/kubeconfig"
@@ -489,6 +496,48 @@ cmd_install_operator() {
   "${kubectl[@]}" apply -f "$REPO/config/rbac/bridge-cluster-role.yaml" >/dev/null
 }
 
+# The controller-runtime peer `make bench` compares the operator with (hack/peer, a Go module
+# of its own), built like the control plane: once per content of its sources and the Go
+# version, into the cache outside the repository.
+peer_bin() {
+  local key
+  key=$( {
+    go env GOVERSION
+    for f in "$HERE/peer/go.mod" "$HERE/peer/go.sum" "$HERE"/peer/*.go; do basename "$f"; cat "$f"; done
+  } | sha256sum | cut -c1-12)
+  echo "$CACHE_ROOT/bin/peer-$key/peer"
+}
+
+cmd_peer_build() {
+  ensure_tools
+  local bin dir; bin=$(peer_bin); dir=$(dirname "$bin")
+  if [ -x "$bin" ]; then echo "$bin"; return 0; fi
+  log "building the controller-runtime peer into $dir"
+  local tmp="$dir.partial.$$" start=$SECONDS
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  (
+    cd "$HERE/peer"
+    CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false -trimpath" go build -ldflags "-s -w" -o "$tmp/peer" .
+  )
+  rm -rf "$dir"; mv "$tmp" "$dir"
+  log "built in $((SECONDS - start))s"
+  echo "$bin"
+}
+
+# The peer's permissions on control plane NAME: hack/peer/role.yaml bound to user mw-peer.
+cmd_install_peer() {
+  local name=$1
+  local kcfg="$RUN_ROOT/$name/kubeconfig"
+  [ -f "$kcfg" ] || die "control plane '$name' is not up"
+  local kubectl=("$(bin_dir)/kubectl" --kubeconfig "$kcfg")
+  "${kubectl[@]}" apply -f "$HERE/peer/role.yaml" >/dev/null
+  "${kubectl[@]}" create clusterrolebinding mw-peer --clusterrole=mw-peer --user=mw-peer \
+    --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
+  # RBAC is cached by the API server: wait until the binding is in effect.
+  wait_for "the peer's ClusterRoleBinding" 30 "$LOG_ROOT/$name" "${kubectl[@]}" auth can-i \
+    update managedworkloads.opensource-server.mieweb.org --subresource=status --all-namespaces --as mw-peer
+}
+
 # (Re)start the operator BINARY against control plane NAME as user mw-operator, appending to
 # its log. Its PID is recorded with the control plane's, so `down` stops it too, even after a
 # killed run. Prints the PID.
@@ -561,12 +610,14 @@ adopt_line() {
 
 main() {
   case "${1:-}" in
-    "" | build | bin-dir | node-build | images) ;;
+    "" | build | bin-dir | node-build | images | peer-build) ;;
     *) adopt_line "$1" "${2:-default}" ;;
   esac
   case "${1:-}" in
     build) cmd_build >/dev/null; bin_dir ;;
     bin-dir) bin_dir ;;
+    peer-build) cmd_peer_build ;;
+    install-peer) cmd_install_peer "${2:?NAME}" ;;
     up) cmd_up "${2:-}" ;;
     down) cmd_down "${2:-}" ;;
     status) cmd_status "${2:-}" ;;
@@ -587,7 +638,7 @@ main() {
     images) cmd_images ;;
     stop-component) cmd_stop_component "${2:?NAME}" "${3:?COMPONENT}" ;;
     start-component) cmd_start_component "${2:?NAME}" "${3:?COMPONENT}" ;;
-    *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 }
 

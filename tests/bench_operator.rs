@@ -7,6 +7,11 @@
 //!   (MW_BENCH_SERVICE=0: without); time until all are Ready; its API writes (from the audit
 //!   log, by resource), CPU seconds and memory.
 //!
+//! Between the two, with the operator stopped, the same N ManagedWorkloads under the ideal
+//! controller (`bench_operator/ideal.rs`: the writes the contract needs, made by the bench) and
+//! under the controller-runtime peer (`bench_operator/peer.rs`: hack/peer, the contract written
+//! as most Go operators are; the binary in MW_BENCH_PEER, no run without it).
+//!
 //! MW_BENCH_VOLUME_EACH=1 gives every workload (and its floor) a volume as well.
 //! MW_BENCH_FLOOR=0 skips the floor of each size (no ratio then): with a volume each, the
 //! control plane's volume binder takes most of an hour over the floor's claims at N = 5,000,
@@ -21,6 +26,8 @@
 
 #[path = "bench_operator/ideal.rs"]
 mod ideal;
+#[path = "bench_operator/peer.rs"]
+mod peer;
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
@@ -218,6 +225,8 @@ struct Run {
     floor_s: f64,
     /// The ideal controller's run (`ideal.rs`), when there was one.
     ideal: Option<IdealRun>,
+    /// The controller-runtime peer's run (`peer.rs`), when there was one (MW_BENCH_PEER).
+    peer: Option<peer::PeerRun>,
     operator_s: f64,
     writes: BTreeMap<String, usize>,
     cpu_s: f64,
@@ -350,6 +359,11 @@ async fn converge(n: usize) -> (Run, TestNamespace, Option<Storage>) {
         drop(floor_storage);
     }
     let ideal = if with_ideal() { Some(ideal_run(n, spec).await) } else { None };
+    // The peer makes no claims either.
+    let peer = match peer::binary() {
+        Some(binary) if !volume_each() => Some(peer::run(n, &binary, spec).await),
+        _ => None,
+    };
 
     // The operator.
     let pid = operator_pid();
@@ -363,6 +377,7 @@ async fn converge(n: usize) -> (Run, TestNamespace, Option<Storage>) {
     let run = Run {
         floor_s,
         ideal,
+        peer,
         operator_s,
         writes: writes(&ns.name),
         cpu_s: cpu_seconds(pid) - cpu0,
@@ -511,7 +526,7 @@ async fn operator_against_the_floor() {
     let with_flips = std::env::var("MW_BENCH_FLIPS").map(|v| v != "0").unwrap_or(true);
     let mut report = json!({"label": label, "sizes": {}});
     let mut table = format!(
-        "\n## Operator ({label}{})\n\n| N | plain Deployments: all Available | ideal controller: all Ready | operator: all Ready | operator ÷ ideal | operator ÷ plain | writes per workload | of which Deployment / Service / status / Events | operator CPU per 1000 | RSS after |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n## Operator ({label}{})\n\n| N | plain Deployments: all Available | ideal controller: all Ready | controller-runtime peer: all Ready | operator: all Ready | operator ÷ ideal | operator ÷ peer | operator ÷ plain | writes per workload | of which Deployment / Service / status / Events | operator CPU per 1000 | RSS after |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         match (with_service(), volume_each()) {
             (true, true) => ", each workload with a ClusterIP Service and a volume",
             (true, false) => ", each workload with a ClusterIP Service",
@@ -521,7 +536,7 @@ async fn operator_against_the_floor() {
     );
     let mut kept = Vec::new();
     let mut last_rss = None;
-    let (mut cpu_lines, mut ideal_lines) = (String::new(), String::new());
+    let (mut cpu_lines, mut ideal_lines, mut peer_lines) = (String::new(), String::new(), String::new());
     for &n in &sizes {
         let (run, ns, storage) = converge(n).await;
         let per = |pred: &dyn Fn(&str) -> bool| {
@@ -532,14 +547,17 @@ async fn operator_against_the_floor() {
         let status = per(&|k| k.ends_with("managedworkloads/status"));
         let events = per(&|k| k.ends_with(" events"));
         let ideal_s = run.ideal.as_ref().map_or(0.0, |i| i.seconds);
+        let peer_s = run.peer.as_ref().map_or(0.0, |p| p.seconds);
         let seconds = |s: f64| if s > 0.0 { format!("{s:.1} s") } else { "—".into() };
         let ratio = |to: f64| if to > 0.0 { format!("{:.2}", run.operator_s / to) } else { "—".into() };
         table.push_str(&format!(
-            "| {n} | {} | {} | {:.1} s | **{}** | {} | {:.2} | {deploy:.2} / {service:.2} / {status:.2} / {events:.2} | {:.1} s | {:.1} MiB |\n",
+            "| {n} | {} | {} | {} | {:.1} s | **{}** | {} | {} | {:.2} | {deploy:.2} / {service:.2} / {status:.2} / {events:.2} | {:.1} s | {:.1} MiB |\n",
             seconds(run.floor_s),
             seconds(ideal_s),
+            seconds(peer_s),
             run.operator_s,
             ratio(ideal_s),
+            ratio(peer_s),
             ratio(run.floor_s),
             total(&run.writes) as f64 / n as f64,
             run.cpu_s * 1000.0 / n as f64,
@@ -549,31 +567,50 @@ async fn operator_against_the_floor() {
         let per_workload_kib = last_rss.map(|rss: f64| (run.rss_kib - rss) / n as f64);
         let no_cpu = BTreeMap::new();
         let ideal_cpu = run.ideal.as_ref().map_or(&no_cpu, |i| &i.cpu);
+        let peer_cpu = run.peer.as_ref().map_or(&no_cpu, |p| &p.cpu);
         report["sizes"][n.to_string()] = json!({
-            "floor_s": run.floor_s, "ideal_s": ideal_s, "operator_s": run.operator_s,
+            "floor_s": run.floor_s, "ideal_s": ideal_s, "peer_s": peer_s, "operator_s": run.operator_s,
             "ratio_to_ideal": if ideal_s > 0.0 { run.operator_s / ideal_s } else { 0.0 },
+            "ratio_to_peer": if peer_s > 0.0 { run.operator_s / peer_s } else { 0.0 },
             "ratio": if run.floor_s > 0.0 { run.operator_s / run.floor_s } else { 0.0 },
             "writes": run.writes, "writes_per_workload": total(&run.writes) as f64 / n as f64,
             "ideal_writes": run.ideal.as_ref().map(|i| &i.writes),
+            "peer_writes": run.peer.as_ref().map(|p| &p.writes),
+            "peer_refused_writes": run.peer.as_ref().map(|p| p.refused),
             "cpu_s": run.cpu_s, "rss_kib_after": run.rss_kib, "kib_per_additional_workload": per_workload_kib,
-            "cpu_by_component": {"floor": run.floor_cpu, "ideal": ideal_cpu, "operator": run.operator_cpu},
+            "cpu_by_component": {"floor": run.floor_cpu, "ideal": ideal_cpu, "peer": peer_cpu, "operator": run.operator_cpu},
         });
-        cpu_lines
-            .push_str(&format!("| {n} | {} |\n", cpu_by_component(&[&run.floor_cpu, ideal_cpu, &run.operator_cpu])));
+        let runs = [&run.floor_cpu, ideal_cpu, peer_cpu, &run.operator_cpu];
+        cpu_lines.push_str(&format!("| {n} | {} |\n", cpu_by_component(&runs)));
+        let per_workload = |writes: &BTreeMap<String, usize>| {
+            let writes: Vec<String> = writes.iter().map(|(k, v)| format!("{k} {:.2}", *v as f64 / n as f64)).collect();
+            writes.join(", ")
+        };
         if let Some(ideal) = &run.ideal {
-            let writes: Vec<String> =
-                ideal.writes.iter().map(|(k, v)| format!("{k} {:.2}", *v as f64 / n as f64)).collect();
-            ideal_lines.push_str(&format!("| {n} | {} |\n", writes.join(", ")));
+            ideal_lines.push_str(&format!("| {n} | {} |\n", per_workload(&ideal.writes)));
+        }
+        if let Some(peer) = &run.peer {
+            peer_lines.push_str(&format!(
+                "| {n} | {} | {:.2} | {:.2} |\n",
+                per_workload(&peer.writes),
+                total(&peer.writes) as f64 / n as f64,
+                peer.refused as f64 / n as f64
+            ));
         }
         last_rss = Some(run.rss_kib);
         kept.push((ns, storage));
     }
     table.push_str(&format!(
-        "\nCPU seconds each process spent, plain Deployments → ideal controller → operator (bench: this benchmark's own process, the ideal controller in its run):\n\n| N | CPU |\n|---|---|\n{cpu_lines}"
+        "\nCPU seconds each process spent, plain Deployments → ideal controller → controller-runtime peer → operator (bench: this benchmark's own process, the ideal controller in its run; peer: the peer's process):\n\n| N | CPU |\n|---|---|\n{cpu_lines}"
     ));
     if !ideal_lines.is_empty() {
         table.push_str(&format!(
             "\nThe ideal controller's writes per workload, beside the user's apply:\n\n| N | writes |\n|---|---|\n{ideal_lines}"
+        ));
+    }
+    if !peer_lines.is_empty() {
+        table.push_str(&format!(
+            "\nThe controller-runtime peer's writes per workload (hack/peer), beside the user's apply; refused: those the API server answered with an error (a stale copy's conflict, a create of what exists):\n\n| N | writes | total | of which refused |\n|---|---|---|---|\n{peer_lines}"
         ));
     }
     let pid = operator_pid();
