@@ -105,6 +105,28 @@ async fn create_stop_start_update_delete() {
     let requests = current[0].spec.as_ref().unwrap().containers[0].resources.clone().unwrap().requests.unwrap();
     assert_eq!(requests["cpu"].0, "250m");
 
+    // Its Events: where each change ended (Running, Stopped), never the transition the user's
+    // own change started (Creating, Stopping, Updating). One sender sends them in order, so
+    // once Stopped is there a Stopping would be too.
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
+    let reasons = || async {
+        let listed = events.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+        let reasons: std::collections::BTreeSet<String> = listed
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().is_some_and(|r| r.kind.as_deref() == Some("ManagedWorkload")))
+            .filter_map(|e| e.reason)
+            .collect();
+        Ok::<_, String>(reasons)
+    };
+    support::eventually("the Running and Stopped Events", TIMEOUT, || async {
+        let reasons = reasons().await?;
+        if reasons.contains("Running") && reasons.contains("Stopped") { Ok(()) } else { Err(format!("{reasons:?}")) }
+    })
+    .await;
+    let reasons = reasons().await.unwrap();
+    assert!(!reasons.iter().any(|r| ["Creating", "Stopping", "Updating"].contains(&r.as_str())), "{reasons:?}");
+
     // Delete: garbage collection removes the Deployment and its Pods. (This can take up to
     // ~30 s on a fresh control plane: the garbage collector starts watching a newly installed
     // CRD's kind only at its next resource discovery, every 30 s.)

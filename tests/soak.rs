@@ -369,6 +369,10 @@ async fn soak() {
     let workloads = ns.api::<ManagedWorkload>();
     let seen = mirror(workloads.clone());
     let workload = |i: usize| seen.get(&ObjectRef::new(&format!("w{i}")).within(&ns.name));
+    // A change is carried out once the object its write made is settled as now wanted.
+    let carried_out = |p: &Pending, wanted: &[Wanted]| {
+        workload(p.i).is_some_and(|m| p.written.shows(&*m) && settled(&m, &wanted[p.i]))
+    };
     let mut replicas = vec![replica(&ns, "soak-a").await];
     replicas[0].op.wait_leader(LEASE, Duration::from_secs(120)).await;
     replicas.push(replica(&ns, "soak-b").await);
@@ -492,9 +496,7 @@ async fn soak() {
         // Until the minute ends: sample the leader's memory, and see which changes are done.
         while Instant::now() < minute_end {
             rss.push((started.elapsed(), memory_kib(replicas[leader].op.pid).0));
-            retire(&mut pending, &mut took, |p| {
-                workload(p.i).is_some_and(|m| p.written.shows(&*m) && settled(&m, &wanted[p.i]))
-            });
+            retire(&mut pending, &mut took, |p| carried_out(p, &wanted));
             tokio::time::sleep(LOOK.min(minute_end.saturating_duration_since(Instant::now()))).await;
         }
         eprintln!(
@@ -507,9 +509,7 @@ async fn soak() {
     // The last changes: carried out within STUCK_AFTER, or stuck (reported with their reason).
     let last = Instant::now();
     loop {
-        retire(&mut pending, &mut took, |p| {
-            workload(p.i).is_some_and(|m| p.written.shows(&*m) && settled(&m, &wanted[p.i]))
-        });
+        retire(&mut pending, &mut took, |p| carried_out(p, &wanted));
         let waiting: Vec<(usize, String)> = (0..n)
             .filter_map(|i| {
                 let current = workload(i);
