@@ -353,15 +353,67 @@ alive() {
   done
 }
 
+# Start-up waits also fail early, naming the component, when one that was started has exited
+# (a port taken between free_port and its bind, a bad flag) instead of waiting out the time.
+wait_starting() {
+  local what=$1 timeout=$2 state=$3 logs=$4; shift 4
+  local deadline=$((SECONDS + timeout)) pidfile
+  until "$@" >/dev/null 2>&1; do
+    for pidfile in "$state"/pids/*.pid; do
+      pid_runs "$(cat "$pidfile")" || { log "$(basename "$pidfile" .pid) exited while waiting for $what"; return 1; }
+    done
+    if ((SECONDS >= deadline)); then
+      log "timed out after ${timeout}s waiting for $what"
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+# What a failed start-up leaves for whoever reads CI's output, which is all they get: which
+# component still ran and the end of each one's log.
+explain_failed_start() {
+  local state=$1 logs=$2 component pidfile lines
+  for component in "${COMPONENTS[@]}"; do
+    pidfile="$state/pids/$component.pid"
+    if [ ! -e "$pidfile" ]; then continue; fi
+    if pid_runs "$(cat "$pidfile")"; then lines=3; log "$component: running"; else lines=12; log "$component: exited"; fi
+    if [ -s "$logs/$component.log" ]; then
+      log "the end of $logs/$component.log:"
+      tail -n "$lines" "$logs/$component.log" | cut -c1-400 | sed 's/^/    /' >&2
+    fi
+  done
+}
+
 cmd_up() {
   local name=${1:-default}
-  local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
+  local state="$RUN_ROOT/$name"
   if alive "$state" 2>/dev/null && healthy "$state"; then
     log "control plane '$name' is already up"
     if [ "${MW_REAL_NODE:-0}" != 0 ]; then cmd_node_up "$name"; fi
     print_env "$name"
     return 0
   fi
+  # One more try, on fresh ports, when a start fails: free_port cannot hold a port until the
+  # component binds it, and a start that fails says why above before the retry. (A subshell
+  # with its own `set -e`, run as a plain command, keeps every step's failure fatal to the
+  # attempt; called as a condition, `||` would switch that off inside it.)
+  local rc
+  set +e
+  (set -e; start_control_plane "$name")
+  rc=$?
+  set -e
+  if [ "$rc" != 0 ]; then
+    log "starting control plane '$name' failed (see above); trying once more on fresh ports"
+    (set -e; start_control_plane "$name")
+  fi
+  if [ "${MW_REAL_NODE:-0}" != 0 ]; then cmd_node_up "$name" || { cmd_down "$name"; return 1; }; fi
+  print_env "$name"
+}
+
+start_control_plane() {
+  local name=$1
+  local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name"
   # Whatever a crashed or killed earlier run left behind goes first.
   stop_recorded "$state" || die "processes of an earlier '$name' are still running (see above); stop them first"
   rm -rf "$state"
@@ -388,7 +440,8 @@ cmd_up() {
     --listen-peer-urls="http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls="http://127.0.0.1:$etcd_peer" \
     --initial-cluster="mw-local=http://127.0.0.1:$etcd_peer" \
     --unsafe-no-fsync --quota-backend-bytes=2147483648 --log-level=warn
-  wait_for "etcd" 60 "$logs" curl -sf "http://127.0.0.1:$etcd_port/health" || { cmd_down "$name"; return 1; }
+  wait_starting "etcd" 60 "$state" "$logs" curl -sf "http://127.0.0.1:$etcd_port/health" ||
+    { failed_start "$name"; return 1; }
 
   start "$state" "$logs" kube-apiserver "$bin/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
@@ -404,8 +457,8 @@ cmd_up() {
     --endpoint-reconciler-type=none --profiling="${MW_CP_PROFILING:-false}" \
     --audit-policy-file="$HERE/audit-policy.yaml" --audit-log-path="$logs/audit.log" \
     --audit-log-maxsize=200 --audit-log-maxbackup="${MW_CP_AUDIT_BACKUPS:-1}"
-  wait_for "kube-apiserver" 120 "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
-    --request-timeout=3s get --raw=/readyz || { cmd_down "$name"; return 1; }
+  wait_starting "kube-apiserver" 120 "$state" "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
+    --request-timeout=3s get --raw=/readyz || { failed_start "$name"; return 1; }
 
   # MW_CP_UNLIMITED_QPS=1 lifts the client-side rate limits of kube-controller-manager (20/s
   # by default) and kube-scheduler (50/s), as `kwokctl --disable-qps-limits` does, so that a
@@ -437,16 +490,14 @@ cmd_up() {
     --server-address="127.0.0.1:$kwok_port"
 
   "$bin/kubectl" --kubeconfig "$state/kubeconfig" apply -f "$HERE/kwok/node.yaml" >/dev/null
-  wait_for "the kwok node to be Ready" 120 "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
-    wait --for=condition=Ready node/kwok-node-0 --timeout=2s || { cmd_down "$name"; return 1; }
+  wait_starting "the kwok node to be Ready" 120 "$state" "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
+    wait --for=condition=Ready node/kwok-node-0 --timeout=2s || { failed_start "$name"; return 1; }
   # Pods need the namespace's default ServiceAccount, which kube-controller-manager creates.
-  wait_for "the default ServiceAccount" 60 "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
-    get serviceaccount default -n default || { cmd_down "$name"; return 1; }
-  alive "$state" || { log "a component died during start-up; logs are in $logs"; cmd_down "$name"; return 1; }
+  wait_starting "the default ServiceAccount" 60 "$state" "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
+    get serviceaccount default -n default || { failed_start "$name"; return 1; }
+  alive "$state" || { log "a component died during start-up"; failed_start "$name"; return 1; }
 
   log "control plane '$name' up in $((SECONDS - t0))s"
-  if [ "${MW_REAL_NODE:-0}" != 0 ]; then cmd_node_up "$name" || { cmd_down "$name"; return 1; }; fi
-  print_env "$name"
 }
 
 print_env() {
@@ -454,6 +505,13 @@ print_env() {
   log "kubeconfig: $RUN_ROOT/$name/kubeconfig (admin); operator identity: $RUN_ROOT/$name/operator.kubeconfig"
   log "logs:       $LOG_ROOT/$name/"
   log "kubectl:    $(bin_dir)/kubectl --kubeconfig $RUN_ROOT/$name/kubeconfig get nodes"
+}
+
+failed_start() {
+  local name=$1
+  explain_failed_start "$RUN_ROOT/$name" "$LOG_ROOT/$name"
+  log "logs are in $LOG_ROOT/$name"
+  cmd_down "$name"
 }
 
 cmd_down() {
