@@ -1,4 +1,4 @@
-//! The Service step of a reconcile, before the Deployment's: `step::ensure` (deleting only the
+//! The Service step of a reconcile, beside the Deployment's: `step::ensure` (deleting only the
 //! workload's own Service, once `spec.service` is gone), and what it means for the status.
 //!
 //! A foreign Service of that name is never touched: the workload is reported blocked

@@ -1,7 +1,7 @@
-//! One reconcile: claims (`volumes`), the Service (`expose`), the NetworkPolicy
-//! (`network_policy`) and the Deployment, each through `step`, then report (`status::derive`,
-//! then one status write when it differs). Only the step and the status write call the API
-//! server.
+//! One reconcile: claims (`volumes`), the NetworkPolicy (`network_policy`), then the Service
+//! (`expose`) and the Deployment side by side, each through `step`, then report
+//! (`status::derive`, then one status write when it differs). Only the step and the status
+//! write call the API server.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
+use tokio::sync::oneshot;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::Context;
@@ -110,17 +111,11 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
         Flow::Done(claims) => claims,
         Flow::Requeue(after) => return Ok(Action::requeue(after)),
     };
-    // The Service before the Deployment, so a new workload's first status has its cluster IP.
-    let exposed = match expose::reconcile(ctx, mw, namespace).await? {
-        Flow::Done(exposed) => exposed,
-        Flow::Requeue(after) => return Ok(Action::requeue(after)),
-    };
     // Isolation before the Deployment, so a Pod never starts without the policy it asks for.
     let isolation = match network_policy::reconcile(ctx, mw, namespace).await? {
         Flow::Done(blocked) => blocked,
         Flow::Requeue(after) => return Ok(Action::requeue(after)),
     };
-    let service = exposed.service.map(|s| *s);
     // A claim or isolation problem holds the workload where it is (its Pod would mount someone
     // else's claim, or one being deleted, or run without its isolation). A stop still goes ahead.
     let running = mw.spec.desired_state() == DesiredState::Running;
@@ -131,24 +126,48 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     }
     .or(isolation);
     let held = hold.is_some() && running;
-    let verdict = step::step_beside(
+    // The Service and the Deployment side by side: creating a Service is the API server's
+    // slowest write here (it allocates the cluster IP, at a cost that grows with the Services
+    // in the cluster), and the rollout need not wait for it. The status written beside the
+    // Deployment's apply waits for the Service instead, so a new workload's first status
+    // carries its cluster IP. An existing Service comes from the cache at once.
+    let (exposed_tx, exposed_rx) = oneshot::channel();
+    let expose = async {
+        let flow = expose::reconcile(ctx, mw, namespace).await;
+        if let Ok(Flow::Done(exposed)) = &flow {
+            let _ = exposed_tx.send((exposed.service.as_deref().cloned(), exposed.blocked.clone()));
+        }
+        flow
+    };
+    let deployment_step = step::step_beside(
         ctx,
         mw,
         namespace,
         name,
         |live| if held { Err(Held) } else { Ok((Cow::Borrowed(&desired), plan::decide(mw, &desired, live))) },
         |live| {
-            let before = Acted {
-                // Before the first Deployment exists, the one being created stands in for it.
-                deployment: Some(live.map_or_else(|| desired.clone(), CachedDeployment::to_deployment)),
-                service: service.clone(),
-                blocked: hold.clone().or_else(|| exposed.blocked.clone()),
-            };
-            report_ahead(ctx, mw, namespace, name, &desired, before, &claims)
+            // Before the first Deployment exists, the one being created stands in for it.
+            let deployment = Some(live.map_or_else(|| desired.clone(), CachedDeployment::to_deployment));
+            let (hold, claims, desired) = (hold.clone(), &claims, &desired);
+            async move {
+                // No Service to report (its step failed or asks to look again): the report after
+                // the next reconcile's steps writes the status.
+                let Ok((service, service_blocked)) = exposed_rx.await else { return };
+                let before = Acted { deployment, service, blocked: hold.or(service_blocked) };
+                report_ahead(ctx, mw, namespace, name, desired, before, claims).await
+            }
         },
-    )
-    .await?;
-    let (deployment, blocked) = match verdict.judge(ctx, mw, name) {
+    );
+    let (exposed, verdict) = tokio::join!(expose, deployment_step);
+    // The Deployment's verdict first: judging it remembers an applied Deployment, which the next
+    // reconcile needs also when the Service's step failed.
+    let judged = verdict?.judge(ctx, mw, name);
+    let exposed = match exposed? {
+        Flow::Done(exposed) => exposed,
+        Flow::Requeue(after) => return Ok(Action::requeue(after)),
+    };
+    let service = exposed.service.map(|s| *s);
+    let (deployment, blocked) = match judged {
         Judged::Left(Held, live) => (live.filter(|d| is_controlled_by(d, mw)), None),
         Judged::Done { live, blocked, .. } => (live, blocked),
         Judged::Requeue(after) => return Ok(Action::requeue(after)),
