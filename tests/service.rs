@@ -295,11 +295,22 @@ async fn nothing_is_written_in_steady_state_while_the_endpoints_change() {
     let services = ns.api::<Service>();
     let pods = ns.api::<Pod>();
     let slices = ns.api::<EndpointSlice>();
+    // Every status from the first on: its phase, and whether it has the Service's cluster IP.
+    let statuses = WatchLog::start(&workloads, "web", |mw| {
+        let status = mw.status.as_ref()?;
+        Some((status.phase, status.service.as_ref().and_then(|s| s.cluster_ip.as_ref()).is_some()))
+    })
+    .await;
     apply(&workloads, "web", spec("nginx:latest", "ClusterIP")).await.unwrap();
     wait_ready(&workloads, "web", Phase::Running).await;
     let before = audit::settled_writes(&ns.name).await;
     let service_writes = before.iter().filter(|w| w.resource == "services").count();
     assert_eq!(service_writes, 1, "the Service's one apply: {before:?}");
+    // The Service is made beside the Deployment, and the first status waits for it: two status
+    // writes, each with the cluster IP.
+    let status_writes = before.iter().filter(|w| w.subresource.as_deref() == Some("status")).count();
+    assert_eq!(status_writes, 2, "Creating, then Running: {before:?}");
+    assert_eq!(statuses.seen(), [(Some(Phase::Creating), true), (Some(Phase::Running), true)]);
 
     // A Pod that is not the workload's but carries its labels: the Service selects it, so
     // kube-controller-manager adds it to the Service's EndpointSlice; the operator sees it (its
