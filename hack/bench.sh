@@ -111,7 +111,9 @@ operator_bench() { # NAME LABEL SIZES FLIPS
   cat "$OUT/operator-$2.md"
 }
 
-export MW_CP_UNLIMITED_QPS=1
+# The audit log keeps every run of the largest size (about 200 MB a file), so each
+# contender's writes can be compared afterwards.
+export MW_CP_UNLIMITED_QPS=1 MW_CP_AUDIT_BACKUPS=${MW_CP_AUDIT_BACKUPS:-10}
 control_plane bench
 if [ "${MW_BENCH_BRIDGE:-1}" != 0 ]; then
   echo "== bridge: ${MW_BENCH_BRIDGE_ROWS:-10000} rows in PostgreSQL"
