@@ -328,10 +328,19 @@ healthy() {
   "$(bin_dir)/kubectl" --kubeconfig "$state/kubeconfig" --request-timeout=3s get --raw=/readyz >/dev/null 2>&1
 }
 
+# wait_for WHAT TIMEOUT LOGS [--starting STATE] COMMAND...: until COMMAND succeeds. With
+# --starting, a component of that control plane that was started and has exited (a port taken
+# between free_port and its bind, a bad flag) fails the wait at once, instead of at the timeout.
 wait_for() {
   local what=$1 timeout=$2 logs=$3; shift 3
+  local starting=
+  if [ "$1" = --starting ]; then starting=$2; shift 2; fi
   local deadline=$((SECONDS + timeout))
   until "$@" >/dev/null 2>&1; do
+    if [ -n "$starting" ] && ! alive "$starting" started; then
+      log "... while waiting for $what"
+      return 1
+    fi
     if ((SECONDS >= deadline)); then
       log "timed out after ${timeout}s waiting for $what; logs are in $logs"
       return 1
@@ -343,45 +352,17 @@ wait_for() {
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
 # Every control-plane component still runs (the operator, when one is recorded, is not part
-# of the control plane's health).
+# of the control plane's health). `alive STATE started`: every one started so far (during
+# start-up).
 alive() {
-  local state=$1 name pidfile
+  local state=$1 only_started=${2:-} name pidfile
   for name in "${COMPONENTS[@]}"; do
     pidfile="$state/pids/$name.pid"
-    [ -e "$pidfile" ] || return 1
-    pid_runs "$(cat "$pidfile")" || { log "$name exited"; return 1; }
-  done
-}
-
-# Start-up waits also fail early, naming the component, when one that was started has exited
-# (a port taken between free_port and its bind, a bad flag) instead of waiting out the time.
-wait_starting() {
-  local what=$1 timeout=$2 state=$3 logs=$4; shift 4
-  local deadline=$((SECONDS + timeout)) pidfile
-  until "$@" >/dev/null 2>&1; do
-    for pidfile in "$state"/pids/*.pid; do
-      pid_runs "$(cat "$pidfile")" || { log "$(basename "$pidfile" .pid) exited while waiting for $what"; return 1; }
-    done
-    if ((SECONDS >= deadline)); then
-      log "timed out after ${timeout}s waiting for $what"
+    if [ ! -e "$pidfile" ]; then
+      [ -n "$only_started" ] && continue
       return 1
     fi
-    sleep 0.5
-  done
-}
-
-# What a failed start-up leaves for whoever reads CI's output, which is all they get: which
-# component still ran and the end of each one's log.
-explain_failed_start() {
-  local state=$1 logs=$2 component pidfile lines
-  for component in "${COMPONENTS[@]}"; do
-    pidfile="$state/pids/$component.pid"
-    if [ ! -e "$pidfile" ]; then continue; fi
-    if pid_runs "$(cat "$pidfile")"; then lines=3; log "$component: running"; else lines=12; log "$component: exited"; fi
-    if [ -s "$logs/$component.log" ]; then
-      log "the end of $logs/$component.log:"
-      tail -n "$lines" "$logs/$component.log" | cut -c1-400 | sed 's/^/    /' >&2
-    fi
+    pid_runs "$(cat "$pidfile")" || { log "$name exited"; return 1; }
   done
 }
 
@@ -440,7 +421,7 @@ start_control_plane() {
     --listen-peer-urls="http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls="http://127.0.0.1:$etcd_peer" \
     --initial-cluster="mw-local=http://127.0.0.1:$etcd_peer" \
     --unsafe-no-fsync --quota-backend-bytes=2147483648 --log-level=warn
-  wait_starting "etcd" 60 "$state" "$logs" curl -sf "http://127.0.0.1:$etcd_port/health" ||
+  wait_for "etcd" 60 "$logs" --starting "$state" curl -sf "http://127.0.0.1:$etcd_port/health" ||
     { failed_start "$name"; return 1; }
 
   start "$state" "$logs" kube-apiserver "$bin/kube-apiserver" \
@@ -457,7 +438,7 @@ start_control_plane() {
     --endpoint-reconciler-type=none --profiling="${MW_CP_PROFILING:-false}" \
     --audit-policy-file="$HERE/audit-policy.yaml" --audit-log-path="$logs/audit.log" \
     --audit-log-maxsize=200 --audit-log-maxbackup="${MW_CP_AUDIT_BACKUPS:-1}"
-  wait_starting "kube-apiserver" 120 "$state" "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
+  wait_for "kube-apiserver" 120 "$logs" --starting "$state" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
     --request-timeout=3s get --raw=/readyz || { failed_start "$name"; return 1; }
 
   # MW_CP_UNLIMITED_QPS=1 lifts the client-side rate limits of kube-controller-manager (20/s
@@ -490,10 +471,10 @@ start_control_plane() {
     --server-address="127.0.0.1:$kwok_port"
 
   "$bin/kubectl" --kubeconfig "$state/kubeconfig" apply -f "$HERE/kwok/node.yaml" >/dev/null
-  wait_starting "the kwok node to be Ready" 120 "$state" "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
+  wait_for "the kwok node to be Ready" 120 "$logs" --starting "$state" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
     wait --for=condition=Ready node/kwok-node-0 --timeout=2s || { failed_start "$name"; return 1; }
   # Pods need the namespace's default ServiceAccount, which kube-controller-manager creates.
-  wait_starting "the default ServiceAccount" 60 "$state" "$logs" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
+  wait_for "the default ServiceAccount" 60 "$logs" --starting "$state" "$bin/kubectl" --kubeconfig "$state/kubeconfig" \
     get serviceaccount default -n default || { failed_start "$name"; return 1; }
   alive "$state" || { log "a component died during start-up"; failed_start "$name"; return 1; }
 
@@ -507,10 +488,20 @@ print_env() {
   log "kubectl:    $(bin_dir)/kubectl --kubeconfig $RUN_ROOT/$name/kubeconfig get nodes"
 }
 
+# A failed start-up: say which component still ran and show the end of each one's log (CI's
+# output is all its reader gets), then stop what was started.
 failed_start() {
   local name=$1
-  explain_failed_start "$RUN_ROOT/$name" "$LOG_ROOT/$name"
-  log "logs are in $LOG_ROOT/$name"
+  local state="$RUN_ROOT/$name" logs="$LOG_ROOT/$name" component pidfile lines
+  for component in "${COMPONENTS[@]}"; do
+    pidfile="$state/pids/$component.pid"
+    if [ ! -e "$pidfile" ]; then continue; fi
+    if pid_runs "$(cat "$pidfile")"; then lines=3; log "$component: running"; else lines=12; log "$component: exited"; fi
+    if [ -s "$logs/$component.log" ]; then
+      log "the end of $logs/$component.log:"
+      tail -n "$lines" "$logs/$component.log" | cut -c1-400 | sed 's/^/    /' >&2
+    fi
+  done
   cmd_down "$name"
 }
 
