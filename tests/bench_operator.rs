@@ -11,6 +11,8 @@
 //! controller (`bench_operator/ideal.rs`: the writes the contract needs, made by the bench) and
 //! under the controller-runtime peer (`bench_operator/peer.rs`: hack/peer, the contract written
 //! as most Go operators are; the binary in MW_BENCH_PEER, no run without it).
+//! MW_BENCH_ROUNDS (default 1) runs these three that many times at each size, every other
+//! round in the reverse order, and compares their medians.
 //!
 //! MW_BENCH_VOLUME_EACH=1 gives every workload (and its floor) a volume as well.
 //! MW_BENCH_FLOOR=0 skips the floor of each size (no ratio then): with a volume each, the
@@ -223,18 +225,15 @@ async fn gone(ns: TestNamespace) {
 
 struct Run {
     floor_s: f64,
-    /// The ideal controller's run (`ideal.rs`), when there was one.
-    ideal: Option<IdealRun>,
-    /// The controller-runtime peer's run (`peer.rs`), when there was one (MW_BENCH_PEER).
-    peer: Option<peer::PeerRun>,
-    operator_s: f64,
-    writes: BTreeMap<String, usize>,
-    cpu_s: f64,
-    rss_kib: f64,
-    /// CPU seconds each control-plane component spent on the floor's run and on the
-    /// operator's: where the operator's run costs the machine more.
+    /// The ideal controller's runs (`ideal.rs`), one a round, when there were any.
+    ideal: Vec<IdealRun>,
+    /// The controller-runtime peer's runs (`peer.rs`), one a round, when there were any
+    /// (MW_BENCH_PEER).
+    peer: Vec<peer::PeerRun>,
+    /// The operator's runs, one a round; the last one's namespace is kept.
+    operator: Vec<OperatorRun>,
+    /// CPU seconds each control-plane component spent on the floor's run.
     floor_cpu: BTreeMap<String, f64>,
-    operator_cpu: BTreeMap<String, f64>,
 }
 
 struct IdealRun {
@@ -242,6 +241,39 @@ struct IdealRun {
     /// Its writes beside the user's applies, by "verb resource[/subresource]".
     writes: BTreeMap<String, usize>,
     cpu: BTreeMap<String, f64>,
+    /// What kube-controller-manager, kube-scheduler and kwok wrote meanwhile in its namespace.
+    control_plane_writes: usize,
+}
+
+struct OperatorRun {
+    seconds: f64,
+    /// Its writes, by "verb resource[/subresource]".
+    writes: BTreeMap<String, usize>,
+    /// CPU seconds each process spent (the operator's as `operator`).
+    cpu: BTreeMap<String, f64>,
+    control_plane_writes: usize,
+    /// The operator's own CPU seconds and its RSS afterwards.
+    cpu_s: f64,
+    rss_kib: f64,
+}
+
+/// The median of `values` (the mean of the middle two for an even count); 0 for none.
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// MW_BENCH_ROUNDS (default 1): how many times the ideal controller, the peer and the
+/// operator each run at every size. At N = 5,000 two runs of the same controller have
+/// differed by a fifth (kube-controller-manager's own CPU for the same objects varied by as
+/// much), so one run each cannot settle a goal of 10%; the figures compared are the medians.
+fn rounds() -> usize {
+    std::env::var("MW_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
 }
 
 /// The API user the bench's own requests are made as (the admin kubeconfig's).
@@ -289,10 +321,11 @@ async fn ideal_run(n: usize, spec: impl Fn(usize) -> Value) -> IdealRun {
             *writes.entry(format!("{} {}", w.verb, w.path())).or_insert(0) += 1;
         }
     }
+    let control_plane_writes = support::audit::control_plane_writes(&ns.name);
     gone(ns).await;
     operator_command("MW_BENCH_RESTART_CMD");
     operator_idle().await;
-    IdealRun { seconds, writes, cpu }
+    IdealRun { seconds, writes, cpu, control_plane_writes }
 }
 
 /// "kube-apiserver 20.1 → 24.0 → 27.4 s, ..., total 41.0 → 47.2 → 55.2 s": each process's
@@ -347,6 +380,11 @@ fn with_floor() -> bool {
 
 /// `n` workloads against their floor; the storage their claims are bound to, if they have
 /// volumes (MW_BENCH_VOLUME_EACH), lives as long as their namespace is kept.
+///
+/// With more than one round (MW_BENCH_ROUNDS), every other round runs its contenders in the
+/// reverse order, ending with the operator's last round (its namespace is kept for what
+/// follows): over two rounds, operator, peer, ideal, ideal, peer, operator, so a control plane
+/// that slows or speeds up as the runs go on favours none of them.
 async fn converge(n: usize) -> (Run, TestNamespace, Option<Storage>) {
     // Floor: the same objects, applied directly.
     let mut floor_s = 0.0;
@@ -358,32 +396,63 @@ async fn converge(n: usize) -> (Run, TestNamespace, Option<Storage>) {
         gone(floor_ns).await;
         drop(floor_storage);
     }
-    let ideal = if with_ideal() { Some(ideal_run(n, spec).await) } else { None };
-    // The peer makes no claims either.
-    let peer = match peer::binary() {
-        Some(binary) if !volume_each() => Some(peer::run(n, &binary, spec).await),
-        _ => None,
-    };
+    let mut run = Run { floor_s, ideal: Vec::new(), peer: Vec::new(), operator: Vec::new(), floor_cpu };
+    let rounds = rounds();
+    for round in 0..rounds - 1 {
+        let reversed = (rounds - 1 - round) % 2 == 1;
+        if reversed {
+            operator_round(n, &mut run).await;
+        }
+        others(n, reversed, &mut run).await;
+        if !reversed {
+            operator_round(n, &mut run).await;
+        }
+    }
+    others(n, false, &mut run).await;
+    let (operator, ns, storage) = operator_run(n).await;
+    run.operator.push(operator);
+    (run, ns, storage)
+}
 
-    // The operator.
+/// The ideal controller's run and the peer's, in this order or `reversed`.
+async fn others(n: usize, reversed: bool, run: &mut Run) {
+    // The peer makes no claims either.
+    let binary = peer::binary().filter(|_| !volume_each());
+    if reversed && let Some(binary) = &binary {
+        run.peer.push(peer::run(n, binary, spec).await);
+    }
+    if with_ideal() {
+        run.ideal.push(ideal_run(n, spec).await);
+    }
+    if !reversed && let Some(binary) = &binary {
+        run.peer.push(peer::run(n, binary, spec).await);
+    }
+}
+
+/// An operator's run of a round before the last: its namespace is deleted afterwards.
+async fn operator_round(n: usize, run: &mut Run) {
+    let (operator, ns, storage) = operator_run(n).await;
+    run.operator.push(operator);
+    gone(ns).await;
+    drop(storage);
+}
+
+/// The operator's run of `n` workloads, in a namespace of its own, which it returns.
+async fn operator_run(n: usize) -> (OperatorRun, TestNamespace, Option<Storage>) {
     let pid = operator_pid();
     let ns = TestNamespace::new(&format!("operator-{n}")).await;
     let storage = if volume_each() { Some(Storage::new(&ns, n, "1Gi").await) } else { None };
     let cpu0 = cpu_seconds(pid);
-    let (operator_s, operator_cpu) =
-        components_cpu_of(apply_until_ready(&ns.api(), n, "w", spec_with(storage.as_ref()))).await;
+    let (seconds, cpu) = components_cpu_of(apply_until_ready(&ns.api(), n, "w", spec_with(storage.as_ref()))).await;
     // Let trailing writes (the last status, Events) land before counting.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let run = Run {
-        floor_s,
-        ideal,
-        peer,
-        operator_s,
+    let run = OperatorRun {
+        seconds,
         writes: writes(&ns.name),
+        cpu,
+        control_plane_writes: support::audit::control_plane_writes(&ns.name),
         cpu_s: cpu_seconds(pid) - cpu0,
         rss_kib: memory_kib(pid).0,
-        floor_cpu,
-        operator_cpu,
     };
     (run, ns, storage)
 }
@@ -537,59 +606,80 @@ async fn operator_against_the_floor() {
     let mut kept = Vec::new();
     let mut last_rss = None;
     let (mut cpu_lines, mut ideal_lines, mut peer_lines) = (String::new(), String::new(), String::new());
+    let mut round_lines = String::new();
     for &n in &sizes {
         let (run, ns, storage) = converge(n).await;
+        let last = run.operator.last().expect("the operator's run");
         let per = |pred: &dyn Fn(&str) -> bool| {
-            run.writes.iter().filter(|(k, _)| pred(k)).map(|(_, v)| *v).sum::<usize>() as f64 / n as f64
+            last.writes.iter().filter(|(k, _)| pred(k)).map(|(_, v)| *v).sum::<usize>() as f64 / n as f64
         };
         let deploy = per(&|k| k.ends_with(" deployments"));
         let service = per(&|k| k.ends_with(" services"));
         let status = per(&|k| k.ends_with("managedworkloads/status"));
         let events = per(&|k| k.ends_with(" events"));
-        let ideal_s = run.ideal.as_ref().map_or(0.0, |i| i.seconds);
-        let peer_s = run.peer.as_ref().map_or(0.0, |p| p.seconds);
+        let ideal_s = median(run.ideal.iter().map(|i| i.seconds));
+        let peer_s = median(run.peer.iter().map(|p| p.seconds));
+        let operator_s = median(run.operator.iter().map(|o| o.seconds));
         let seconds = |s: f64| if s > 0.0 { format!("{s:.1} s") } else { "—".into() };
-        let ratio = |to: f64| if to > 0.0 { format!("{:.2}", run.operator_s / to) } else { "—".into() };
+        let ratio = |to: f64| if to > 0.0 { operator_s / to } else { 0.0 };
+        let shown = |r: f64| if r > 0.0 { format!("{r:.2}") } else { "—".into() };
         table.push_str(&format!(
-            "| {n} | {} | {} | {} | {:.1} s | **{}** | {} | {} | {:.2} | {deploy:.2} / {service:.2} / {status:.2} / {events:.2} | {:.1} s | {:.1} MiB |\n",
+            "| {n} | {} | {} | {} | {operator_s:.1} s | **{}** | {} | {} | {:.2} | {deploy:.2} / {service:.2} / {status:.2} / {events:.2} | {:.1} s | {:.1} MiB |\n",
             seconds(run.floor_s),
             seconds(ideal_s),
             seconds(peer_s),
-            run.operator_s,
-            ratio(ideal_s),
-            ratio(peer_s),
-            ratio(run.floor_s),
-            total(&run.writes) as f64 / n as f64,
-            run.cpu_s * 1000.0 / n as f64,
-            run.rss_kib / 1024.0
+            shown(ratio(ideal_s)),
+            shown(ratio(peer_s)),
+            shown(ratio(run.floor_s)),
+            total(&last.writes) as f64 / n as f64,
+            last.cpu_s * 1000.0 / n as f64,
+            last.rss_kib / 1024.0
         ));
+        // Each run of each round: its time, the CPU it cost every process, and what the
+        // control plane wrote for it.
+        let cell = |seconds: f64, cpu: &BTreeMap<String, f64>, writes: usize| {
+            format!("{seconds:.1} s, {:.0} CPU s, {:.2}", cpu.values().sum::<f64>(), writes as f64 / n as f64)
+        };
+        for round in 0..run.operator.len() {
+            let ideal = run.ideal.get(round).map_or("—".into(), |i| cell(i.seconds, &i.cpu, i.control_plane_writes));
+            let peer = run.peer.get(round).map_or("—".into(), |p| cell(p.seconds, &p.cpu, p.control_plane_writes));
+            let o = &run.operator[round];
+            let operator = cell(o.seconds, &o.cpu, o.control_plane_writes);
+            round_lines.push_str(&format!("| {n} | {} | {ideal} | {peer} | {operator} |\n", round + 1));
+        }
         // The earlier sizes' workloads are kept, so the RSS growth is n more workloads' worth.
-        let per_workload_kib = last_rss.map(|rss: f64| (run.rss_kib - rss) / n as f64);
+        let per_workload_kib = last_rss.map(|rss: f64| (last.rss_kib - rss) / n as f64);
         let no_cpu = BTreeMap::new();
-        let ideal_cpu = run.ideal.as_ref().map_or(&no_cpu, |i| &i.cpu);
-        let peer_cpu = run.peer.as_ref().map_or(&no_cpu, |p| &p.cpu);
+        let ideal_cpu = run.ideal.last().map_or(&no_cpu, |i| &i.cpu);
+        let peer_cpu = run.peer.last().map_or(&no_cpu, |p| &p.cpu);
         report["sizes"][n.to_string()] = json!({
-            "floor_s": run.floor_s, "ideal_s": ideal_s, "peer_s": peer_s, "operator_s": run.operator_s,
-            "ratio_to_ideal": if ideal_s > 0.0 { run.operator_s / ideal_s } else { 0.0 },
-            "ratio_to_peer": if peer_s > 0.0 { run.operator_s / peer_s } else { 0.0 },
-            "ratio": if run.floor_s > 0.0 { run.operator_s / run.floor_s } else { 0.0 },
-            "writes": run.writes, "writes_per_workload": total(&run.writes) as f64 / n as f64,
-            "ideal_writes": run.ideal.as_ref().map(|i| &i.writes),
-            "peer_writes": run.peer.as_ref().map(|p| &p.writes),
-            "peer_refused_writes": run.peer.as_ref().map(|p| p.refused),
-            "cpu_s": run.cpu_s, "rss_kib_after": run.rss_kib, "kib_per_additional_workload": per_workload_kib,
-            "cpu_by_component": {"floor": run.floor_cpu, "ideal": ideal_cpu, "peer": peer_cpu, "operator": run.operator_cpu},
+            "floor_s": run.floor_s, "ideal_s": ideal_s, "peer_s": peer_s, "operator_s": operator_s,
+            "rounds": {
+                "ideal_s": run.ideal.iter().map(|i| i.seconds).collect::<Vec<_>>(),
+                "peer_s": run.peer.iter().map(|p| p.seconds).collect::<Vec<_>>(),
+                "operator_s": run.operator.iter().map(|o| o.seconds).collect::<Vec<_>>(),
+                "ideal_control_plane_writes": run.ideal.iter().map(|i| i.control_plane_writes).collect::<Vec<_>>(),
+                "peer_control_plane_writes": run.peer.iter().map(|p| p.control_plane_writes).collect::<Vec<_>>(),
+                "operator_control_plane_writes": run.operator.iter().map(|o| o.control_plane_writes).collect::<Vec<_>>(),
+            },
+            "ratio_to_ideal": ratio(ideal_s), "ratio_to_peer": ratio(peer_s), "ratio": ratio(run.floor_s),
+            "writes": last.writes, "writes_per_workload": total(&last.writes) as f64 / n as f64,
+            "ideal_writes": run.ideal.last().map(|i| &i.writes),
+            "peer_writes": run.peer.last().map(|p| &p.writes),
+            "peer_refused_writes": run.peer.last().map(|p| p.refused),
+            "cpu_s": last.cpu_s, "rss_kib_after": last.rss_kib, "kib_per_additional_workload": per_workload_kib,
+            "cpu_by_component": {"floor": run.floor_cpu, "ideal": ideal_cpu, "peer": peer_cpu, "operator": last.cpu},
         });
-        let runs = [&run.floor_cpu, ideal_cpu, peer_cpu, &run.operator_cpu];
+        let runs = [&run.floor_cpu, ideal_cpu, peer_cpu, &last.cpu];
         cpu_lines.push_str(&format!("| {n} | {} |\n", cpu_by_component(&runs)));
         let per_workload = |writes: &BTreeMap<String, usize>| {
             let writes: Vec<String> = writes.iter().map(|(k, v)| format!("{k} {:.2}", *v as f64 / n as f64)).collect();
             writes.join(", ")
         };
-        if let Some(ideal) = &run.ideal {
+        if let Some(ideal) = run.ideal.last() {
             ideal_lines.push_str(&format!("| {n} | {} |\n", per_workload(&ideal.writes)));
         }
-        if let Some(peer) = &run.peer {
+        if let Some(peer) = run.peer.last() {
             peer_lines.push_str(&format!(
                 "| {n} | {} | {:.2} | {:.2} |\n",
                 per_workload(&peer.writes),
@@ -597,11 +687,15 @@ async fn operator_against_the_floor() {
                 peer.refused as f64 / n as f64
             ));
         }
-        last_rss = Some(run.rss_kib);
+        last_rss = Some(last.rss_kib);
         kept.push((ns, storage));
     }
     table.push_str(&format!(
-        "\nCPU seconds each process spent, plain Deployments → ideal controller → controller-runtime peer → operator (bench: this benchmark's own process, the ideal controller in its run; peer: the peer's process):\n\n| N | CPU |\n|---|---|\n{cpu_lines}"
+        "\nEach run, round by round ({} round(s); the times above are each contender's median; a round after the first runs in the reverse order of the one after it, the last ending with the operator): seconds until all Ready, every process's CPU seconds, and the writes kube-controller-manager, kube-scheduler and kwok made per workload in its namespace (the same objects for every contender; how many status updates they take varies with timing):\n\n| N | round | ideal controller | controller-runtime peer | operator |\n|---|---|---|---|---|\n{round_lines}",
+        rounds()
+    ));
+    table.push_str(&format!(
+        "\nCPU seconds each process spent, plain Deployments → ideal controller → controller-runtime peer → operator, in the last round (bench: this benchmark's own process, the ideal controller in its run; peer: the peer's process):\n\n| N | CPU |\n|---|---|\n{cpu_lines}"
     ));
     if !ideal_lines.is_empty() {
         table.push_str(&format!(

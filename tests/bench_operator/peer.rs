@@ -28,6 +28,8 @@ pub struct PeerRun {
     pub refused: usize,
     /// CPU seconds per process, the peer's own as `peer`.
     pub cpu: BTreeMap<String, f64>,
+    /// What kube-controller-manager, kube-scheduler and kwok wrote meanwhile in its namespace.
+    pub control_plane_writes: usize,
 }
 
 /// MW_BENCH_PEER: the peer's binary (`hack/controlplane.sh peer-build`); unset, empty or "0":
@@ -108,9 +110,10 @@ pub async fn run(n: usize, binary: &str, spec: impl Fn(usize) -> Value) -> PeerR
         *writes.entry(format!("{} {}", w.verb, w.path())).or_insert(0) += 1;
     }
     let refused = support::audit::timed_refused_writes_by(PEER_USER, &ns.name).len();
+    let control_plane_writes = support::audit::control_plane_writes(&ns.name);
     drop(peer);
     gone(ns).await;
     operator_command("MW_BENCH_RESTART_CMD");
     operator_idle().await;
-    PeerRun { seconds, writes, refused, cpu }
+    PeerRun { seconds, writes, refused, cpu, control_plane_writes }
 }
