@@ -26,8 +26,8 @@
 #    ~/.cache/mw-operator/bin by `hack/controlplane.sh peer-build`, run on the same workloads
 #    as user mw-peer, tests/bench_operator/peer.rs; MW_BENCH_PEER=0 skips it);
 #    MW_BENCH_ROUNDS=2 runs the ideal controller, the peer and the operator twice at each size,
-#    the second round in the reverse order, and compares their medians (at N = 5,000 two runs
-#    of the same controller have differed by a fifth); 60 s steady
+#    the first round in the reverse order, and compares their medians (at N = 5,000 two runs
+#    of the operator have differed by 6.5%); 60 s steady
 #    state; 200 stops vs the same flips on those plain Deployments; an operator restart; 200
 #    stops of other workloads by the ideal controller (the stops' floor); 100 workloads with a
 #    volume vs their floor.

@@ -269,9 +269,8 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// MW_BENCH_ROUNDS (default 1): how many times the ideal controller, the peer and the
-/// operator each run at every size. At N = 5,000 two runs of the same controller have
-/// differed by a fifth (kube-controller-manager's own CPU for the same objects varied by as
-/// much), so one run each cannot settle a goal of 10%; the figures compared are the medians.
+/// operator each run at every size. At N = 5,000 two runs of the operator have differed by
+/// 6.5%, so one run each cannot settle a goal of 10%; the figures compared are the medians.
 fn rounds() -> usize {
     std::env::var("MW_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
 }
@@ -691,7 +690,7 @@ async fn operator_against_the_floor() {
         kept.push((ns, storage));
     }
     table.push_str(&format!(
-        "\nEach run, round by round ({} round(s); the times above are each contender's median; a round after the first runs in the reverse order of the one after it, the last ending with the operator): seconds until all Ready, every process's CPU seconds, and the writes kube-controller-manager, kube-scheduler and kwok made per workload in its namespace (the same objects for every contender; how many status updates they take varies with timing):\n\n| N | round | ideal controller | controller-runtime peer | operator |\n|---|---|---|---|---|\n{round_lines}",
+        "\nEach run, round by round ({} round(s); the times above are each contender's median; every other round, counting back from the last, runs in the reverse order, so the last ends with the operator): seconds until all Ready, every process's CPU seconds, and the writes kube-controller-manager, kube-scheduler and kwok made per workload in its namespace (the same objects for every contender; how many status updates they take varies with timing):\n\n| N | round | ideal controller | controller-runtime peer | operator |\n|---|---|---|---|---|\n{round_lines}",
         rounds()
     ));
     table.push_str(&format!(
