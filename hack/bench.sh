@@ -28,9 +28,9 @@
 #    MW_BENCH_ROUNDS=2 runs the ideal controller, the peer and the operator twice at each size,
 #    the first round in the reverse order, and compares their medians (at N = 5,000 two runs
 #    of the operator have differed by 6.5%); 60 s steady
-#    state; 200 stops vs the same flips on those plain Deployments; an operator restart; 200
-#    stops of other workloads by the ideal controller (the stops' floor); 100 workloads with a
-#    volume vs their floor.
+#    state; MW_BENCH_STOPS (1,000, at most N / 2) stops vs the same flips on those plain
+#    Deployments; an operator restart; as many stops of other workloads by the ideal
+#    controller (the stops' floor); 100 workloads with a volume vs their floor.
 #    MW_BENCH_VOLUME_EACH=1 gives every workload of every size (and its floor) a volume too;
 #    MW_BENCH_SERVICE=0 leaves the Service out, MW_BENCH_VOLUMES=0 the 100 with a volume;
 #    MW_BENCH_FLOOR=0 skips the floor of each size (the memory slope with a volume each).

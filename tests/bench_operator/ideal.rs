@@ -115,13 +115,15 @@ fn available_status() -> DeploymentStatus {
     }
 }
 
-/// Where each workload is between its create and its Running write: whichever of the two
-/// (its first writes answered, its Deployment seen Available) comes second writes it.
+/// Where each workload is between its first writes (a create, or a stop) and the status that
+/// ends them (Running, or Stopped): whichever of the two (its first writes answered, its
+/// Deployment seen where that status says) comes second writes it.
 enum Slot {
-    /// Created: the workload as created (its UID, for the write's test) and its Running status.
-    Created(Box<(ManagedWorkload, ManagedWorkloadStatus)>),
-    /// Its Deployment was seen Available before its first writes were answered.
-    Available,
+    /// Its first writes were answered: the workload (its UID, for the write's test) and the
+    /// status to write once its Deployment is seen there.
+    Written(Box<(ManagedWorkload, ManagedWorkloadStatus)>),
+    /// Its Deployment was seen there before its first writes were answered.
+    Seen,
 }
 
 type Slots = Arc<Mutex<HashMap<String, Slot>>>;
@@ -134,7 +136,8 @@ pub async fn run(ns: &TestNamespace, bodies: Vec<Bodies>) -> f64 {
     let workloads = ns.api::<ManagedWorkload>();
     let ready = tokio::spawn(until_all(workloads.clone(), n, ready_and_running));
     let slots: Slots = Arc::default();
-    let controller = tokio::spawn(mark_ready(ns.client.clone(), ns.api::<Deployment>(), slots.clone()));
+    let controller =
+        tokio::spawn(write_on_sight(ns.client.clone(), ns.api::<Deployment>(), slots.clone(), deployment_available));
     let (deployments, services) = (ns.api::<Deployment>(), ns.api::<Service>());
     let bodies = Arc::new(bodies);
     let t = Instant::now();
@@ -154,23 +157,15 @@ pub async fn run(ns: &TestNamespace, bodies: Vec<Bodies>) -> f64 {
             let service = create(&services, service);
             let deployment = create(&deployments, Some(deployment));
             let status = status_write::write(&client, &mw, &creating);
-            let (service, _, written) = tokio::join!(service, deployment, status);
-            written.expect("the first status");
+            let (service, _, creating) = tokio::join!(service, deployment, status);
+            creating.expect("the first status");
             if let Some(ip) = service.and_then(|s| s.spec.and_then(|s| s.cluster_ip)) {
                 running.address = Some(ip.clone());
                 if let Some(status) = running.service.as_mut() {
                     status.cluster_ip = Some(ip);
                 }
             }
-            let available = {
-                let mut slots = slots.lock().unwrap();
-                let seen = matches!(slots.remove(&name), Some(Slot::Available));
-                if !seen {
-                    slots.insert(name, Slot::Created(Box::new((mw.clone(), running.clone()))));
-                }
-                seen
-            };
-            if available {
+            if answered(&slots, name, &mw, &running) {
                 status_write::write(&client, &mw, &running).await.expect("the Running status");
             }
         }
@@ -201,44 +196,58 @@ where
     Some(Write::Create.apply(api, &object.name_any(), &object, FIELD_MANAGER).await.expect("a create-only apply"))
 }
 
-/// The one watch: each workload whose Deployment is seen Available gets its Running status
-/// written once, IN_FLIGHT at a time, as the operator's concurrency allows.
-async fn mark_ready(client: Client, deployments: Api<Deployment>, slots: Slots) {
+/// `mw`'s first writes were answered: whether its Deployment was already seen where `next`
+/// says (then the caller writes `next`), or else `next` is left for the watch to write.
+fn answered(slots: &Slots, name: String, mw: &ManagedWorkload, next: &ManagedWorkloadStatus) -> bool {
+    let mut slots = slots.lock().unwrap();
+    let seen = matches!(slots.remove(&name), Some(Slot::Seen));
+    if !seen {
+        slots.insert(name, Slot::Written(Box::new((mw.clone(), next.clone()))));
+    }
+    seen
+}
+
+/// The one watch on Deployments: each workload whose Deployment is seen `there` (Available,
+/// or scaled down) gets its next status written once, IN_FLIGHT at a time, as the operator's
+/// concurrency allows.
+async fn write_on_sight(client: Client, deployments: Api<Deployment>, slots: Slots, there: fn(&Deployment) -> bool) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut stream = std::pin::pin!(watcher(deployments, watcher::Config::default()));
     loop {
         let Ok(Some(watcher::Event::Apply(d) | watcher::Event::InitApply(d))) = stream.try_next().await else {
             continue;
         };
-        if !deployment_available(&d) {
+        if !there(&d) {
             continue;
         }
-        let created = {
+        let written = {
             let mut slots = slots.lock().unwrap();
             match slots.remove(&d.name_any()) {
-                Some(Slot::Created(created)) => Some(*created),
+                Some(Slot::Written(written)) => Some(*written),
                 _ => {
-                    slots.insert(d.name_any(), Slot::Available);
+                    slots.insert(d.name_any(), Slot::Seen);
                     None
                 }
             }
         };
-        let Some((mw, running)) = created else { continue };
+        let Some((mw, next)) = written else { continue };
         let (client, slot) = (client.clone(), in_flight.clone().acquire_owned().await.expect("open"));
         tokio::spawn(async move {
-            status_write::write(&client, &mw, &running).await.expect("the Running status");
+            status_write::write(&client, &mw, &next).await.expect("the status a Deployment's progress ends with");
             drop(slot);
         });
     }
 }
 
 /// One stop's writes, built before the clock starts: the Deployment scaled to 0 (the
-/// operator's own apply of the stopped workload's Deployment, to the stored one's UID) and the
-/// `Stopping` status at the new generation, derived from the Deployment as it was.
+/// operator's own apply of the stopped workload's Deployment, to the stored one's UID), the
+/// `Stopping` status at the new generation, derived from the Deployment as it was, and the
+/// `Stopped` status once the Deployment has scaled down.
 struct Stop {
     workload: ManagedWorkload,
     deployment: Deployment,
     stopping: ManagedWorkloadStatus,
+    stopped: ManagedWorkloadStatus,
 }
 
 /// The writes that stop `mw`, whose Deployment is `live`, and the generation the stop makes.
@@ -248,18 +257,32 @@ fn stop(mut mw: ManagedWorkload, live: &Deployment) -> (i64, Stop) {
     mw.metadata.generation = Some(generation);
     let mut deployment = deployment::deployment(&mw, &Default::default()).expect("a desired Deployment");
     deployment.metadata.uid = live.metadata.uid.clone();
-    let mut observed = observed(&deployment, None, None);
-    observed.deployment = Some(live);
-    let stopping = status::derive(&mw, &observed, &now());
-    (generation, Stop { workload: mw, deployment, stopping })
+    let mut before = observed(&deployment, None, None);
+    before.deployment = Some(live);
+    let stopping = status::derive(&mw, &before, &now());
+    let mut scaled = deployment.clone();
+    scaled.metadata.generation = Some(live.metadata.generation.unwrap_or(0) + 1);
+    scaled.status = Some(DeploymentStatus { observed_generation: scaled.metadata.generation, ..Default::default() });
+    let mut after = observed(&deployment, None, None);
+    after.deployment = Some(&scaled);
+    let stopped = status::derive(&mw, &after, &now());
+    (generation, Stop { workload: mw, deployment, stopping, stopped })
+}
+
+/// A Deployment its controller has scaled down to no Pods.
+fn scaled_down(d: &Deployment) -> bool {
+    let (Some(spec), Some(status)) = (&d.spec, &d.status) else { return false };
+    spec.replicas == Some(0) && status.observed_generation >= d.metadata.generation && status.replicas.unwrap_or(0) == 0
 }
 
 /// The contract's floor for stops: `names`' workloads (Running) each stopped by the user's
-/// patch of `spec.state`, and from one watch, on ManagedWorkloads, exactly the writes a stop
-/// needs made at once: the Deployment's scale-down beside the `Stopping` status. Timed as the
+/// patch of `spec.state`, and exactly the writes a stop needs: from one watch, on
+/// ManagedWorkloads, the Deployment's scale-down beside the `Stopping` status, at once; from
+/// another, on Deployments, the `Stopped` status once it has scaled down. Timed as the
 /// operator's stops are (`super::flips`): the seconds from each patch until the status shows
-/// the new phase at the new generation.
-pub async fn stops(ns: &TestNamespace, names: Vec<String>) -> Vec<f64> {
+/// the new phase at the new generation. The `Stopped` writes go on meanwhile, as the
+/// operator's do during its stops.
+pub async fn stops(ns: &TestNamespace, names: Vec<String>) -> super::Flips {
     let (workloads, deployments) = (ns.api::<ManagedWorkload>(), ns.api::<Deployment>());
     let (mut bodies, mut targets) = (HashMap::new(), HashMap::new());
     for name in &names {
@@ -269,19 +292,24 @@ pub async fn stops(ns: &TestNamespace, names: Vec<String>) -> Vec<f64> {
         bodies.insert(name.clone(), (generation, stop));
         targets.insert(name.clone(), generation);
     }
-    let controller = tokio::spawn(stop_on_sight(ns.client.clone(), workloads.clone(), deployments, bodies));
+    let slots: Slots = Arc::default();
+    let finish = tokio::spawn(write_on_sight(ns.client.clone(), deployments.clone(), slots.clone(), scaled_down));
+    let start = tokio::spawn(stop_on_sight(ns.client.clone(), workloads.clone(), deployments, bodies, slots));
     let took = super::flips(workloads, names, |_| super::stop_patch(), super::stopped_at(targets)).await;
-    controller.abort();
+    start.abort();
+    finish.abort();
     took
 }
 
-/// The one watch of the stop floor: each workload seen at its stop's generation gets its two
-/// writes, together, IN_FLIGHT stops at a time.
+/// The stop floor's watch on workloads: each one seen at its stop's generation gets its two
+/// writes, together, IN_FLIGHT stops at a time; then its `Stopped` status, once its Deployment
+/// has been seen scaled down (`slots`).
 async fn stop_on_sight(
     client: Client,
     workloads: Api<ManagedWorkload>,
     deployments: Api<Deployment>,
     mut bodies: HashMap<String, (i64, Stop)>,
+    slots: Slots,
 ) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut stream = std::pin::pin!(watcher(workloads, watcher::Config::default()));
@@ -295,17 +323,20 @@ async fn stop_on_sight(
             continue; // not stopped yet
         }
         let Some((_, stop)) = bodies.remove(&name) else { continue };
-        let (client, deployments) = (client.clone(), deployments.clone());
+        let (client, deployments, slots) = (client.clone(), deployments.clone(), slots.clone());
         let slot = in_flight.clone().acquire_owned().await.expect("open");
         tokio::spawn(async move {
             let uid = stop.deployment.metadata.uid.clone();
             let scale =
                 Write::Update { uid: uid.as_deref() }.apply(&deployments, &name, &stop.deployment, FIELD_MANAGER);
             let status = status_write::write(&client, &stop.workload, &stop.stopping);
-            let (scaled, written) = tokio::join!(scale, status);
+            let (scaled, stopping) = tokio::join!(scale, status);
             scaled.expect("the scale-down");
-            written.expect("the Stopping status");
+            stopping.expect("the Stopping status");
             drop(slot);
+            if answered(&slots, name, &stop.workload, &stop.stopped) {
+                status_write::write(&client, &stop.workload, &stop.stopped).await.expect("the Stopped status");
+            }
         });
     }
 }
@@ -351,9 +382,10 @@ fn the_objects_are_owned_by_the_workload_as_created() {
     assert_eq!(uids, ["real-uid", "real-uid"]);
 }
 
-/// A stop's bodies: the Deployment at 0 replicas, the status `Stopping` at the new generation.
+/// A stop's bodies: the Deployment at 0 replicas, the status `Stopping` at the new generation,
+/// then `Stopped`.
 #[test]
-fn a_stop_scales_to_zero_beside_stopping() {
+fn a_stop_scales_to_zero_beside_stopping_then_is_stopped() {
     let b = bodies("ns", "w0", super::spec(0));
     let mut mw = ManagedWorkload::new("w0", serde_json::from_value(super::spec(0)).expect("a valid spec"));
     mw.metadata.namespace = Some("ns".into());
@@ -368,4 +400,6 @@ fn a_stop_scales_to_zero_beside_stopping() {
     assert_eq!(stop.deployment.spec.and_then(|s| s.replicas), Some(0));
     assert_eq!(stop.stopping.phase, Some(Phase::Stopping));
     assert_eq!(stop.stopping.observed_generation, Some(2));
+    assert_eq!(stop.stopped.phase, Some(Phase::Stopped));
+    assert_eq!(stop.stopped.observed_generation, Some(2));
 }

@@ -100,6 +100,7 @@ impl Drop for Running {
 /// kept for the operator's memory figures, and they are the operator's to reconcile.
 pub async fn run(n: usize, binary: &str, spec: impl Fn(usize) -> Value) -> PeerRun {
     operator_command("MW_BENCH_STOP_CMD");
+    super::settle(&format!("the peer's run of {n}")).await;
     let ns = TestNamespace::new(&format!("peer-{n}")).await;
     let peer = Running::start(binary, &ns.name, n);
     let (seconds, cpu) = components_cpu_of(apply_until_ready(&ns.api(), n, "w", spec)).await;
