@@ -82,6 +82,15 @@ impl Error {
         }
     }
 
+    /// The workload's namespace is being deleted: it refused to create one of the workload's
+    /// objects. Its deletion takes the workload too, so nothing is left to do for it.
+    pub fn namespace_terminating(&self) -> bool {
+        match self {
+            Error::Owned { source: kube::Error::Api(status), .. } => is_namespace_terminating(status),
+            _ => false,
+        }
+    }
+
     /// Every `kind()` a reconcile can fail with, as `mw_operator_reconcile_errors_total`'s `kind`
     /// label (exported from the start). The other kinds are start-up errors that end the process.
     pub const RECONCILE_KINDS: [&'static str; 12] = [
@@ -152,6 +161,13 @@ fn owned_kind(operation: Operation, kind: &str) -> &'static str {
 /// resource ...` (k8s.io/apiserver's `forbiddenMessage`).
 pub fn is_authorization_denial(status: &kube::core::Status) -> bool {
     status.code == 403 && status.message.contains("forbidden: User \"") && status.message.contains("\" cannot ")
+}
+
+/// A create refused because its namespace is being deleted: the NamespaceLifecycle admission
+/// plugin's 403 names the cause `NamespaceTerminating`.
+pub fn is_namespace_terminating(status: &kube::core::Status) -> bool {
+    status.code == 403
+        && status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
 }
 
 fn permanent_api_error(err: &kube::Error) -> bool {

@@ -1,6 +1,7 @@
 //! What every real cluster produces and the happy path does not: evicted Pods, values the API
 //! server normalises, other field managers' list entries, a kubelet's crash-loop and
-//! image-pull cycles, a blocking Deployment that goes away, an apply rejected by admission.
+//! image-pull cycles, a blocking Deployment that goes away, an apply rejected by admission, a
+//! namespace being deleted.
 //! Write counts come from the API server's audit log.
 
 mod support;
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use mw_operator::resource::{ManagedWorkload, Phase};
@@ -365,4 +367,98 @@ async fn a_pod_with_the_workload_s_labels_but_not_its_replica_set_counts_for_not
     assert_eq!(status.phase, Some(Phase::Running), "{status:?}");
     assert_eq!(status.pod_ip, ip);
     assert_eq!(condition(&mw, "Ready").status, "True");
+}
+
+/// Deleting a namespace removes a workload's Deployment and Service before the workload itself
+/// (the namespace controller deletes kind by kind, in no set order). The operator then tries
+/// once to make them again, is refused (`NamespaceTerminating`) and leaves the workload to the
+/// deletion: no more writes for it, neither retries nor a status or Event about the refusal.
+/// Here an admission policy refuses to delete the workloads, so the namespace stays
+/// terminating with them in it for as long as the test looks.
+#[tokio::test]
+async fn a_namespace_being_deleted_is_left_to_its_deletion() {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    use k8s_openapi::api::core::v1::{Namespace, Service};
+    let ns = TestNamespace::new("terminating").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let names = ["a", "b", "c"];
+    let spec = json!({"image": "nginx:latest", "ports": [{"containerPort": 80}], "service": {"type": "ClusterIP"}});
+    for name in names {
+        apply(&workloads, name, spec.clone()).await.unwrap();
+    }
+    for name in names {
+        wait_ready(&workloads, name, Phase::Running).await;
+    }
+
+    let policy_name = format!("keep-{}", ns.name);
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": policy_name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [mw_operator::resource::GROUP], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["managedworkloads"]}]},
+            "validations": [{"expression": "false", "message": "kept for the test"}]
+        }
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": policy_name},
+        "spec": {
+            "policyName": policy_name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}}}
+        }
+    }))
+    .unwrap();
+    let (policies, bindings) = (
+        Api::<ValidatingAdmissionPolicy>::all(ns.client.clone()),
+        Api::<ValidatingAdmissionPolicyBinding>::all(ns.client.clone()),
+    );
+    policies.create(&PostParams::default(), &policy).await.unwrap();
+    bindings.create(&PostParams::default(), &binding).await.unwrap();
+    // Policies take effect asynchronously: wait until a dry-run delete is refused.
+    eventually("the admission policy to take effect", TIMEOUT, || async {
+        match workloads.delete("a", &DeleteParams { dry_run: true, ..Default::default() }).await {
+            Err(kube::Error::Api(s)) if s.message.contains("kept for the test") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let before = audit::settled_writes(&ns.name).await.len();
+
+    Api::<Namespace>::all(ns.client.clone()).delete(&ns.name, &DeleteParams::background()).await.unwrap();
+    let (deployments, services) = (ns.api::<Deployment>(), ns.api::<Service>());
+    eventually("the namespace controller to delete the Deployments and Services", TIMEOUT, || async {
+        let left = deployments.list(&ListParams::default()).await.map_err(|e| e.to_string())?.items.len()
+            + services.list(&ListParams::default()).await.map_err(|e| e.to_string())?.items.len();
+        if left == 0 { Ok(()) } else { Err(format!("{left} left")) }
+    })
+    .await;
+    // Longer than the operator's recheck of a refused apply (10 s) and its first retries.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    let user = audit::operator_user();
+    let window: Vec<_> = audit::timed_writes_by(&user, &ns.name).into_iter().skip(before).collect();
+    eprintln!("the operator's writes while the namespace was terminating: {window:?}");
+    let refused = audit::timed_refused_writes_by(&user, &ns.name);
+    let is_refused = |at: &Timestamp, w: &audit::Write| refused.iter().any(|(t, r)| t == at && r == w);
+    // An Event is named after its object: `<workload>.<suffix>`.
+    let of = |w: &audit::Write, name: &str| w.name.as_deref().is_some_and(|n| n.split('.').next() == Some(name));
+    for name in names {
+        assert!(workloads.get_opt(name).await.unwrap().is_some(), "the policy kept {name}");
+        // The first of its objects the operator tried to make again, and was refused.
+        let first = window.iter().find(|(at, w)| of(w, name) && w.resource != "events" && is_refused(at, w));
+        let first = first.map(|(at, _)| *at).unwrap_or_else(|| panic!("nothing made again for {name}: {window:?}"));
+        // Nothing after it but refusals: no status or Event about the refusal. An Event queued
+        // before it may still go out (and be refused); of the rest, the Deployment and the
+        // Service are made side by side, so the other's refusal may land just after. No retry.
+        let after: Vec<_> = window.iter().filter(|(at, w)| of(w, name) && *at > first).collect();
+        let retried = after.iter().filter(|(_, w)| w.resource != "events").count();
+        assert!(
+            retried <= 1 && after.iter().all(|(at, w)| is_refused(at, w)),
+            "writes for {name} after its first refused one: {after:?}"
+        );
+    }
+
+    bindings.delete(&policy_name, &DeleteParams::default()).await.unwrap();
+    policies.delete(&policy_name, &DeleteParams::default()).await.unwrap();
 }

@@ -2,7 +2,7 @@
 //! and Deployment it last wrote until its caches show them, when it last wrote). Forgotten
 //! with the workload, or after a re-list that no longer holds it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,9 @@ struct PerObjectInner {
     /// request went out), so it may have been carried out and the cache cannot tell. The next
     /// look at them is a GET.
     unanswered: HashMap<Uid, Vec<(&'static str, String)>>,
+    /// Workloads whose namespace is being deleted (it refused a create for them): nothing more
+    /// is done for them, since the deletion takes them too and every create would be refused.
+    closing: HashSet<Uid>,
     relist: Relist<Uid>,
 }
 
@@ -102,6 +105,7 @@ impl PerObject {
             inner.last_write.retain(|uid, _| listed.contains(uid));
             inner.refusals.retain(|uid, _| listed.contains(uid));
             inner.unanswered.retain(|uid, _| listed.contains(uid));
+            inner.closing.retain(|uid| listed.contains(uid));
         }
         match event {
             watcher::Event::Apply(mw) | watcher::Event::InitApply(mw) => inner.echoed(mw),
@@ -259,6 +263,18 @@ impl PerObject {
         }
     }
 
+    /// `uid`'s namespace refused a create because it is being deleted.
+    pub fn closing(&self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.lock().closing.insert(Uid::of(uid));
+        }
+    }
+
+    /// Whether `mw`'s namespace is being deleted, as a refused create said.
+    pub fn is_closing(&self, mw: &ManagedWorkload) -> bool {
+        uid(mw).is_some_and(|uid| self.lock().closing.contains(&uid))
+    }
+
     /// `claim` was applied (or needs no apply): any refusal is over.
     pub fn accepted(&self, mw: &ManagedWorkload, claim: &str) {
         let Some(uid) = uid(mw) else { return };
@@ -296,6 +312,7 @@ impl PerObjectInner {
             self.last_write.remove(&uid);
             self.refusals.remove(&uid);
             self.unanswered.remove(&uid);
+            self.closing.remove(&uid);
         }
     }
 }
@@ -330,6 +347,18 @@ mod tests {
         objects.unanswered(&mw, "Deployment", "web");
         objects.observe(&watcher::Event::Delete(workload("u1", "11")));
         assert!(!objects.is_unanswered(&mw, "Deployment", "web"), "forgotten with its workload");
+    }
+
+    #[test]
+    fn a_closing_namespace_is_remembered_until_its_workload_goes() {
+        let objects = PerObject::default();
+        let Ok(mw) = workload("u1", "10").0 else { unreachable!() };
+        let Ok(other) = workload("u2", "10").0 else { unreachable!() };
+        objects.closing(Some("u1"));
+        assert!(objects.is_closing(&mw));
+        assert!(!objects.is_closing(&other), "only the workload a create was refused for");
+        objects.observe(&watcher::Event::Delete(workload("u1", "11")));
+        assert!(!objects.is_closing(&mw), "forgotten with its workload");
     }
 
     #[test]

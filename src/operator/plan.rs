@@ -96,6 +96,9 @@ pub fn judge(err: &kube::Error) -> Refusal {
     let kube::Error::Api(status) = err else { return Refusal::Retry };
     match status.code {
         400 | 422 => Refusal::Rejected(status.message.clone()),
+        // A namespace being deleted refuses every create, and no edit cures that: an error,
+        // which `error_policy` recognises and ends the workload's reconciles with.
+        403 if crate::error::is_namespace_terminating(status) => Refusal::Retry,
         403 if !crate::error::is_authorization_denial(status) => Refusal::Rejected(status.message.clone()),
         _ => Refusal::Retry,
     }
@@ -104,6 +107,7 @@ pub fn judge(err: &kube::Error) -> Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::{Error, Operation};
     use crate::operator::deployment;
     use crate::resource::ManagedWorkloadSpec;
     use k8s_openapi::api::apps::v1::Deployment;
@@ -200,6 +204,29 @@ mod tests {
         kube::Error::Api(kube::core::Status::failure(message, "Reason").with_code(code).boxed())
     }
 
+    /// The API server's answer to a create in a namespace being deleted, word for word.
+    fn namespace_terminating() -> kube::Error {
+        kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                "status": "Failure", "reason": "Forbidden", "code": 403,
+                "message": "deployments.apps \"web\" is forbidden: unable to create new content in namespace a because it is being terminated",
+                "details": {"name": "web", "group": "apps", "kind": "deployments", "causes": [
+                    {"reason": "NamespaceTerminating", "message": "namespace a is being terminated", "field": "metadata.namespace"}]}}))
+            .unwrap(),
+        ))
+    }
+
+    #[test]
+    fn a_namespace_being_deleted_ends_the_workloads_reconciles_and_nothing_else_does() {
+        let err = |source| Error::owned(Operation::Apply, "Deployment", "a", "web", source);
+        assert!(err(namespace_terminating()).namespace_terminating());
+        assert!(!err(namespace_terminating()).is_permanent(), "not a judgement of the object");
+        let quota = r#"deployments.apps "web" is forbidden: exceeded quota: q, requested: count/deployments.apps=1"#;
+        for other in [api(403, quota), api(403, "unable to create new content in namespace a"), api(500, "busy")] {
+            assert!(!err(other).namespace_terminating());
+        }
+    }
+
     #[test]
     fn what_a_refusal_means() {
         assert_eq!(judge(&api(409, "exists")), Refusal::Another, "a create-only apply found one");
@@ -217,6 +244,7 @@ mod tests {
         assert_eq!(judge(&api(403, quota)), Refusal::Rejected(quota.into()), "quota: rejected, named");
         let rbac = r#"deployments.apps "web" is forbidden: User "u" cannot patch resource "deployments" in API group "apps" in the namespace "a""#;
         assert_eq!(judge(&api(403, rbac)), Refusal::Retry, "RBAC: retried until granted");
+        assert_eq!(judge(&namespace_terminating()), Refusal::Retry, "a namespace being deleted: an error, not the object's fault");
         for code in [429, 500, 503, 504] {
             assert_eq!(judge(&api(code, "busy")), Refusal::Retry, "{code}");
         }

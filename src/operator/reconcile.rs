@@ -99,6 +99,11 @@ async fn reconcile_one(mw: &ManagedWorkload, ctx: &Context, namespace: &str, nam
     if mw.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
+    // Its namespace is being deleted (`error_policy`): the deletion takes the workload too,
+    // and every object re-made for it would be refused.
+    if ctx.caches.objects.is_closing(mw) {
+        return Ok(Action::await_change());
+    }
     let Some(desired) = deployment::deployment(mw, &ctx.pod_settings) else {
         return Ok(Action::await_change());
     };
@@ -405,8 +410,15 @@ async fn report_invalid(ctx: &Context, guard: &Workload, invalid: &InvalidObject
 }
 
 pub fn error_policy(mw: Arc<Workload>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_failed(err.kind());
     let (namespace, name) = (mw.namespace(), mw.name_any());
+    if err.namespace_terminating() {
+        // The namespace's deletion removes the workload's objects before the workload itself:
+        // re-making them, or reporting each refusal in its status and an Event, would fight it.
+        info!(namespace = namespace.as_deref(), %name, "its namespace is being deleted; leaving the workload to it");
+        ctx.caches.objects.closing(mw.uid().as_deref());
+        return Action::await_change();
+    }
+    ctx.metrics.reconcile_failed(err.kind());
     if err.is_permanent() {
         // Retrying gets the same answer; the object's next change is reconciled at once.
         warn!(namespace = namespace.as_deref(), %name, error = %err, kind = err.kind(), "reconcile failed permanently; waiting for the object to change");

@@ -154,7 +154,7 @@ pub const QUIET: std::time::Duration =
     mw_operator::operator::status::DETAIL_DELAY.saturating_add(std::time::Duration::from_secs(2));
 
 /// The API user of the operator under test (the shared host process's by default).
-fn operator_user() -> String {
+pub fn operator_user() -> String {
     std::env::var("MW_TEST_OPERATOR_USER").unwrap_or_else(|_| "mw-operator".into())
 }
 
