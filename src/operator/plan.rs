@@ -244,7 +244,11 @@ mod tests {
         assert_eq!(judge(&api(403, quota)), Refusal::Rejected(quota.into()), "quota: rejected, named");
         let rbac = r#"deployments.apps "web" is forbidden: User "u" cannot patch resource "deployments" in API group "apps" in the namespace "a""#;
         assert_eq!(judge(&api(403, rbac)), Refusal::Retry, "RBAC: retried until granted");
-        assert_eq!(judge(&namespace_terminating()), Refusal::Retry, "a namespace being deleted: an error, not the object's fault");
+        assert_eq!(
+            judge(&namespace_terminating()),
+            Refusal::Retry,
+            "a namespace being deleted: an error, not the object's fault"
+        );
         for code in [429, 500, 503, 504] {
             assert_eq!(judge(&api(code, "busy")), Refusal::Retry, "{code}");
         }
