@@ -35,6 +35,9 @@
 #    MW_BENCH_SERVICE=0 leaves the Service out, MW_BENCH_VOLUMES=0 the 100 with a volume;
 #    MW_BENCH_FLOOR=0 skips the floor of each size (the memory slope with a volume each).
 #    MW_BENCH_OPERATOR=0 skips 3 and 4 (the bridge and the status writes alone).
+#    MW_BENCH_PROFILE=S: the API server's CPU profile of each convergence run's first S seconds,
+#    its goroutines at S / 2 and what its counters moved by, in target/bench/profiles/
+#    (tests/bench_operator/profile.rs).
 # 4. The same convergence at N = 1000 with the control plane's default rate limits, the ideal
 #    controller and the peer beside it again (MW_BENCH_DEFAULT_LIMITS=0 skips it).
 # 5. Manager's container list (MW_BENCH_MANAGER=0 skips it): hack/manager-e2e.sh's pages suite
@@ -66,7 +69,7 @@ if [ "${1:-}" = start-operator ]; then start_operator "${2:?NAME}"; exit; fi
 
 OUT=target/bench
 mkdir -p "$OUT"
-rm -f "$OUT"/*.md "$OUT"/*.json
+rm -rf "$OUT"/*.md "$OUT"/*.json "$OUT"/profiles
 
 bash "$HERE/ensure-tools.sh"
 cargo build --release --locked --bin mw-operator
@@ -117,6 +120,7 @@ operator_bench() { # NAME LABEL SIZES FLIPS
 # The audit log keeps every run of the largest size (about 200 MB a file), so each
 # contender's writes can be compared afterwards.
 export MW_CP_UNLIMITED_QPS=1 MW_CP_AUDIT_BACKUPS=${MW_CP_AUDIT_BACKUPS:-10}
+if [ "${MW_BENCH_PROFILE:-0}" != 0 ]; then export MW_CP_PROFILING=true; fi
 control_plane bench
 if [ "${MW_BENCH_BRIDGE:-1}" != 0 ]; then
   echo "== bridge: ${MW_BENCH_BRIDGE_ROWS:-10000} rows in PostgreSQL"

@@ -31,6 +31,8 @@
 mod ideal;
 #[path = "bench_operator/peer.rs"]
 mod peer;
+#[path = "bench_operator/profile.rs"]
+mod profile;
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
@@ -346,7 +348,7 @@ async fn ideal_run(n: usize, spec: impl Fn(usize) -> Value) -> IdealRun {
     settle(&format!("the ideal controller's run of {n}")).await;
     let ns = TestNamespace::new(&format!("ideal-{n}")).await;
     let bodies = (0..n).map(|i| ideal::bodies(&ns.name, &format!("w{i}"), spec(i))).collect();
-    let (seconds, cpu) = components_cpu_of(ideal::run(&ns, bodies)).await;
+    let (seconds, cpu) = components_cpu_of("ideal", n, ideal::run(&ns, bodies)).await;
     let mut writes = BTreeMap::new();
     for w in support::audit::writes_by(BENCH_USER, &ns.name) {
         if w.path() != "managedworkloads" {
@@ -372,10 +374,16 @@ fn cpu_by_component(runs: &[&BTreeMap<String, f64>]) -> String {
     parts.join(", ")
 }
 
-/// What `during` cost each control-plane component, in CPU seconds.
-/// The bench's own process counts too: it is the ideal controller in that run, and runs the
-/// timing watch in every run.
-async fn components_cpu_of<T>(during: impl std::future::Future<Output = T>) -> (T, BTreeMap<String, f64>) {
+/// What `during`, `contender`'s run of `n` workloads, cost each control-plane component, in
+/// CPU seconds. The bench's own process counts too: it is the ideal controller in that run,
+/// and runs the timing watch in every run. With MW_BENCH_PROFILE, the API server's profile of
+/// the run too (`profile.rs`).
+async fn components_cpu_of<T>(
+    contender: &str,
+    n: usize,
+    during: impl std::future::Future<Output = T>,
+) -> (T, BTreeMap<String, f64>) {
+    let profiling = profile::start(contender, n).await;
     let cpu = || {
         let mut cpu = support::controlplane::components_cpu();
         cpu.insert("bench".into(), cpu_seconds(std::process::id()));
@@ -388,6 +396,9 @@ async fn components_cpu_of<T>(during: impl std::future::Future<Output = T>) -> (
         .filter_map(|(name, s)| Some((name.clone(), s - before.get(&name)?)))
         .filter(|(_, s)| *s > 0.0)
         .collect();
+    if let Some(profiling) = profiling {
+        profiling.finish().await;
+    }
     (out, spent)
 }
 
@@ -424,7 +435,8 @@ async fn converge(n: usize) -> (Run, TestNamespace, Option<Storage>) {
     if with_floor() {
         let floor_ns = TestNamespace::new(&format!("floor-{n}")).await;
         let floor_storage = if volume_each() { Some(Storage::new(&floor_ns, n, "1Gi").await) } else { None };
-        (floor_s, floor_cpu) = components_cpu_of(floor(&floor_ns, n, "w", spec_with(floor_storage.as_ref()))).await;
+        (floor_s, floor_cpu) =
+            components_cpu_of("plain", n, floor(&floor_ns, n, "w", spec_with(floor_storage.as_ref()))).await;
         gone(floor_ns).await;
         drop(floor_storage);
     }
@@ -476,7 +488,8 @@ async fn operator_run(n: usize) -> (OperatorRun, TestNamespace, Option<Storage>)
     let ns = TestNamespace::new(&format!("operator-{n}")).await;
     let storage = if volume_each() { Some(Storage::new(&ns, n, "1Gi").await) } else { None };
     let cpu0 = cpu_seconds(pid);
-    let (seconds, cpu) = components_cpu_of(apply_until_ready(&ns.api(), n, "w", spec_with(storage.as_ref()))).await;
+    let (seconds, cpu) =
+        components_cpu_of("operator", n, apply_until_ready(&ns.api(), n, "w", spec_with(storage.as_ref()))).await;
     // Let trailing writes (the last status, Events) land before counting.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let run = OperatorRun {
@@ -698,7 +711,10 @@ async fn operator_against_the_floor() {
             let peer = run.peer.get(round).map_or("—".into(), |p| cell(p.seconds, &p.cpu, p.control_plane_writes));
             let o = &run.operator[round];
             let operator = cell(o.seconds, &o.cpu, o.control_plane_writes);
-            round_lines.push_str(&format!("| {n} | {} | {ideal} | {peer} | {operator} |\n", round + 1));
+            // The round's own ratio: its two runs were close in time, so a machine that slows
+            // or speeds up over the session moves both.
+            let own = run.ideal.get(round).map_or("—".into(), |i| shown(o.seconds / i.seconds));
+            round_lines.push_str(&format!("| {n} | {} | {ideal} | {peer} | {operator} | {own} |\n", round + 1));
         }
         // The earlier sizes' workloads are kept, so the RSS growth is n more workloads' worth.
         let per_workload_kib = last_rss.map(|rss: f64| (last.rss_kib - rss) / n as f64);
@@ -711,6 +727,7 @@ async fn operator_against_the_floor() {
                 "ideal_s": run.ideal.iter().map(|i| i.seconds).collect::<Vec<_>>(),
                 "peer_s": run.peer.iter().map(|p| p.seconds).collect::<Vec<_>>(),
                 "operator_s": run.operator.iter().map(|o| o.seconds).collect::<Vec<_>>(),
+                "operator_to_ideal": run.operator.iter().zip(&run.ideal).map(|(o, i)| o.seconds / i.seconds).collect::<Vec<_>>(),
                 "ideal_control_plane_writes": run.ideal.iter().map(|i| i.control_plane_writes).collect::<Vec<_>>(),
                 "peer_control_plane_writes": run.peer.iter().map(|p| p.control_plane_writes).collect::<Vec<_>>(),
                 "operator_control_plane_writes": run.operator.iter().map(|o| o.control_plane_writes).collect::<Vec<_>>(),
@@ -744,7 +761,7 @@ async fn operator_against_the_floor() {
         kept.push((ns, storage));
     }
     table.push_str(&format!(
-        "\nEach run, round by round ({} round(s); the times above are each contender's median; every other round, counting back from the last, runs in the reverse order, so the last ends with the operator): seconds until all Ready, every process's CPU seconds, and the writes kube-controller-manager, kube-scheduler and kwok made per workload in its namespace (the same objects for every contender; how many status updates they take varies with timing):\n\n| N | round | ideal controller | controller-runtime peer | operator |\n|---|---|---|---|---|\n{round_lines}",
+        "\nEach run, round by round ({} round(s); the times above are each contender's median; every other round, counting back from the last, runs in the reverse order, so the last ends with the operator): seconds until all Ready, every process's CPU seconds, and the writes kube-controller-manager, kube-scheduler and kwok made per workload in its namespace (the same objects for every contender; how many status updates they take varies with timing):\n\n| N | round | ideal controller | controller-runtime peer | operator | operator ÷ ideal |\n|---|---|---|---|---|---|\n{round_lines}",
         rounds()
     ));
     table.push_str(&format!(

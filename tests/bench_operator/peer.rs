@@ -103,7 +103,7 @@ pub async fn run(n: usize, binary: &str, spec: impl Fn(usize) -> Value) -> PeerR
     super::settle(&format!("the peer's run of {n}")).await;
     let ns = TestNamespace::new(&format!("peer-{n}")).await;
     let peer = Running::start(binary, &ns.name, n);
-    let (seconds, cpu) = components_cpu_of(apply_until_ready(&ns.api(), n, "w", spec)).await;
+    let (seconds, cpu) = components_cpu_of("peer", n, apply_until_ready(&ns.api(), n, "w", spec)).await;
     // Let trailing writes land before counting, as for the operator.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let mut writes = BTreeMap::new();
