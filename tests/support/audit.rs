@@ -27,11 +27,23 @@ pub fn writes_by(user: &str, namespace: &str) -> Vec<Write> {
 }
 
 /// Writes by `user` in `namespace` with the time the API server completed each, in order.
+/// A request whose client's connection closed before the API server answered (500 "client
+/// disconnected") is timed when it arrived, which is when the client sent it: its end only says
+/// when the connection closed (a fenced leader drops its connections when its term ends, with a
+/// request's body perhaps still unsent).
 pub fn timed_writes_by(user: &str, namespace: &str) -> Vec<(Timestamp, Write)> {
     write_entries(user, namespace)
         .into_iter()
-        .map(|e| (time(&e, "stageTimestamp").unwrap_or(Timestamp::UNIX_EPOCH), Write::of(&e)))
+        .map(|e| {
+            let stage = if abandoned(&e) { "requestReceivedTimestamp" } else { "stageTimestamp" };
+            (time(&e, stage).unwrap_or(Timestamp::UNIX_EPOCH), Write::of(&e))
+        })
         .collect()
+}
+
+/// The API server stopped on this request because its client's connection closed.
+fn abandoned(e: &Value) -> bool {
+    e["responseStatus"]["code"] == 500 && e["responseStatus"]["message"] == "client disconnected"
 }
 
 impl Write {
