@@ -181,6 +181,7 @@ stop_manager() {
 }
 
 failed=0
+FAILED_SUITES=()
 for suite in $SUITES; do
   case "$suite" in
     rest) file=manager.e2e.js ;;
@@ -213,7 +214,15 @@ for suite in $SUITES; do
   log "the $suite suite (node --test e2e/$file)"
   MANAGER_URL="http://127.0.0.1:$PORT" MANAGER_LOGS="$LOGS" MW_E2E_STORAGE_CLASS="$STORAGE_CLASS" MW_CHROMIUM="$CHROMIUM" \
     MW_AGENT_MANAGER_URL="$AGENT_MANAGER_URL" \
-    node --test --test-reporter=spec "$REPO/integrations/manager/e2e/$file" || failed=1
+    node --test --test-reporter=spec "$REPO/integrations/manager/e2e/$file" 2>&1 | tee "$WORK/$suite.out" || {
+      failed=1
+      FAILED_SUITES+=("$suite")
+    }
   stop_manager
+done
+# A failed suite's reasons again at the end, where a CI log that keeps only its tail shows them.
+for suite in "${FAILED_SUITES[@]}"; do
+  log "the $suite suite failed; its failing tests:"
+  sed -n '/failing tests:/,$p' "$WORK/$suite.out" | head -n 120 >&2
 done
 exit "$failed"

@@ -86,6 +86,10 @@ pub fn made_for_manager(mw: &ManagedWorkload) -> bool {
     validation = Rule::new(ROLLING_UPDATE_NEEDS_SHARED_VOLUMES)
         .message(ROLLING_UPDATE_NEEDS_SHARED_VOLUMES_MESSAGE)
         .field_path(".spec.updateStrategy"),
+    validation = Rule::new(MIN_READY_WITHIN_DEADLINE)
+        .message("minReadySeconds must be less than progressDeadlineSeconds (600 when unset): a Pod must be able to \
+                  become available before the rollout is reported failed")
+        .field_path(".spec.minReadySeconds"),
     validation = Rule::new(SYSTEM_CONTAINER_VOLUMES)
         .message("a system container's volumes may not be named system-run, system-run-lock or system-tmp, nor \
                   mounted at /run, /run/lock or /tmp: those are its memory-backed directories")
@@ -167,6 +171,14 @@ pub struct ManagedWorkloadSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 86400))]
     pub progress_deadline_seconds: Option<i32>,
+
+    /// Seconds a new Pod must stay Ready, with no container exiting, before it counts as
+    /// available and the workload as Running (the Deployment's `minReadySeconds`). The
+    /// default, 5, keeps a container that starts and exits at once from being reported Running
+    /// for the moment it ran. Must be less than `progressDeadlineSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub min_ready_seconds: Option<i32>,
 
     /// Mount the namespace's ServiceAccount token into the Pod. Off unless set to true: a
     /// Manager container has no business calling the Kubernetes API.
@@ -380,6 +392,11 @@ pub const SYSTEM_CONTAINER_TMPFS: [(&str, &str); 3] =
 const SYSTEM_CONTAINER_VOLUMES: &str = "!has(self.spec.systemContainer) || !has(self.spec.volumes) \
      || self.spec.volumes.all(v, !(v.name in ['system-run', 'system-run-lock', 'system-tmp']) \
      && !(v.mountPath in ['/run', '/run/lock', '/tmp']))";
+
+/// CEL: the Deployment API's own rule, checked at admission so that the workload is refused
+/// instead of its Deployment (600: Kubernetes' default progress deadline, also the operator's).
+const MIN_READY_WITHIN_DEADLINE: &str = "!has(self.spec.minReadySeconds) \
+     || self.spec.minReadySeconds < (has(self.spec.progressDeadlineSeconds) ? self.spec.progressDeadlineSeconds : 600)";
 
 /// CEL: an explicit `RollingUpdate` only when every volume can be mounted by two Pods at once.
 const ROLLING_UPDATE_NEEDS_SHARED_VOLUMES: &str = "!has(self.spec.updateStrategy) \

@@ -20,7 +20,7 @@ use mw_operator::resource::{ManagedWorkload, Phase};
 use serde_json::json;
 use support::realnode::{HTTPD_1, HTTPD_2, REAL_NODE, answers_at, http_get, real_node_namespace};
 use support::storage::Storage;
-use support::workload::{PhaseLog, apply, condition, phase_of};
+use support::workload::{PhaseLog, WatchLog, apply, condition, phase_of};
 use support::{audit, eventually, wait_until};
 
 /// Starting a real container (sandbox, CNI, runc) takes a few seconds; a busy 2-core machine
@@ -215,6 +215,50 @@ async fn a_real_crash_loop_is_failed_and_stays_still_through_restart_cycles() {
     assert!(states.len() >= 2, "the container was meant to cycle: {states:?}");
     assert_eq!(window, [], "the operator wrote during {cycles} real restart cycles (states seen: {states:?})");
     audit::stop_and_see_a_write(&workloads, &ns.name, "crash", after.len()).await;
+}
+
+/// A kubelet reports a container that exits at once as running and Ready for about a second
+/// before it sees the exit. Without `minReadySeconds` the Deployment counted that Pod
+/// available, and about half of such edits were reported Running at their generation for a
+/// moment: long enough for Manager's job, which polls, to report a broken edit as done. Three
+/// workloads at once, so that the old behaviour would show in almost every run.
+#[tokio::test]
+#[ignore = "needs the real node (make test runs it)"]
+async fn an_edit_whose_container_exits_at_once_is_never_running_at_its_generation() {
+    let ns = real_node_namespace("real-exit").await;
+    let workloads = ns.api::<ManagedWorkload>();
+    let names = ["exit-0", "exit-1", "exit-2"];
+    let healthy = json!({"image": HTTPD_1, "progressDeadlineSeconds": 3600});
+    let broken =
+        json!({"image": HTTPD_1, "progressDeadlineSeconds": 3600, "command": ["/bin/sh", "-c", "echo broken; exit 3"]});
+    let edits = names.map(|name| {
+        let (workloads, healthy, broken) = (workloads.clone(), healthy.clone(), broken.clone());
+        async move {
+            apply(&workloads, name, healthy).await.unwrap();
+            wait_real(&workloads, name, Phase::Running).await;
+            // Each phase with the generation it was written for: a Running at the edit's
+            // generation can follow the Running before it with no other phase between.
+            let phases =
+                WatchLog::start(&workloads, name, |mw| Some((phase_of(mw)?, mw.status.as_ref()?.observed_generation?)))
+                    .await;
+            let edited = apply(&workloads, name, broken).await.unwrap().metadata.generation.unwrap();
+            let what = "Stalled=True at the edit's generation";
+            let mw = wait_until(&workloads, name, what, TIMEOUT, |mw: Option<&ManagedWorkload>| {
+                mw.is_some_and(|mw| support::workload::condition_current(mw, "Stalled", "True"))
+            })
+            .await
+            .unwrap();
+            phases.alive().await;
+            (name, edited, phases.seen(), condition(&mw, "Stalled").reason.clone())
+        }
+    });
+    for (name, edited, seen, reason) in futures::future::join_all(edits).await {
+        assert_eq!(reason, "CrashLoopBackOff", "{name}");
+        assert!(
+            !seen.contains(&(Phase::Running, edited)),
+            "{name}: the broken edit (generation {edited}) was reported Running: {seen:?}"
+        );
+    }
 }
 
 #[tokio::test]

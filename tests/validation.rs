@@ -121,6 +121,21 @@ fn cases() -> Vec<(&'static str, Value, Vec<&'static str>)> {
             vec!["spec.progressDeadlineSeconds", "greater than or equal to 1"],
         ),
         (
+            "min ready not below the progress deadline",
+            with(json!({"progressDeadlineSeconds": 30, "minReadySeconds": 30})),
+            vec!["spec.minReadySeconds", "less than progressDeadlineSeconds"],
+        ),
+        (
+            "min ready not below the default progress deadline",
+            with(json!({"minReadySeconds": 600})),
+            vec!["spec.minReadySeconds", "less than progressDeadlineSeconds"],
+        ),
+        (
+            "negative min ready",
+            with(json!({"minReadySeconds": -1})),
+            vec!["spec.minReadySeconds", "greater than or equal to 0"],
+        ),
+        (
             "unknown update strategy",
             with(json!({"updateStrategy": "BlueGreen"})),
             vec!["spec.updateStrategy", "Unsupported value"],
@@ -450,6 +465,7 @@ async fn good_manifests_are_accepted() {
         "ports": [{"containerPort": 53, "protocol": "UDP", "name": "dns"}, {"containerPort": 53, "name": "dns-tcp"}],
         "updateStrategy": "Recreate",
         "progressDeadlineSeconds": 120,
+        "minReadySeconds": 119,
         "automountServiceAccountToken": true,
         "enableServiceLinks": false,
         "imagePullSecrets": [{"name": "regcred"}, {"name": "mirror.example"}],

@@ -35,6 +35,12 @@ pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// own default); waits of the workload's are bounded by it too.
 pub const PROGRESS_DEADLINE_SECONDS: i32 = 600;
 
+/// The Deployment's `minReadySeconds` unless the spec sets it. A kubelet reports a container
+/// that starts and exits at once as running and Ready for about a second before it sees the
+/// exit; without this the Deployment counts that Pod available and the workload is reported
+/// Running (for a moment, at the new generation) after an edit that broke it.
+pub const MIN_READY_SECONDS: i32 = 5;
+
 /// Operator settings the pod template depends on (`run` flags, the same for every workload).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodSettings {
@@ -123,6 +129,7 @@ pub fn deployment(mw: &ManagedWorkload, settings: &PodSettings) -> Option<Deploy
             template,
             strategy: Some(strategy),
             progress_deadline_seconds: Some(spec.progress_deadline_seconds.unwrap_or(PROGRESS_DEADLINE_SECONDS)),
+            min_ready_seconds: Some(min_ready_seconds(spec)),
             revision_history_limit: Some(REVISION_HISTORY_LIMIT),
             ..Default::default()
         }),
@@ -130,6 +137,14 @@ pub fn deployment(mw: &ManagedWorkload, settings: &PodSettings) -> Option<Deploy
     };
     stamp_applied_hash(&mut deployment);
     Some(deployment)
+}
+
+/// The spec's `minReadySeconds`, else the default, lowered below a progress deadline of 5 s
+/// or less (the Deployment API refuses a minReadySeconds that is not below it; the CRD
+/// refuses such a pair when both are set).
+fn min_ready_seconds(spec: &ManagedWorkloadSpec) -> i32 {
+    let progress_deadline = spec.progress_deadline_seconds.unwrap_or(PROGRESS_DEADLINE_SECONDS);
+    spec.min_ready_seconds.unwrap_or(MIN_READY_SECONDS.min(progress_deadline.saturating_sub(1)).max(0))
 }
 
 /// The rollout strategy: the spec's, else `Recreate` when a surge Pod cannot or should not
@@ -572,6 +587,20 @@ mod tests {
         assert_eq!(s.type_.as_deref(), Some("Recreate"));
         assert!(s.rolling_update.is_none());
         assert_eq!(d.spec.as_ref().unwrap().progress_deadline_seconds, Some(30));
+    }
+
+    #[test]
+    fn min_ready_seconds_defaults_to_five_and_stays_below_the_progress_deadline() {
+        let min_ready = |spec: ManagedWorkloadSpec| {
+            deployment(&workload(spec), &PodSettings::default()).unwrap().spec.unwrap().min_ready_seconds
+        };
+        assert_eq!(min_ready(nginx()), Some(MIN_READY_SECONDS));
+        assert_eq!(min_ready(ManagedWorkloadSpec { min_ready_seconds: Some(0), ..nginx() }), Some(0));
+        assert_eq!(min_ready(ManagedWorkloadSpec { min_ready_seconds: Some(30), ..nginx() }), Some(30));
+        for (deadline, expected) in [(6, 5), (5, 4), (2, 1), (1, 0)] {
+            let spec = ManagedWorkloadSpec { progress_deadline_seconds: Some(deadline), ..nginx() };
+            assert_eq!(min_ready(spec), Some(expected), "progressDeadlineSeconds {deadline}");
+        }
     }
 
     /// On a full GPU pool a surge Pod is Unschedulable while the old Pod holds the GPU: every

@@ -60,7 +60,7 @@ prop_compose! {
         hostname in proptest::option::of("[a-z0-9-]{0,10}"),
         ports in proptest::collection::vec((any::<i32>(), proptest::option::of("[a-z]{1,4}"), proptest::option::of(prop_oneof![Just(Protocol::TCP), Just(Protocol::UDP), Just(Protocol::SCTP)])), 0..3),
         update_strategy in proptest::option::of(prop_oneof![Just(UpdateStrategy::RollingUpdate), Just(UpdateStrategy::Recreate)]),
-        progress_deadline_seconds in proptest::option::of(any::<i32>()),
+        (progress_deadline_seconds, min_ready_seconds) in (proptest::option::of(any::<i32>()), proptest::option::of(any::<i32>())),
         automount in proptest::option::of(any::<bool>()),
         links in proptest::option::of(any::<bool>()),
         pod_annotations in proptest::collection::btree_map(".{0,12}", ".{0,6}", 0..3),
@@ -72,7 +72,7 @@ prop_compose! {
         ManagedWorkloadSpec {
             image, command, args, env, resources, state, hostname,
             ports: ports.into_iter().map(|(container_port, name, protocol)| ContainerPort { container_port, name, protocol }).collect(),
-            update_strategy, progress_deadline_seconds,
+            update_strategy, progress_deadline_seconds, min_ready_seconds,
             automount_service_account_token: automount, enable_service_links: links,
             pod_annotations,
             image_pull_secrets: pull_secrets.into_iter().map(|name| crate::resource::LocalObjectReference { name }).collect(),
