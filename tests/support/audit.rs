@@ -26,8 +26,9 @@ pub fn writes_by(user: &str, namespace: &str) -> Vec<Write> {
     timed_writes_by(user, namespace).into_iter().map(|(_, w)| w).collect()
 }
 
-/// Writes by `user` in `namespace` with the time the API server completed each, in order.
-/// A request whose client's connection closed before the API server answered (500 "client
+/// Writes by `user` in `namespace` with the time the API server completed each, in the audit
+/// log's order (the order they ended; `timed_accepted_writes_by` and `timed_refused_writes_by`
+/// rely on it). A request whose client's connection closed before the API server answered (500 "client
 /// disconnected") is timed when it arrived, which is when the client sent it: its end only says
 /// when the connection closed (a fenced leader drops its connections when its term ends, with a
 /// request's body perhaps still unsent).
